@@ -1,0 +1,1 @@
+"""The library inference engines call: Client (blocking) and AsyncClient (asyncio)."""

@@ -1,0 +1,116 @@
+"""Typed errors shared by every component.
+
+Code values equal proto Status values and the status byte of the data
+protocol, so an error keeps its type from whichever side raised it.
+"""
+
+from enum import IntEnum
+
+
+class Code(IntEnum):
+    OK = 0
+    NOT_FOUND = 1
+    EXISTS = 2
+    NO_SPACE = 3
+    TOO_LARGE = 4
+    INVALID_KEY = 5
+    INVALID_ARGUMENT = 6
+    UNAVAILABLE = 7
+    STALE = 8
+    CHECKSUM_MISMATCH = 9
+    PUT_EXPIRED = 10
+    INTERNAL = 11
+    NOT_LEADER = 12
+    PROTOCOL = 13  # data protocol only: a malformed frame
+
+
+class KvpoolError(Exception):
+    """Base of every error kvpool raises on purpose."""
+
+    code = Code.INTERNAL
+
+
+class KeyNotFoundError(KvpoolError, KeyError):
+    code = Code.NOT_FOUND
+
+    def __str__(self) -> str:  # KeyError would print the repr of its argument
+        return Exception.__str__(self)
+
+
+class KeyExistsError(KvpoolError):
+    code = Code.EXISTS
+
+
+class NoSpaceError(KvpoolError):
+    code = Code.NO_SPACE
+
+
+class ValueTooLargeError(KvpoolError, ValueError):
+    code = Code.TOO_LARGE
+
+
+class InvalidKeyError(KvpoolError, ValueError):
+    code = Code.INVALID_KEY
+
+
+class InvalidArgumentError(KvpoolError, ValueError):
+    code = Code.INVALID_ARGUMENT
+
+
+class UnavailableError(KvpoolError, ConnectionError):
+    """A master or storage node could not be reached or failed mid-transfer."""
+
+    code = Code.UNAVAILABLE
+
+
+class StaleReplicaError(KvpoolError):
+    """The extent no longer holds the (key, generation) asked for."""
+
+    code = Code.STALE
+
+
+class ChecksumMismatchError(KvpoolError):
+    code = Code.CHECKSUM_MISMATCH
+
+
+class PutExpiredError(KvpoolError):
+    """PutEnd/PutRevoke for a put the master no longer knows (reclaimed or never started)."""
+
+    code = Code.PUT_EXPIRED
+
+
+class InternalError(KvpoolError):
+    code = Code.INTERNAL
+
+
+class NotLeaderError(KvpoolError):
+    code = Code.NOT_LEADER
+
+
+class ProtocolError(KvpoolError):
+    code = Code.PROTOCOL
+
+
+class BatchError(KvpoolError):
+    """Some items of a batch failed; `errors` maps each failed key to its error."""
+
+    def __init__(self, message: str, errors: dict):
+        super().__init__(message)
+        self.errors = errors
+        codes = {e.code for e in errors.values()}
+        self.code = codes.pop() if len(codes) == 1 else Code.INTERNAL
+
+
+_BY_CODE = {cls.code: cls for cls in (
+    KeyNotFoundError, KeyExistsError, NoSpaceError, ValueTooLargeError, InvalidKeyError,
+    InvalidArgumentError, UnavailableError, StaleReplicaError, ChecksumMismatchError,
+    PutExpiredError, InternalError, NotLeaderError, ProtocolError,
+)}
+
+
+def error_for(code: int, message: str) -> KvpoolError:
+    """The typed exception for a status code received from another component."""
+    cls = _BY_CODE.get(code, InternalError)
+    if not message:
+        message = Code(code).name if code in Code._value2member_map_ else f"status {code}"
+    return cls(message)

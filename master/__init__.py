@@ -1,0 +1,1 @@
+"""Master: the control plane (object table, placement, membership) served over gRPC."""

@@ -1,0 +1,1 @@
+"""Protobuf contracts of the control plane (generated code committed beside kvpool.proto)."""

@@ -1,0 +1,290 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OK: _ClassVar[Status]
+    NOT_FOUND: _ClassVar[Status]
+    EXISTS: _ClassVar[Status]
+    NO_SPACE: _ClassVar[Status]
+    TOO_LARGE: _ClassVar[Status]
+    INVALID_KEY: _ClassVar[Status]
+    INVALID_ARGUMENT: _ClassVar[Status]
+    UNAVAILABLE: _ClassVar[Status]
+    STALE: _ClassVar[Status]
+    CHECKSUM_MISMATCH: _ClassVar[Status]
+    PUT_EXPIRED: _ClassVar[Status]
+    INTERNAL: _ClassVar[Status]
+    NOT_LEADER: _ClassVar[Status]
+
+class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIER_UNSPECIFIED: _ClassVar[Tier]
+    DRAM: _ClassVar[Tier]
+    SSD: _ClassVar[Tier]
+OK: Status
+NOT_FOUND: Status
+EXISTS: Status
+NO_SPACE: Status
+TOO_LARGE: Status
+INVALID_KEY: Status
+INVALID_ARGUMENT: Status
+UNAVAILABLE: Status
+STALE: Status
+CHECKSUM_MISMATCH: Status
+PUT_EXPIRED: Status
+INTERNAL: Status
+NOT_LEADER: Status
+TIER_UNSPECIFIED: Tier
+DRAM: Tier
+SSD: Tier
+
+class Replica(_message.Message):
+    __slots__ = ("node_id", "address", "tier", "offset", "length")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    tier: Tier
+    offset: int
+    length: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class ObjectInfo(_message.Message):
+    __slots__ = ("key", "size", "checksum", "generation", "replicas")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size: int
+    checksum: int
+    generation: int
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+
+class PutStartRequest(_message.Message):
+    __slots__ = ("key", "size", "checksum", "overwrite", "replicas")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size: int
+    checksum: int
+    overwrite: bool
+    replicas: int
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., overwrite: _Optional[bool] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class PutStartResponse(_message.Message):
+    __slots__ = ("status", "message", "object")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    object: ObjectInfo
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., object: _Optional[_Union[ObjectInfo, _Mapping]] = ...) -> None: ...
+
+class PutEndRequest(_message.Message):
+    __slots__ = ("key", "generation")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    generation: int
+    def __init__(self, key: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class PutRevokeRequest(_message.Message):
+    __slots__ = ("key", "generation")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    generation: int
+    def __init__(self, key: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("status", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class BatchPutStartRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutStartRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchPutStartResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutStartResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartResponse, _Mapping]]] = ...) -> None: ...
+
+class BatchPutEndRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutEndRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchPutRevokeRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutRevokeRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutRevokeRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchStatusResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[StatusResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[StatusResponse, _Mapping]]] = ...) -> None: ...
+
+class GetReplicaListRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class GetReplicaListResponse(_message.Message):
+    __slots__ = ("status", "message", "object")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    object: ObjectInfo
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., object: _Optional[_Union[ObjectInfo, _Mapping]] = ...) -> None: ...
+
+class BatchGetReplicaListRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchGetReplicaListResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[GetReplicaListResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[GetReplicaListResponse, _Mapping]]] = ...) -> None: ...
+
+class ExistsRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ExistsResponse(_message.Message):
+    __slots__ = ("status", "message", "exists")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    exists: bool
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., exists: _Optional[bool] = ...) -> None: ...
+
+class BatchExistsRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchExistsResponse(_message.Message):
+    __slots__ = ("status", "message", "exists")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    exists: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., exists: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class RemoveByPrefixRequest(_message.Message):
+    __slots__ = ("prefix",)
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    def __init__(self, prefix: _Optional[str] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ("status", "message", "removed")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    removed: int
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., removed: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TierStats(_message.Message):
+    __slots__ = ("tier", "capacity", "used", "objects")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    capacity: int
+    used: int
+    objects: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ...) -> None: ...
+
+class NodeStats(_message.Message):
+    __slots__ = ("node_id", "address", "tiers", "objects", "transports")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
+    objects: int
+    transports: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts")
+    MASTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_PUTS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    PUTS_FIELD_NUMBER: _ClassVar[int]
+    REMOVES_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_PUTS_FIELD_NUMBER: _ClassVar[int]
+    master_id: str
+    address: str
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
+    objects: int
+    bytes: int
+    pending_puts: int
+    hits: int
+    misses: int
+    puts: int
+    removes: int
+    reclaimed_puts: int
+    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""Storage node: owns memory segments and serves their bytes over the data protocol."""
