@@ -13,3 +13,41 @@ def etcd(tmp_path):
         yield server.endpoint
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """etcd, a master and two storage nodes as real processes, shared by one test module."""
+    from kvpool.local_cluster import LocalCluster
+
+    with LocalCluster(nodes=2, dram_per_node="192MiB", data_dir=tmp_path_factory.mktemp("cluster"),
+                      lease_ttl=2, put_timeout=3) as running:
+        yield running
+
+
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A cluster for one test that kills or restarts parts of it; call with the node count."""
+    from kvpool.local_cluster import LocalCluster
+
+    started = []
+
+    def start(nodes: int = 2, **options):
+        options.setdefault("lease_ttl", 2)
+        options.setdefault("put_timeout", 3)
+        options.setdefault("dram_per_node", "128MiB")
+        running = LocalCluster(nodes=nodes, data_dir=tmp_path / f"cluster{len(started)}", **options).start()
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.stop()
+
+
+@pytest.fixture
+def client(cluster):
+    from kvpool import Client
+
+    with Client(cluster.master_address) as c:
+        yield c

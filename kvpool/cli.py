@@ -1,0 +1,111 @@
+"""The `kvpool` command: up, master, storenode, status, bench."""
+
+import argparse
+import sys
+
+from .cluster_layout import DEFAULT_CLUSTER
+from .units import parse_size
+
+
+def _size(text: str) -> str:
+    parse_size(text)  # reject a bad size before any process starts
+    return text
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", help="master HOST:PORT")
+    parser.add_argument("--etcd", help="etcd HOST:PORT, to find the master there")
+    parser.add_argument("--cluster", default=DEFAULT_CLUSTER)
+
+
+def _connect(args):
+    from .client import Client
+
+    if not args.master and not args.etcd:
+        raise SystemExit("give --master HOST:PORT or --etcd HOST:PORT")
+    return Client(args.master, etcd=args.etcd, cluster=args.cluster)
+
+
+def cmd_up(args) -> int:
+    from .local_cluster import LocalCluster, wait_for_signal
+
+    cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, data_dir=args.data_dir,
+                           master_port=args.master_port, cluster=args.cluster, metrics=args.metrics)
+    with cluster:
+        print(f"kvpool ready master={cluster.master_address} etcd={cluster.etcd_endpoint}", flush=True)
+        if args.demo:
+            from .demo import run_demo
+
+            run_demo(cluster.master_address)
+            if args.exit_after_demo:
+                return 0
+        wait_for_signal()
+        print("kvpool stopping", flush=True)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .status import render_status
+
+    with _connect(args) as client:
+        print(render_status(client.stats()))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    with _connect(args) as client:
+        run_bench(client, sizes=[parse_size(s) for s in args.sizes.split(",")], batch=args.batch,
+                  seconds=args.seconds)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvpool", description="Distributed KV-cache block store")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run etcd, a master and storage nodes on 127.0.0.1 until Ctrl-C")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--dram-per-node", type=_size, default="512MiB")
+    up.add_argument("--data-dir", help="keep data and logs here (default: a temporary dir)")
+    up.add_argument("--master-port", type=int, default=0, help="0 picks a free port")
+    up.add_argument("--cluster", default=DEFAULT_CLUSTER)
+    up.add_argument("--metrics", action="store_true", help="serve Prometheus metrics from every component")
+    up.add_argument("--demo", action="store_true", help="run a short workload once the cluster is up")
+    up.add_argument("--exit-after-demo", action="store_true", help="stop the cluster when the demo ends")
+    up.set_defaults(func=cmd_up)
+
+    # These two hand their arguments to the component's own parser (see its --help).
+    sub.add_parser("master", help="run one master", add_help=False)
+    sub.add_parser("storenode", help="run one storage node", add_help=False)
+
+    status = sub.add_parser("status", help="nodes, capacity, objects and hit counts as a table")
+    _add_target(status)
+    status.set_defaults(func=cmd_status)
+
+    bench = sub.add_parser("bench", help="throughput and latency against a running cluster")
+    _add_target(bench)
+    bench.add_argument("--sizes", default="64KiB,1MiB,4MiB,16MiB")
+    bench.add_argument("--batch", type=int, default=64)
+    bench.add_argument("--seconds", type=float, default=1.5, help="time per operation and size")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "master":
+        from .master.main import main as master_main
+
+        return master_main(argv[1:])
+    if argv and argv[0] == "storenode":
+        from .storenode.main import main as storenode_main
+
+        return storenode_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

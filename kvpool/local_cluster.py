@@ -1,0 +1,193 @@
+"""A whole kvpool cluster as child processes on 127.0.0.1: etcd, a master, N storage nodes.
+
+`kvpool up` runs one for people; the end-to-end tests run the same thing, so what
+the tests prove is what a user starts.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cluster_layout import DEFAULT_CLUSTER
+from .etcd_server import EtcdServer
+from .netutil import free_port, wait_until
+
+_READY = re.compile(r"^kvpool-(master|storenode) ready (.*)$", re.M)
+
+
+@dataclass
+class Child:
+    """One component process; its stdout and stderr go to files under the cluster's log dir."""
+
+    name: str
+    argv: list
+    log_dir: Path
+    proc: subprocess.Popen | None = None
+    info: dict = field(default_factory=dict)  # fields of the ready line: address=..., node_id=...
+
+    @property
+    def out_path(self) -> Path:
+        return self.log_dir / f"{self.name}.out"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.name}.log"
+
+    def start(self, timeout: float) -> "Child":
+        self.out_path.write_bytes(b"")
+        with open(self.out_path, "ab") as out, open(self.log_path, "ab") as err:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=err, start_new_session=True)
+        wait_until(self._ready, timeout, what=f"{self.name} to be ready (log: {self.log_path})")
+        return self
+
+    def _ready(self) -> bool:
+        match = _READY.search(self.out_path.read_text(errors="replace"))
+        if match:
+            self.info = dict(part.split("=", 1) for part in match.group(2).split())
+            return True
+        if self.proc.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+        return False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.alive:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to clean up (its etcd lease must expire)."""
+        if self.alive:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class LocalCluster:
+    def __init__(self, nodes: int = 2, dram_per_node: str = "256MiB", data_dir: str | os.PathLike | None = None,
+                 master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float = 5,
+                 put_timeout: float = 30, metrics: bool = False, host: str = "127.0.0.1"):
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="kvpool-")
+        self.data_dir = Path(data_dir or self._tmp.name).resolve()
+        self.log_dir = self.data_dir / "logs"
+        self.host = host
+        self.node_count = nodes
+        self.dram_per_node = dram_per_node
+        self.master_port = master_port
+        self.cluster = cluster
+        self.lease_ttl = lease_ttl
+        self.put_timeout = put_timeout
+        self.metrics = metrics
+        self.etcd: EtcdServer | None = None
+        self.master: Child | None = None
+        self.nodes: list[Child] = []
+
+    @property
+    def master_address(self) -> str:
+        return self.master.info["address"]
+
+    @property
+    def etcd_endpoint(self) -> str:
+        return self.etcd.endpoint
+
+    def _metrics_args(self) -> list:
+        return ["--metrics-port", str(free_port(self.host))] if self.metrics else []
+
+    def start(self, timeout: float = 60.0) -> "LocalCluster":
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.etcd = EtcdServer(self.data_dir / "etcd", host=self.host,
+                                   log_path=self.log_dir / "etcd.log").start(timeout)
+            self.master = self._master_child().start(timeout)
+            self.nodes = [self._node_child(i) for i in range(self.node_count)]
+            for node in self.nodes:
+                node.start(timeout)
+            self.wait_for_nodes(self.node_count, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _master_child(self) -> Child:
+        argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
+                "--port", str(self.master_port or free_port(self.host)), "--cluster", self.cluster,
+                "--put-timeout", str(self.put_timeout), *self._metrics_args()]
+        return Child("master", argv, self.log_dir)
+
+    def _node_child(self, index: int) -> Child:
+        node_id = f"node-{index}"
+        argv = [sys.executable, "-m", "kvpool.storenode", "--etcd", self.etcd_endpoint, "--host", self.host,
+                "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
+                "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl),
+                *self._metrics_args()]
+        return Child(node_id, argv, self.log_dir)
+
+    def restart_node(self, index: int, timeout: float = 30.0) -> Child:
+        """Start node `index` again (after a stop or kill) with the same id and data dir."""
+        self.nodes[index].stop()
+        self.nodes[index] = self._node_child(index).start(timeout)
+        return self.nodes[index]
+
+    def master_stats(self):
+        """The master's Stats reply (a blocking gRPC call, for waiting and tests)."""
+        import grpc
+
+        from .proto import kvpool_pb2, kvpool_pb2_grpc
+
+        with grpc.insecure_channel(self.master_address) as channel:
+            return kvpool_pb2_grpc.MasterStub(channel).Stats(kvpool_pb2.StatsRequest(), timeout=5)
+
+    def wait_for_nodes(self, count: int, timeout: float = 30.0) -> None:
+        """Until the master's membership lists exactly `count` storage nodes."""
+        wait_until(lambda: len(self.master_stats().nodes) == count, timeout,
+                   what=f"the master to list {count} storage nodes")
+
+    def stop(self) -> None:
+        for child in [*self.nodes, self.master]:
+            if child is not None:
+                child.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def wait_for_signal() -> int:
+    """Block until SIGINT or SIGTERM; returns the signal number."""
+    received = []
+
+    def handler(signum, _frame):
+        received.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    while not received:
+        signal.pause()
+    return received[0]

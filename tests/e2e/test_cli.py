@@ -1,0 +1,107 @@
+"""The `kvpool` command as a user runs it, and the compose topology as processes."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpool.netutil import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+KVPOOL = [sys.executable, "-m", "kvpool.cli"]
+
+
+def test_up_demo_does_real_work_and_exits_cleanly(tmp_path):
+    result = subprocess.run([*KVPOOL, "up", "--demo", "--exit-after-demo", "--nodes", "2",
+                             "--dram-per-node", "64MiB", "--data-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert re.search(r"^kvpool ready master=127\.0\.0\.1:\d+ etcd=127\.0\.0\.1:\d+$", out, re.M), out
+    assert "loaded them back" in out and ", 0 wrong" in out, out
+    assert "64 of 65 keys exist" in out and "removed 64 keys by prefix" in out, out
+    assert re.search(r"^node-0\s+127\.0\.0\.1:\d+\s+DRAM\s+64MiB", out, re.M), out
+
+
+def test_up_runs_until_sigterm_then_stops_every_child(tmp_path):
+    proc = subprocess.Popen([*KVPOOL, "up", "--nodes", "1", "--dram-per-node", "32MiB", "--data-dir",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("kvpool ready master="), line + proc.stderr.read()
+        master = re.search(r"master=(\S+)", line).group(1)
+
+        status = subprocess.run([*KVPOOL, "status", "--master", master], capture_output=True, text=True,
+                                timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert "1 nodes" in status.stdout and re.search(r"node-0\s+127\.0\.0\.1:\d+\s+DRAM\s+32MiB", status.stdout)
+
+        pids = _children(proc.pid)
+        assert len(pids) >= 3  # etcd, master, storage node
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        wait_until(lambda: not any(_running(p) for p in pids), timeout=15, what="every child to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_bench_prints_ratios_against_the_socket_baseline(cluster):
+    result = subprocess.run([*KVPOOL, "bench", "--master", cluster.master_address, "--sizes", "64KiB,1MiB",
+                             "--batch", "8", "--seconds", "0.3"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["baseline"]["socket_stream_MBps"] > 0
+    ops = {(r["op"], r["size"]) for r in report["results"]}
+    for op in ("put", "get", "get_into", "batch_put", "batch_get_into"):
+        assert (op, 65536) in ops and (op, 1 << 20) in ops
+    assert all(r["MBps"] > 0 and r["ratio_to_socket"] > 0 for r in report["results"])
+    assert 0 < report["get_latency"]["p50_us"] <= report["get_latency"]["p99_us"]
+
+
+def test_compose_file_is_valid():
+    checker = Path(sys.executable).parent / "check-jsonschema"
+    result = subprocess.run([str(checker), "--builtin-schema", "vendor.compose-spec",
+                             str(ROOT / "docker-compose.yml")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_topology_as_processes(own_cluster):
+    """What docker-compose.yml runs (etcd, master, three nodes, a bench client found through etcd)."""
+    cluster = own_cluster(nodes=3, dram_per_node="96MiB")
+    from kvpool import Client
+
+    with Client(etcd=cluster.etcd_endpoint) as client:
+        client.batch_put([f"spread/{i}" for i in range(30)], [os.urandom(1 << 20)] * 30)
+        holding = [sum(t.objects for t in n.tiers) for n in cluster.master_stats().nodes]
+        assert len(holding) == 3 and min(holding) > 0, holding  # placement uses every node
+        client.remove_prefix("spread/")
+    result = subprocess.run([*KVPOOL, "bench", "--etcd", cluster.etcd_endpoint, "--sizes", "1MiB",
+                             "--batch", "12", "--seconds", "0.3"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {r["op"] for r in report["results"]} == {"put", "get", "get_into", "batch_put", "batch_get_into"}
+
+
+@pytest.mark.parametrize("component", ["master", "storenode"])
+def test_component_commands_have_help(component):
+    result = subprocess.run([*KVPOOL, component, "--help"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and "--etcd" in result.stdout
