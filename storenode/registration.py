@@ -1,0 +1,78 @@
+"""The node's NodeRecord in etcd, held under a lease that lives only as long as the node does."""
+
+import asyncio
+import logging
+import math
+import time
+
+import aetcd
+
+from kvpool.cluster_layout import NodeRecord, node_key, parse_hostport
+from kvpool.errors import UnavailableError
+
+log = logging.getLogger(__name__)
+
+
+class NodeRegistration:
+    """Puts the record under a lease, refreshes it every ttl/3, and registers again if the lease is lost.
+
+    The master treats the key vanishing (lease expired or revoked) as the node leaving,
+    so a clean stop revokes the lease to make that immediate.
+    """
+
+    def __init__(self, etcd: str, cluster: str, record: NodeRecord, ttl: float):
+        self.etcd_host, self.etcd_port = parse_hostport(etcd)
+        self.key = node_key(cluster, record.node_id)
+        self.value = record.to_json()
+        self.ttl = max(1, math.ceil(ttl))  # etcd leases are whole seconds
+        self.lease_id: int | None = None
+        self._client: aetcd.Client | None = None
+        self._keepalive: asyncio.Task | None = None
+
+    async def start(self, timeout: float = 30.0) -> None:
+        """Register, retrying while etcd is unreachable; UnavailableError after `timeout` s."""
+        # A per-call deadline keeps a stalled etcd from outliving the lease unnoticed.
+        self._client = aetcd.Client(host=self.etcd_host, port=self.etcd_port, timeout=self.ttl)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self._register()
+                break
+            except aetcd.ClientError as exc:
+                if time.monotonic() >= deadline:
+                    raise UnavailableError(
+                        f"cannot register in etcd at {self.etcd_host}:{self.etcd_port}: {exc}") from None
+                log.warning("etcd at %s:%d not usable yet (%s); retrying", self.etcd_host, self.etcd_port, exc)
+                await asyncio.sleep(0.5)
+        self._keepalive = asyncio.create_task(self._keep_alive(), name="etcd-keepalive")
+
+    async def stop(self) -> None:
+        if self._keepalive:
+            self._keepalive.cancel()
+            await asyncio.gather(self._keepalive, return_exceptions=True)
+        if self._client is None:
+            return
+        if self.lease_id is not None:
+            try:
+                await self._client.revoke_lease(self.lease_id)
+            except Exception as exc:  # the lease then expires on its own after ttl
+                log.warning("could not revoke lease %x: %s", self.lease_id, exc)
+        await self._client.close()
+
+    async def _register(self) -> None:
+        lease = await self._client.lease(self.ttl)
+        await self._client.put(self.key, self.value, lease=lease)
+        self.lease_id = lease.id
+        log.info("registered %s in etcd (lease %x, ttl %ds)", self.key.decode(), lease.id, self.ttl)
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                reply = await self._client.refresh_lease(self.lease_id)
+                if reply is None or reply.TTL <= 0:
+                    # Expired while etcd was unreachable, or etcd lost its data: the key is gone.
+                    log.warning("lease %x lost; registering again", self.lease_id)
+                    await self._register()
+            except Exception as exc:  # keep trying: etcd may come back before the lease runs out
+                log.warning("etcd keepalive failed: %s", exc)
