@@ -1,0 +1,96 @@
+"""Keeps the object table's node set equal to the node records in etcd.
+
+A node's record lives under its lease, so etcd deletes it when the node stops
+or stops refreshing; that DELETE is how the master learns a node is gone.
+After any watch failure the full record set is read again before watching
+resumes, so events missed meanwhile (or compacted away) cannot leave a dead
+node in the table.
+"""
+
+import asyncio
+import contextlib
+import logging
+
+import aetcd
+from aetcd.rtypes import EventKind
+
+from kvpool import cluster_layout
+from kvpool.cluster_layout import NodeRecord
+
+from .node_free import NodeFreer
+from .objects import Dropped, ObjectTable
+
+log = logging.getLogger(__name__)
+
+
+class Membership:
+    def __init__(self, etcd: aetcd.Client, cluster: str, table: ObjectTable, freer: NodeFreer,
+                 retry_delay: float = 0.5):
+        self._etcd = etcd
+        self._prefix = cluster_layout.nodes_prefix(cluster)
+        self._table = table
+        self._freer = freer
+        self._retry_delay = retry_delay
+        self.synced = asyncio.Event()  # set once the first full read was applied
+
+    async def run(self) -> None:
+        while True:
+            try:
+                revision = await self._resync()
+                self.synced.set()
+                watch = await self._etcd.watch_prefix(self._prefix, start_revision=revision + 1)
+                try:
+                    async for event in watch:
+                        self._apply(event.kind, event.kv.key, event.kv.value)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await watch.cancel()
+                log.warning("node watch ended; reading the node set again")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - etcd unreachable or watch broken: resync and retry
+                log.warning("node watch failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc,
+                            self._retry_delay)
+                await asyncio.sleep(self._retry_delay)
+
+    async def _resync(self) -> int:
+        response = await self._etcd.get_prefix(self._prefix)
+        present = set()
+        for kv in response:
+            node_id = self._apply(EventKind.PUT, kv.key, kv.value)
+            if node_id is not None:
+                present.add(node_id)
+        for node_id in set(self._table.nodes) - present:
+            self._drop(node_id, "no longer registered")
+        return response.header.revision
+
+    def _apply(self, kind, key: bytes, value: bytes) -> str | None:
+        """Apply one record change; returns the node id a PUT registered (None if ignored)."""
+        node_id = key[len(self._prefix):].decode("utf-8", "replace")
+        if kind == EventKind.DELETE:
+            self._drop(node_id, "registration gone")
+            return None
+        try:
+            record = NodeRecord.from_json(value)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("ignoring malformed node record %r: %s", key, exc)
+            return None
+        if record.node_id != node_id:
+            log.warning("ignoring node record under %r that names node %r", key, record.node_id)
+            return None
+        known = node_id in self._table.nodes
+        dropped = self._table.upsert_node(record)
+        if dropped is not None:
+            self._report(dropped, f"restarted as instance {record.instance}")
+        elif not known:
+            log.info("node %s joined at %s", node_id, record.address)
+        return node_id
+
+    def _drop(self, node_id: str, why: str) -> None:
+        if node_id in self._table.nodes:
+            self._report(self._table.drop_node(node_id), why)
+
+    def _report(self, dropped: Dropped, why: str) -> None:
+        self._freer.submit(self._table.take_frees())
+        log.info("node %s %s: %d objects lost their last replica, %d pending puts revoked",
+                 dropped.node_id, why, len(dropped.removed), len(dropped.revoked))
