@@ -1,0 +1,372 @@
+"""The data protocol (kvpool/wire.py) over TCP: one pipelined connection per node.
+
+Raw non-blocking sockets driven by loop.sock_* calls rather than asyncio
+streams, so a WRITE payload leaves straight from the caller's buffer and a READ
+payload lands straight in the caller's destination.
+
+Many coroutines share a connection. Sending a request appends it to a FIFO of
+pending requests and writes its frame under a lock, so FIFO order is wire
+order; one reader task per connection takes replies in that order (the node
+answers strictly in order) and settles each request.
+"""
+
+import asyncio
+import collections
+import functools
+import ipaddress
+import os
+import socket
+from typing import Sequence
+
+from kvpool import wire
+from kvpool.cluster_layout import parse_hostport
+from kvpool.errors import Code, KvpoolError, ProtocolError, UnavailableError, error_for
+
+from .transport import ReadItem, Transport, WriteItem
+
+DEFAULT_CONNECT_TIMEOUT = 3.0
+_IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
+_DRAIN_BYTES = 64 * 1024
+_REPLY_SIZE = wire.REPLY.size
+_unpack_reply = wire.REPLY.unpack
+_OK = Code.OK
+_NOT_FOUND = Code.NOT_FOUND
+_WRITE, _READ, _FREE, _PING = wire.Op.WRITE, wire.Op.READ, wire.Op.FREE, wire.Op.PING
+
+
+class _Batch:
+    """One future for a whole pipelined batch instead of one per item."""
+
+    __slots__ = ("results", "remaining", "future")
+
+    def __init__(self, count: int, future: asyncio.Future):
+        self.results = [None] * count
+        self.remaining = count
+        self.future = future
+
+    def settle(self, index: int, result) -> None:
+        self.results[index] = result
+        self.remaining -= 1
+        if not self.remaining and not self.future.done():
+            self.future.set_result(self.results)
+
+
+class _Request:
+    """A request on the wire waiting for its reply: settles a future, or one slot of a batch."""
+
+    __slots__ = ("req_id", "op", "buf", "future", "batch", "index")
+
+    def __init__(self, req_id: int, op: int, buf, future=None, batch=None, index=0):
+        self.req_id = req_id
+        self.op = op
+        self.buf = buf  # READ destination
+        self.future = future
+        self.batch = batch
+        self.index = index
+
+    def abandoned(self) -> bool:
+        """Nobody waits any more (cancelled): a READ must then not touch the caller's buffer."""
+        return (self.future if self.batch is None else self.batch.future).done()
+
+    def settle(self, result) -> None:
+        if self.batch is not None:
+            self.batch.settle(self.index, result)
+        elif not self.future.done():
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
+
+
+class _Connection:
+    def __init__(self, owner: "TcpTransport", address: str, sock: socket.socket):
+        self.owner = owner
+        self.address = address
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.closed = False
+        self._next_id = 0
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._send_lock = asyncio.Lock()
+        self._header = bytearray(_REPLY_SIZE)
+        self._drain_buf: memoryview | None = None
+        self.reader = self.loop.create_task(self._read_replies(), name=f"kvpool-reply-reader {address}")
+
+    # -- sending
+
+    async def request(self, op: int, key: bytes, generation: int, offset: int, length: int,
+                      checksum: int = 0, payload=None, buf=None):
+        """Send one request and wait for its reply's result (raises its error)."""
+        future = self.loop.create_future()
+        req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        request = _Request(req_id, op, buf, future)
+        frame = wire.pack_request(op, req_id, key, generation, offset, length, checksum)
+        await self._submit((request,), [frame] if payload is None else [frame, payload])
+        return await future
+
+    async def batch(self, op: int, items: Sequence) -> list:
+        """Pipeline one request per item (WriteItem or ReadItem); per-item results."""
+        batch = _Batch(len(items), self.loop.create_future())
+        requests, parts = [], []
+        pack = wire.pack_request
+        for index, item in enumerate(items):
+            req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            if op == _WRITE:
+                key, generation, offset, data, checksum = item
+                requests.append(_Request(req_id, op, None, None, batch, index))
+                parts.append(pack(op, req_id, key, generation, offset, len(data), checksum))
+                parts.append(data)
+            else:
+                key, generation, offset, buf = item
+                requests.append(_Request(req_id, op, buf, None, batch, index))
+                parts.append(pack(op, req_id, key, generation, offset, len(buf)))
+        if op != _WRITE:
+            parts = [b"".join(parts)]  # headers only: one small buffer beats many iovecs
+        if requests:
+            await self._submit(requests, parts)
+            await batch.future
+        return batch.results
+
+    async def _submit(self, requests, parts: list) -> None:
+        async with self._send_lock:
+            if self.closed:
+                for request in requests:
+                    request.settle(UnavailableError(f"node {self.address}: connection closed"))
+                return
+            self._pending.extend(requests)
+            try:
+                await self._send(parts)
+            except OSError as exc:
+                self.fail(f"send failed: {exc}")  # settles these requests too
+            except BaseException:
+                # Cancelled with a frame half sent: the stream cannot be resynchronised.
+                for request in requests:
+                    if request.batch is None:
+                        request.future.cancel()
+                    else:
+                        request.batch.future.cancel()
+                self.fail("request cancelled while sending")
+                raise
+
+    async def _send(self, parts: list) -> None:
+        """Send every buffer in order: sendmsg (header and payload in one call) while the
+        socket takes it, sock_sendall to wait out a full socket buffer."""
+        sock = self.sock
+        i, n = 0, len(parts)
+        while i < n:
+            try:
+                sent = sock.sendmsg(parts[i:i + _IOV_MAX])
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            while i < n and sent >= len(parts[i]):
+                sent -= len(parts[i])
+                i += 1
+            if i < n:
+                await self.loop.sock_sendall(sock, memoryview(parts[i])[sent:])
+                i += 1
+
+    # -- receiving
+
+    async def _read_replies(self) -> None:
+        reason = "connection closed by the node"
+        header = self._header
+        header_view = memoryview(header)
+        pending = self._pending
+        try:
+            while True:
+                await self._recv_exactly(header_view)
+                magic, version, op, req_id, status, length, stored_checksum = _unpack_reply(header)
+                if magic != wire.MAGIC or version != wire.VERSION:
+                    raise ProtocolError(f"bad reply frame (magic {magic!r}, version {version})")
+                if not pending:
+                    raise ProtocolError(f"reply {req_id} to no request")
+                request = pending[0]  # stays queued until settled, so a failure mid-payload fails it too
+                if request.req_id != req_id or request.op != op:
+                    raise ProtocolError(f"reply {req_id} (op {op}) out of order; expected {request.req_id}")
+                if status == _OK:
+                    if op == _READ:
+                        result = await self._receive_payload(request, length, stored_checksum)
+                    elif op == _PING:
+                        result = (await self._recv_bytes(length)).decode("utf-8", "replace")
+                    else:
+                        await self._drain(length)
+                        result = True if op == _FREE else None
+                elif op == _FREE and status == _NOT_FOUND:
+                    await self._drain(length)
+                    result = False
+                else:
+                    message = (await self._recv_bytes(length)).decode("utf-8", "replace")
+                    result = error_for(status, f"node {self.address}: {message}")
+                pending.popleft()
+                request.settle(result)
+        except asyncio.CancelledError:
+            reason = "connection closed"
+            raise
+        except (OSError, EOFError) as exc:
+            reason = f"connection lost: {exc or type(exc).__name__}"
+        except ProtocolError as exc:
+            reason = str(exc)
+        except Exception as exc:  # whatever went wrong, no request may be left waiting
+            reason = f"reply reader failed: {exc!r}"
+        finally:
+            self.fail(reason)
+            # A sender may still be inside sock_sendall on this fd; shutdown() makes it
+            # error out, and closing only after it has let go keeps the loop's fd map sane.
+            async with self._send_lock:
+                self.sock.close()
+
+    async def _receive_payload(self, request: _Request, length: int, stored_checksum: int):
+        buf = request.buf
+        if length != len(buf):
+            await self._drain(length)
+            return ProtocolError(f"node {self.address}: READ reply of {length} bytes for a {len(buf)}-byte buffer")
+        if request.abandoned():
+            await self._drain(length)
+        elif length:
+            await self._recv_exactly(buf)
+        return stored_checksum
+
+    async def _recv_exactly(self, view: memoryview) -> None:
+        recv_into, sock = self.loop.sock_recv_into, self.sock
+        got, total = 0, len(view)
+        while got < total:
+            more = await recv_into(sock, view[got:] if got else view)
+            if not more:
+                raise EOFError("connection closed by the node")
+            got += more
+
+    async def _recv_bytes(self, length: int) -> bytes:
+        data = bytearray(length)
+        await self._recv_exactly(memoryview(data))
+        return bytes(data)
+
+    async def _drain(self, length: int) -> None:
+        if self._drain_buf is None:
+            self._drain_buf = memoryview(bytearray(_DRAIN_BYTES))
+        while length:
+            chunk = min(length, _DRAIN_BYTES)
+            await self._recv_exactly(self._drain_buf[:chunk])
+            length -= chunk
+
+    # -- failure
+
+    def fail(self, reason: str) -> None:
+        """Drop the connection: every pending request fails, the next call reconnects."""
+        if self.closed:
+            return
+        self.closed = True
+        self.owner._forget(self)
+        try:
+            # Wakes the reader and any sender blocked on this socket.
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        pending, self._pending = self._pending, collections.deque()
+        for request in pending:
+            request.settle(UnavailableError(f"node {self.address}: {reason}"))
+
+
+class TcpTransport(Transport):
+    """Transport over TCP. Connections open lazily, one per node address, and are shared
+    by every coroutine on the event loop that first used them."""
+
+    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT):
+        self.connect_timeout = connect_timeout
+        self._connections: dict[str, _Connection] = {}
+        self._connecting: dict[str, asyncio.Future] = {}
+        self._closed = False
+
+    async def _connection(self, address: str) -> _Connection:
+        connection = self._connections.get(address)
+        if connection is not None:
+            return connection
+        if self._closed:
+            raise UnavailableError("transport is closed")
+        # Concurrent first calls to a node share one connect attempt.
+        opening = self._connecting.get(address)
+        if opening is None:
+            opening = asyncio.ensure_future(self._open(address))
+            self._connecting[address] = opening
+            opening.add_done_callback(functools.partial(self._opened, address))
+        return await asyncio.shield(opening)
+
+    async def _open(self, address: str) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            host, port = parse_hostport(address)
+        except ValueError as exc:
+            raise UnavailableError(f"bad node address {address!r}: {exc}") from None
+        try:
+            family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+            target = (host, port)
+        except ValueError:  # a host name: resolve it (off the loop thread)
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            family, _, _, _, target = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            async with asyncio.timeout(self.connect_timeout):
+                await loop.sock_connect(sock, target)
+        except TimeoutError:
+            sock.close()
+            raise UnavailableError(f"node {address}: connect timed out after {self.connect_timeout}s") from None
+        except OSError as exc:  # refused, unreachable: a node that is down fails fast
+            sock.close()
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise UnavailableError(f"node {address}: cannot connect: {reason}") from None
+        except BaseException:
+            sock.close()
+            raise
+        if self._closed:
+            sock.close()
+            raise UnavailableError("transport is closed")
+        connection = _Connection(self, address, sock)
+        self._connections[address] = connection
+        return connection
+
+    def _opened(self, address: str, opening: asyncio.Future) -> None:
+        if self._connecting.get(address) is opening:
+            del self._connecting[address]
+
+    def _forget(self, connection: _Connection) -> None:
+        if self._connections.get(connection.address) is connection:
+            del self._connections[connection.address]
+
+    async def write(self, address, key, generation, offset, data, checksum) -> None:
+        connection = await self._connection(address)
+        await connection.request(_WRITE, key, generation, offset, len(data), checksum, payload=data)
+
+    async def read_into(self, address, key, generation, offset, buf) -> int:
+        connection = await self._connection(address)
+        return await connection.request(_READ, key, generation, offset, len(buf), buf=buf)
+
+    async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
+        return await self._many(address, _WRITE, items)
+
+    async def read_many(self, address: str, items: Sequence[ReadItem]) -> list:
+        return await self._many(address, _READ, items)
+
+    async def _many(self, address: str, op: int, items: Sequence) -> list:
+        try:
+            connection = await self._connection(address)
+        except KvpoolError as exc:
+            return [type(exc)(str(exc)) for _ in items]
+        return await connection.batch(op, items)
+
+    async def free(self, address, key, generation, offset) -> bool:
+        connection = await self._connection(address)
+        return await connection.request(_FREE, key, generation, offset, 0)
+
+    async def ping(self, address: str) -> str:
+        connection = await self._connection(address)
+        return await connection.request(_PING, b"", 0, 0, 0)
+
+    async def close(self) -> None:
+        self._closed = True
+        for opening in list(self._connecting.values()):
+            opening.cancel()
+        connections = list(self._connections.values())
+        for connection in connections:
+            connection.fail("transport closed")
+        await asyncio.gather(*(c.reader for c in connections), return_exceptions=True)

@@ -1,0 +1,61 @@
+"""Values and destination buffers as flat byte memoryviews, without copying.
+
+Accepts anything with the buffer protocol (bytes, bytearray, memoryview,
+numpy arrays, array.array, mmap) and torch CPU tensors. A strided value would
+need a copy to become one contiguous extent, so it is refused instead.
+"""
+
+import sys
+
+from kvpool.errors import InvalidArgumentError
+
+
+def readable_view(value) -> memoryview:
+    """`value` as a 1-D uint8 memoryview (may be read-only)."""
+    if type(value) is bytes or type(value) is bytearray:  # the common case, already flat bytes
+        return memoryview(value)
+    return _flat(value, "value")
+
+
+def writable_view(buffer) -> memoryview:
+    """`buffer` as a writable 1-D uint8 memoryview, for get_into destinations."""
+    view = memoryview(buffer) if type(buffer) is bytearray else _flat(buffer, "buffer")
+    if view.readonly:
+        raise InvalidArgumentError(f"buffer of type {type(buffer).__name__} is read-only")
+    return view
+
+
+def _flat(obj, what: str) -> memoryview:
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        view = _tensor_view(obj)
+        if view is None:
+            raise InvalidArgumentError(
+                f"{what} of type {type(obj).__name__} is not a bytes-like object, numpy array "
+                "or torch tensor") from None
+    if view.format == "B" and view.ndim == 1 and view.c_contiguous:
+        return view
+    if not view.c_contiguous:
+        raise InvalidArgumentError(f"{what} is not contiguous; pass a contiguous copy")
+    try:
+        return view.cast("B")
+    except (TypeError, ValueError):  # cast() only knows native single-letter formats
+        pass
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(obj, numpy.ndarray):  # e.g. big-endian or structured dtypes
+        return memoryview(obj.reshape(-1).view(numpy.uint8))
+    raise InvalidArgumentError(f"{what} has buffer format {view.format!r}, which cannot be viewed as bytes")
+
+
+def _tensor_view(obj) -> memoryview | None:
+    # torch is looked up, never imported: importing it costs seconds and most callers lack it.
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    if obj.device.type != "cpu":
+        raise InvalidArgumentError(f"tensor is on {obj.device}; only CPU tensors can be stored or filled")
+    if not obj.is_contiguous():
+        raise InvalidArgumentError("tensor is not contiguous; pass tensor.contiguous()")
+    # Flat uint8 view of the same storage; numpy() shares memory with the tensor.
+    return memoryview(obj.detach().reshape(-1).view(torch.uint8).numpy())

@@ -1,0 +1,304 @@
+"""Client and AsyncClient against a real cluster: etcd, one master, two storage nodes."""
+
+import asyncio
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvpool import AsyncClient, Client
+from kvpool.client.tcp import TcpTransport
+from kvpool.errors import (
+    BatchError, Code, InvalidArgumentError, InvalidKeyError, KeyExistsError, KeyNotFoundError,
+    UnavailableError,
+)
+from kvpool.netutil import free_port, wait_until
+
+
+class Process:
+    """A kvpool component started as `python -m <module> ...`; waits for its ready line."""
+
+    def __init__(self, module: str, args: list, log_path, ready_prefix: str, timeout: float = 30):
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
+                                         stderr=log, text=True)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            line = ""
+        if not line.startswith(ready_prefix):
+            self.stop()
+            raise RuntimeError(f"{module}: no ready line (got {line!r}); log: {open(log_path).read()}")
+        self.fields = dict(field.split("=", 1) for field in line.split()[2:])
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+class Cluster:
+    def __init__(self, etcd: str, tmp_path):
+        self.etcd = etcd
+        self.master = Process("kvpool.master", ["--etcd", etcd, "--port", "0", "--put-timeout", "5"],
+                              tmp_path / "master.log", "kvpool-master ready ")
+        self.address = self.master.fields["address"]
+        self.nodes = [
+            Process("kvpool.storenode", ["--etcd", etcd, "--dram", "32MiB", "--port", "0", "--node-id", f"n{i}"],
+                    tmp_path / f"n{i}.log", "kvpool-storenode ready ")
+            for i in (1, 2)]
+        with Client(self.address) as client:
+            wait_until(lambda: len(client.stats().nodes) == 2, 15, what="both nodes known to the master")
+
+    def node(self, node_id: str) -> Process:
+        return next(n for n in self.nodes if n.fields["node_id"] == node_id)
+
+    def stop(self) -> None:
+        for process in (*self.nodes, self.master):
+            process.stop()
+
+
+@pytest.fixture
+def cluster(etcd, tmp_path):
+    started = Cluster(etcd, tmp_path)
+    yield started
+    started.stop()
+
+
+def missing(client, key) -> bool:
+    try:
+        client.get(key)
+    except KeyNotFoundError:
+        return True
+    return False
+
+
+def test_sync_client_round_trips(cluster):
+    rng = np.random.default_rng(7)
+    big = rng.integers(0, 256, 3 * 1024 * 1024 + 17, dtype=np.uint8)  # more than a socket buffer
+    with Client(etcd=cluster.etcd) as client:
+        client.put("bytes", b"hello kvpool")
+        client.put("bytearray", bytearray(b"\x00\x01\x02"))
+        client.put("slice", memoryview(b"0123456789")[3:7])
+        client.put("numpy", big)
+        client.put("empty", b"")
+        assert client.get("bytes") == b"hello kvpool"
+        assert client.get("bytearray") == b"\x00\x01\x02"
+        assert client.get("slice") == b"3456"
+        assert client.get("numpy") == big.tobytes()
+        assert client.get("empty") == b""
+
+        dest = np.zeros(big.size + 100, dtype=np.uint8)
+        assert client.get_into("numpy", dest) == big.size
+        assert np.array_equal(dest[:big.size], big) and not dest[big.size:].any()
+        with pytest.raises(InvalidArgumentError, match="too small"):
+            client.get_into("numpy", bytearray(10))
+        with pytest.raises(InvalidArgumentError, match="read-only"):
+            client.get_into("bytes", b" " * 64)
+
+        with pytest.raises(KeyExistsError):
+            client.put("bytes", b"other")
+        client.put("bytes", b"replaced", overwrite=True)
+        assert client.get("bytes") == b"replaced"
+
+        with pytest.raises(KeyNotFoundError):
+            client.get("no-such-key")
+        with pytest.raises(InvalidKeyError):
+            client.put("", b"x")
+        with pytest.raises(InvalidArgumentError, match="contiguous"):
+            client.put("strided", big[::2])
+
+        assert client.exists("numpy") and not client.exists("no-such-key")
+        assert client.batch_exists(["bytes", "nope", "empty"]) == [True, False, True]
+        assert client.remove("bytearray") is True
+        assert client.remove("bytearray") is False
+        assert missing(client, "bytearray")
+        assert client.stats().objects == 4
+
+
+def test_sync_client_batches(cluster):
+    keys = [f"layer/{i}" for i in range(40)]
+    values = [bytes([i]) * (1000 + 97 * i) for i in range(40)]
+    with Client(cluster.address) as client:
+        client.batch_put(keys, values)
+        assert client.batch_get([*keys, "layer/missing"]) == [*values, None]
+        buffers = [bytearray(8000) for _ in keys]
+        sizes = client.batch_get_into(keys, buffers)
+        assert sizes == [len(v) for v in values]
+        assert all(buf[:size] == value for buf, size, value in zip(buffers, sizes, values))
+        assert client.batch_get_into(["layer/missing"], [bytearray(1)]) == [None]
+
+        # Two keys already exist: the others are stored, the error names exactly those two.
+        with pytest.raises(BatchError) as caught:
+            client.batch_put(["fresh/1", "layer/3", "fresh/2", "layer/5"], [b"a", b"b", b"c", b"d"])
+        assert set(caught.value.errors) == {"layer/3", "layer/5"} and caught.value.code == Code.EXISTS
+        assert client.batch_get(["fresh/1", "fresh/2", "layer/3"]) == [b"a", b"c", values[3]]
+
+        assert client.remove_prefix("layer/") == 40
+        assert client.batch_get(keys[:3]) == [None, None, None]
+        assert client.batch_exists(["fresh/1", "layer/0"]) == [True, False]
+
+
+def test_async_client(cluster):
+    async def scenario():
+        async with AsyncClient(cluster.address) as client:
+            await client.put("a", b"alpha")
+            assert await client.get("a") == b"alpha"
+            # Many concurrent requests share the pipelined connections.
+            values = {f"k{i}": np.full(5000 + i, i % 256, dtype=np.uint8) for i in range(60)}
+            await asyncio.gather(*(client.put(k, v) for k, v in values.items()))
+            got = await asyncio.gather(*(client.get(k) for k in values))
+            assert got == [v.tobytes() for v in values.values()]
+            buf = bytearray(6000)
+            assert await client.get_into("k3", buf) == 5003 and buf[:5003] == values["k3"].tobytes()
+            await client.batch_put(["b1", "b2"], [b"one", b"two"])
+            assert await client.batch_get(["b2", "zz", "b1"]) == [b"two", None, b"one"]
+            assert await client.batch_get_into(["b1"], [bytearray(3)]) == [3]
+            assert await client.exists("b1") and await client.batch_exists(["b1", "zz"]) == [True, False]
+            assert await client.remove("b1") and await client.remove_prefix("k") == 60
+            with pytest.raises(KeyNotFoundError):
+                await client.get("b1")
+            assert (await client.stats()).objects == 2
+
+    asyncio.run(scenario())
+
+
+def test_cached_placement_skips_the_master(cluster):
+    with Client(cluster.address) as writer, Client(cluster.address) as reader:
+        writer.put("hot", b"block")
+        lookups = writer.stats().hits
+        assert writer.get("hot") == b"block"  # placement remembered from the put
+        assert writer.stats().hits == lookups
+        assert reader.get("hot") == b"block"  # a fresh client asks once...
+        assert reader.get("hot") == b"block"  # ...then reads straight from the node
+        assert reader.stats().hits == lookups + 1
+
+
+def test_stale_cached_placement_is_refreshed(cluster):
+    with Client(cluster.address) as a, Client(cluster.address) as b:
+        a.put("moving", b"first")
+        assert a.get("moving") == b"first"
+        b.put("moving", b"second version", overwrite=True)
+        # The master frees the old extent in the background; once it has, a's cached read
+        # comes back STALE and a must find the new version through the master on its own.
+        wait_until(lambda: a.get("moving") == b"second version", 10, what="a to see the overwrite")
+        b.remove("moving")
+        wait_until(lambda: missing(a, "moving"), 10, what="a to see the removal")
+
+
+def test_dead_node_fails_fast_and_replicas_cover_it(cluster):
+    with Client(cluster.address) as single, Client(cluster.address, replicas=2) as double:
+        keys = [f"s{i}" for i in range(8)]
+        single.batch_put(keys, [k.encode() for k in keys])
+        double.put("both", b"two copies")
+        victim = cluster.nodes[0]
+        victim.stop(signal.SIGKILL)
+
+        assert double.get("both") == b"two copies"  # the surviving replica answers
+        began = time.monotonic()
+        outcomes = []
+        for key in keys:
+            try:
+                outcomes.append(single.get(key) == key.encode())
+            except UnavailableError:
+                outcomes.append("unavailable")
+        assert time.monotonic() - began < 3, "a dead node must fail fast"
+        assert "unavailable" in outcomes and True in outcomes and False not in outcomes
+        with pytest.raises(BatchError) as caught:
+            single.batch_get(keys)
+        assert caught.value.code == Code.UNAVAILABLE
+        assert len(caught.value.errors) == outcomes.count("unavailable")
+
+
+def test_tcp_transport_ping_and_refused(cluster):
+    async def scenario():
+        transport = TcpTransport()
+        try:
+            node = cluster.nodes[1].fields
+            pings = await asyncio.gather(*(transport.ping(node["address"]) for _ in range(20)))
+            assert pings == [node["node_id"]] * 20
+            began = time.monotonic()
+            with pytest.raises(UnavailableError):
+                await transport.ping(f"127.0.0.1:{free_port()}")
+            assert time.monotonic() - began < 1
+            assert not await transport.free(node["address"], b"never-stored", 1, 0)
+        finally:
+            await transport.close()
+        with pytest.raises(UnavailableError):
+            await transport.ping(node["address"])
+
+    asyncio.run(scenario())
+
+
+def test_tcp_transport_fails_every_pending_request_when_the_node_dies(cluster):
+    victim = cluster.nodes[0]
+
+    async def scenario():
+        transport = TcpTransport()
+        try:
+            address = victim.fields["address"]
+            await transport.ping(address)  # connected
+            victim.proc.send_signal(signal.SIGSTOP)  # requests now queue up unanswered
+            pings = [asyncio.ensure_future(transport.ping(address)) for _ in range(50)]
+            connection = transport._connections[address]
+            deadline = time.monotonic() + 10
+            while len(connection._pending) < len(pings):  # every frame is on the wire
+                assert time.monotonic() < deadline, "pings were not sent"
+                await asyncio.sleep(0.01)
+            victim.proc.kill()
+            results = await asyncio.wait_for(asyncio.gather(*pings, return_exceptions=True), 10)
+            assert all(isinstance(r, UnavailableError) for r in results), results
+            victim.proc.wait(10)  # its listening socket is gone only once it has exited
+            with pytest.raises(UnavailableError, match="cannot connect"):
+                await transport.ping(address)  # the dead connection was dropped; reconnecting fails fast
+        finally:
+            await transport.close()
+
+    asyncio.run(scenario())
+
+
+def test_etcd_client_follows_a_restarted_master(cluster, tmp_path):
+    with Client(etcd=cluster.etcd) as client:
+        client.put("before", b"1")
+        old_address = cluster.address
+        cluster.master.stop()
+        with Client(old_address) as pinned, pytest.raises(UnavailableError):
+            pinned.exists("before")  # a client pinned to the old address fails, typed
+        port = free_port()
+        while f"127.0.0.1:{port}" == old_address:
+            port = free_port()
+        cluster.master = Process("kvpool.master", ["--etcd", cluster.etcd, "--port", str(port)],
+                                 tmp_path / "master2.log", "kvpool-master ready ")
+        # The new master starts with an empty table; the client finds it through etcd by itself.
+        assert client.exists("before") is False
+        wait_until(lambda: len(client.stats().nodes) == 2, 15, what="nodes known to the new master")
+        client.put("after", b"2")
+        assert client.get("after") == b"2"
+
+
+def test_master_lookup_failures_are_typed(etcd):
+    with pytest.raises(InvalidArgumentError):
+        Client()
+    with pytest.raises(InvalidArgumentError):
+        Client("127.0.0.1:1", etcd=etcd)
+    with Client(etcd=etcd, cluster="no-such-cluster") as client, \
+            pytest.raises(UnavailableError, match="no master registered"):
+        client.exists("x")
+    with Client(f"127.0.0.1:{free_port()}") as client:
+        began = time.monotonic()
+        with pytest.raises(UnavailableError):
+            client.get("x")
+        assert time.monotonic() - began < 3
