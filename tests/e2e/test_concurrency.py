@@ -9,6 +9,7 @@ from kvpool.errors import KeyExistsError, KeyNotFoundError
 
 PROCESSES = 8
 SECONDS = 20
+LIVE_KEYS = 48  # per process: bounds the live set (~90 MiB in all) however fast the machine puts
 
 
 def value_for(key: str, size: int) -> bytes:
@@ -28,7 +29,7 @@ def worker(master: str, index: int, seconds: float, results) -> None:
         while time.monotonic() < deadline:
             roll = rng.random()
             try:
-                if roll < 0.35 or not written:
+                if (roll < 0.35 or not written) and len(written) < LIVE_KEYS:
                     size = rng.choice([0, 100, 4096, 65536, 300_000, 1 << 20])
                     key = f"mix/{index}/{counts['puts']}/{size}"
                     client.put(key, value_for(key, size))
