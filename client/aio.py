@@ -23,7 +23,7 @@ from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink, check
 from .placement_cache import DEFAULT_CAPACITY, PlacementCache
 from .tcp import DEFAULT_CONNECT_TIMEOUT, TcpTransport
 from .transport import ReadItem, Transport, WriteItem
-from .values import readable_view, writable_view
+from .values import bytes_of, fresh_bytes_view, readable_view, writable_view
 
 # A replica read that fails like this may mean the placement moved on: ask the master again.
 _REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)
@@ -179,8 +179,8 @@ class AsyncClient:
     # -- get
 
     async def get(self, key: str) -> bytes:
-        """The value as bytes (one copy out of the receive buffer; get_into avoids it)."""
-        return bytes(await self._read_object(key, None))
+        """The value as a new bytes object, received in place."""
+        return bytes_of(await self._read_object(key, None))
 
     async def get_into(self, key: str, buffer) -> int:
         """Read the value into the front of `buffer`; returns its size."""
@@ -190,7 +190,7 @@ class AsyncClient:
         """Values in key order; None for a key that does not exist. Any other failure raises
         BatchError (after every key was tried) mapping each failed key to its error."""
         keys = list(keys)
-        return _batch_results(keys, await self._read_batch(keys, None), bytes)
+        return _batch_results(keys, await self._read_batch(keys, None), bytes_of)
 
     async def batch_get_into(self, keys, buffers) -> list:
         """Sizes read into each buffer, in key order; None for a key that does not exist."""
@@ -210,7 +210,7 @@ class AsyncClient:
         for attempt in (0, 1):
             size = info.size
             if dest is None:
-                view = memoryview(bytearray(size))
+                view = fresh_bytes_view(size)
             elif len(dest) >= size:
                 view = dest if len(dest) == size else dest[:size]
             elif cached and not attempt:
@@ -246,13 +246,13 @@ class AsyncClient:
         error = None
         for replica in info.replicas:
             try:
-                stored = await self._transport.read_into(replica.address, raw, info.generation, replica.offset, view)
+                digest = await self._transport.read_into(replica.address, raw, info.generation, replica.offset, view)
             except KvpoolError as exc:
                 # What a replica said about the data beats "node unreachable".
                 if error is None or isinstance(error, UnavailableError):
                     error = exc
                 continue
-            if stored == want and checksum(view) == want:
+            if digest == want:
                 return
             error = ChecksumMismatchError(
                 f"replica of {raw.decode()!r} on node {replica.node_id} does not match checksum {want:#x}")
@@ -281,7 +281,7 @@ class AsyncClient:
                 size = info.size
                 dest = None if dests is None else dests[i]
                 if dest is None:
-                    view = memoryview(bytearray(size))
+                    view = fresh_bytes_view(size)
                 elif len(dest) >= size:
                     view = dest if len(dest) == size else dest[:size]
                 elif cached[i] and not refetched[i]:
@@ -304,10 +304,10 @@ class AsyncClient:
             outcomes = await asyncio.gather(
                 *(self._transport.read_many(address, groups[address][1]) for address in addresses))
             todo = []
-            for address, stored in zip(addresses, outcomes):
-                for (i, r, view), outcome in zip(groups[address][0], stored):
+            for address, digests in zip(addresses, outcomes):
+                for (i, r, view), outcome in zip(groups[address][0], digests):
                     want = infos[i].checksum
-                    if outcome == want and checksum(view) == want:
+                    if outcome == want:
                         results[i] = view
                         continue
                     error = outcome if isinstance(outcome, KvpoolError) else ChecksumMismatchError(

@@ -1,8 +1,10 @@
 """Client: the blocking kvpool API, for callers without an event loop.
 
-It runs one AsyncClient on a private event-loop thread and waits for each
-call there, so connections, pipelining and the placement cache are shared by
-every thread using the Client.
+It owns one AsyncClient and a private event loop, and runs that loop in the
+calling thread for the length of each call. Handing each call to a separate
+loop thread instead would cost two thread wake-ups per call (about 100 us here,
+half of a 64 KiB get). Threads sharing a Client take turns; a thread that wants
+many transfers in flight uses the batch calls, or an AsyncClient.
 """
 
 import asyncio
@@ -28,21 +30,21 @@ class Client:
     """Client("HOST:PORT") or Client(etcd="HOST:PORT", cluster="default"); options as AsyncClient."""
 
     def __init__(self, address: str | None = None, **options):
-        self._client = AsyncClient(address, **options)  # validates the arguments before a thread exists
+        self._client = AsyncClient(address, **options)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="kvpool-client", daemon=True)
-        self._thread.start()
+        self._turn = threading.Lock()  # one thread runs the loop at a time
         self._closed = False
 
     def _run(self, coro):
-        if self._closed:
-            coro.close()
-            raise UnavailableError("client is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result()
-        finally:
-            future.cancel()  # no-op once done; stops the work if the caller was interrupted
+        with self._turn:
+            if self._closed:
+                coro.close()
+                raise UnavailableError("client is closed")
+            task = self._loop.create_task(coro)
+            try:
+                return self._loop.run_until_complete(task)
+            finally:
+                task.cancel()  # no-op once done; an interrupted call stops at the next turn
 
     put = _blocking(AsyncClient.put)
     get = _blocking(AsyncClient.get)
@@ -58,15 +60,14 @@ class Client:
 
     def close(self) -> None:
         """Close connections and stop the loop thread; later calls raise UnavailableError."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result()
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+        with self._turn:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._loop.run_until_complete(self._client.close())
+            finally:
+                self._loop.close()
 
     def __enter__(self) -> "Client":
         return self

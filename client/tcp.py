@@ -19,6 +19,7 @@ import socket
 from typing import Sequence
 
 from kvpool import wire
+from kvpool.checksum import Digest
 from kvpool.cluster_layout import parse_hostport
 from kvpool.errors import Code, KvpoolError, ProtocolError, UnavailableError, error_for
 
@@ -27,6 +28,7 @@ from .transport import ReadItem, Transport, WriteItem
 DEFAULT_CONNECT_TIMEOUT = 3.0
 _IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
 _DRAIN_BYTES = 64 * 1024
+_HASH_CHUNK = 512 * 1024
 _REPLY_SIZE = wire.REPLY.size
 _unpack_reply = wire.REPLY.unpack
 _OK = Code.OK
@@ -175,7 +177,7 @@ class _Connection:
         try:
             while True:
                 await self._recv_exactly(header_view)
-                magic, version, op, req_id, status, length, stored_checksum = _unpack_reply(header)
+                magic, version, op, req_id, status, length, _stored_checksum = _unpack_reply(header)
                 if magic != wire.MAGIC or version != wire.VERSION:
                     raise ProtocolError(f"bad reply frame (magic {magic!r}, version {version})")
                 if not pending:
@@ -185,7 +187,7 @@ class _Connection:
                     raise ProtocolError(f"reply {req_id} (op {op}) out of order; expected {request.req_id}")
                 if status == _OK:
                     if op == _READ:
-                        result = await self._receive_payload(request, length, stored_checksum)
+                        result = await self._receive_payload(request, length)
                     elif op == _PING:
                         result = (await self._recv_bytes(length)).decode("utf-8", "replace")
                     else:
@@ -215,16 +217,28 @@ class _Connection:
             async with self._send_lock:
                 self.sock.close()
 
-    async def _receive_payload(self, request: _Request, length: int, stored_checksum: int):
+    async def _receive_payload(self, request: _Request, length: int):
+        """Receive a READ payload into its destination; returns the checksum of what arrived."""
         buf = request.buf
         if length != len(buf):
             await self._drain(length)
             return ProtocolError(f"node {self.address}: READ reply of {length} bytes for a {len(buf)}-byte buffer")
         if request.abandoned():
             await self._drain(length)
-        elif length:
-            await self._recv_exactly(buf)
-        return stored_checksum
+            return None
+        # Hash each chunk as it lands: the node keeps sending meanwhile, so the
+        # checksum costs little beyond the receive instead of a pass after it.
+        digest = Digest()
+        recv_into, sock = self.loop.sock_recv_into, self.sock
+        got = 0
+        while got < length:
+            # Chunks small enough to still be in cache when hashed.
+            more = await recv_into(sock, buf[got:got + _HASH_CHUNK])
+            if not more:
+                raise EOFError("connection closed by the node")
+            digest.update(buf[got:got + more])
+            got += more
+        return digest.intdigest()
 
     async def _recv_exactly(self, view: memoryview) -> None:
         recv_into, sock = self.loop.sock_recv_into, self.sock

@@ -35,7 +35,8 @@ class Transport(ABC):
     @abstractmethod
     async def read_into(self, address: str, key: bytes, generation: int, offset: int,
                         buf: memoryview) -> int:
-        """Fill `buf` (len = object size) from the extent; returns the checksum the node stored."""
+        """Fill `buf` (len = object size) from the extent; returns the checksum of the bytes
+        that arrived, computed while they arrive (the caller compares it with the object's)."""
 
     @abstractmethod
     async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
@@ -43,7 +44,7 @@ class Transport(ABC):
 
     @abstractmethod
     async def read_many(self, address: str, items: Sequence[ReadItem]) -> list:
-        """Pipelined reads from one node: per item the stored checksum, or an exception."""
+        """Pipelined reads from one node: per item the checksum of what arrived, or an exception."""
 
     @abstractmethod
     async def free(self, address: str, key: bytes, generation: int, offset: int) -> bool:

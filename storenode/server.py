@@ -13,7 +13,7 @@ import socket
 import time
 
 from kvpool import wire
-from kvpool.checksum import checksum
+from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code
 from kvpool.keys import MAX_KEY_BYTES
 
@@ -24,7 +24,8 @@ from .tier import Tier
 log = logging.getLogger(__name__)
 
 STAGING_BYTES = 256 * 1024  # per connection: headers and keys of pipelined frames, and payload prefixes
-SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
+SMALL_READ = 64 * 1024
+HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache  # READ payloads up to this ride in the reply buffer: one send instead of two
 _HEADER = wire.REQUEST.size
 _OP_NAMES = {op.value: op.name.lower() for op in wire.Op}
 
@@ -153,16 +154,19 @@ class _Connection:
         staged = min(length, self.end - self.start)
         target[:staged] = self.view[self.start:self.start + staged]
         self.start += staged
+        # Hash each chunk as it lands, while it is still in cache and the client keeps sending.
+        digest = Digest(target[:staged])
         if staged < length:
             await self._flush()
             received = staged
             while received < length:
-                got = await self.loop.sock_recv_into(self.sock, target[received:])
+                got = await self.loop.sock_recv_into(self.sock, target[received:received + HASH_CHUNK])
                 if not got:
                     raise _Disconnect
+                digest.update(target[received:received + got])
                 received += got
         self.metrics.bytes_in.inc(length)
-        if checksum(target) != value_checksum:
+        if digest.intdigest() != value_checksum:
             self._error(op, req_id, Code.CHECKSUM_MISMATCH,
                         f"payload checksum differs from {value_checksum:#x}; extent not stored")
             return True

@@ -48,3 +48,15 @@ def test_invalid_keys(key):
 
 def test_valid_key_bytes():
     assert validate_key("model/blk-é") == "model/blk-é".encode()
+
+
+def test_digest_in_pieces_equals_checksum_of_whole():
+    import os
+
+    from kvpool.checksum import Digest, checksum
+
+    data = os.urandom(1_000_003)
+    digest = Digest(data[:10])
+    for start in range(10, len(data), 65_536):
+        digest.update(data[start:start + 65_536])
+    assert digest.intdigest() == checksum(data)

@@ -85,3 +85,16 @@ def test_torch_non_contiguous_tensor_is_refused():
     torch = pytest.importorskip("torch")
     with pytest.raises(InvalidArgumentError, match="contiguous"):
         readable_view(torch.zeros(4, 4).t())
+
+
+def test_fresh_bytes_view_fills_a_new_bytes_object():
+    from kvpool.client.values import bytes_of, fresh_bytes_view
+
+    view = fresh_bytes_view(5)
+    view[:] = b"hello"
+    value = bytes_of(view)
+    assert type(value) is bytes and value == b"hello"
+    other = fresh_bytes_view(5)
+    other[:] = b"world"
+    assert bytes_of(other) == b"world" and value == b"hello"  # each view owns its own object
+    assert bytes_of(fresh_bytes_view(0)) == b""
