@@ -15,6 +15,7 @@ import grpc
 
 from kvpool import cluster_layout
 from kvpool.proto import kvpool_pb2_grpc
+from kvpool.process import run_server
 from kvpool.units import parse_size
 
 from .membership import Membership
@@ -175,9 +176,4 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"kvpool-master: --etcd: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return asyncio.run(serve(args))
-    except KeyboardInterrupt:
-        return 0
+    return run_server(serve(args))

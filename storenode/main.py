@@ -7,13 +7,13 @@ import os
 import re
 import secrets
 import signal
-import sys
 import uuid
 
 from prometheus_client import start_http_server
 
 from kvpool.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError
+from kvpool.process import run_server
 from kvpool.units import parse_size
 
 from .dram import DramSegment, segment_name
@@ -72,12 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return asyncio.run(_serve(args))
-    except KeyboardInterrupt:
-        return 0
+    return run_server(_serve(args))
 
 
 async def _serve(args) -> int:

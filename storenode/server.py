@@ -24,8 +24,8 @@ from .tier import Tier
 log = logging.getLogger(__name__)
 
 STAGING_BYTES = 256 * 1024  # per connection: headers and keys of pipelined frames, and payload prefixes
-SMALL_READ = 64 * 1024
-HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache  # READ payloads up to this ride in the reply buffer: one send instead of two
+SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
+HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
 _HEADER = wire.REQUEST.size
 _OP_NAMES = {op.value: op.name.lower() for op in wire.Op}
 
