@@ -33,6 +33,8 @@ def cmd_up(args) -> int:
                            master_port=args.master_port, cluster=args.cluster, metrics=args.metrics)
     with cluster:
         print(f"kvpool ready master={cluster.master_address} etcd={cluster.etcd_endpoint}", flush=True)
+        for name, url in cluster.metrics_urls.items():
+            print(f"metrics {name} {url}", flush=True)
         if args.demo:
             from .demo import run_demo
 

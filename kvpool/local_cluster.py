@@ -29,6 +29,7 @@ class Child:
     log_dir: Path
     proc: subprocess.Popen | None = None
     info: dict = field(default_factory=dict)  # fields of the ready line: address=..., node_id=...
+    metrics_port: int = 0  # its Prometheus endpoint, when the cluster runs with metrics
 
     @property
     def out_path(self) -> Path:
@@ -110,8 +111,15 @@ class LocalCluster:
     def etcd_endpoint(self) -> str:
         return self.etcd.endpoint
 
-    def _metrics_args(self) -> list:
-        return ["--metrics-port", str(free_port(self.host))] if self.metrics else []
+    def _child(self, name: str, argv: list) -> Child:
+        """A component's Child, with a Prometheus port of its own when metrics are on."""
+        port = free_port(self.host) if self.metrics else 0
+        return Child(name, argv + (["--metrics-port", str(port)] if port else []), self.log_dir, metrics_port=port)
+
+    @property
+    def metrics_urls(self) -> dict:
+        return {c.name: f"http://{self.host}:{c.metrics_port}/metrics"
+                for c in [self.master, *self.nodes] if c is not None and c.metrics_port}
 
     def start(self, timeout: float = 60.0) -> "LocalCluster":
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -131,16 +139,15 @@ class LocalCluster:
     def _master_child(self) -> Child:
         argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
                 "--port", str(self.master_port or free_port(self.host)), "--cluster", self.cluster,
-                "--put-timeout", str(self.put_timeout), *self._metrics_args()]
-        return Child("master", argv, self.log_dir)
+                "--put-timeout", str(self.put_timeout)]
+        return self._child("master", argv)
 
     def _node_child(self, index: int) -> Child:
         node_id = f"node-{index}"
         argv = [sys.executable, "-m", "kvpool.storenode", "--etcd", self.etcd_endpoint, "--host", self.host,
                 "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
-                "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl),
-                *self._metrics_args()]
-        return Child(node_id, argv, self.log_dir)
+                "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl)]
+        return self._child(node_id, argv)
 
     def restart_node(self, index: int, timeout: float = 30.0) -> Child:
         """Start node `index` again (after a stop or kill) with the same id and data dir."""
