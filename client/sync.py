@@ -4,10 +4,13 @@ It owns one AsyncClient and a private event loop, and runs that loop in the
 calling thread for the length of each call. Handing each call to a separate
 loop thread instead would cost two thread wake-ups per call (about 100 us here,
 half of a 64 KiB get). Threads sharing a Client take turns; a thread that wants
-many transfers in flight uses the batch calls, or an AsyncClient.
+many transfers in flight uses the batch calls, or an AsyncClient. A thread that
+is itself running an event loop cannot run a second one, so its calls are
+driven from a helper thread instead (and block that loop, as any blocking call does).
 """
 
 import asyncio
+import concurrent.futures
 import functools
 import threading
 
@@ -17,7 +20,7 @@ from .aio import AsyncClient
 
 
 def _blocking(async_method):
-    """A method that runs AsyncClient.<method> on the client's loop thread and waits for it."""
+    """A method that runs AsyncClient.<method> on the client's loop and waits for it."""
 
     @functools.wraps(async_method)
     def method(self, *args, **kwargs):
@@ -34,8 +37,21 @@ class Client:
         self._loop = asyncio.new_event_loop()
         self._turn = threading.Lock()  # one thread runs the loop at a time
         self._closed = False
+        # Starts its thread only when first used.
+        self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvpool-client")
+
+    def _dispatch(self, fn, *args):
+        """fn(*args) in this thread, or in the helper thread if this one runs an event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no loop in this thread
+            return fn(*args)
+        return self._helper.submit(fn, *args).result()
 
     def _run(self, coro):
+        return self._dispatch(self._drive, coro)
+
+    def _drive(self, coro):
         with self._turn:
             if self._closed:
                 coro.close()
@@ -59,7 +75,13 @@ class Client:
     stats = _blocking(AsyncClient.stats)
 
     def close(self) -> None:
-        """Close connections and stop the loop thread; later calls raise UnavailableError."""
+        """Close connections and the loop; later calls raise UnavailableError."""
+        try:
+            self._dispatch(self._close)
+        finally:
+            self._helper.shutdown()
+
+    def _close(self) -> None:
         with self._turn:
             if self._closed:
                 return

@@ -132,3 +132,26 @@ def test_client_finds_master_through_etcd(cluster):
         c.put("etcd/found", b"via etcd")
         assert c.get("etcd/found") == b"via etcd"
         c.remove("etcd/found")
+
+
+def test_blocking_client_inside_a_running_event_loop(cluster):
+    async def app():
+        with Client(cluster.master_address) as c:  # blocking calls from a coroutine still work
+            c.put("inloop/k", b"from inside a loop")
+            return c.get("inloop/k"), c.remove("inloop/k")
+
+    assert asyncio.run(app()) == (b"from inside a loop", True)
+
+
+def test_blocking_client_shared_by_threads(cluster):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Client(cluster.master_address) as c:
+        def work(i):
+            value = os.urandom(10_000 + i)
+            c.put(f"threads/{i}", value)
+            return c.get(f"threads/{i}") == value
+
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(work, range(64)))
+        assert c.remove_prefix("threads/") == 64
