@@ -6,6 +6,10 @@ PutStart -> write every replica -> PutEnd (PutRevoke if anything fails); a get
 is a placement lookup (cached, else one GetReplicaList) -> read one replica ->
 verify the checksum. Batches use one RPC per phase for all keys and pipeline
 the transfers per node, all nodes at once.
+
+A compressed object is stored, checksummed and moved as its lz4 bytes; the
+client compresses before PutStart and decompresses after the checksum matched,
+so callers only ever see raw values.
 """
 
 import asyncio
@@ -19,6 +23,7 @@ from kvpool.errors import (
 from kvpool.keys import validate_key
 from kvpool.proto import kvpool_pb2 as pb
 
+from . import compression, put_options
 from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink, check
 from .placement_cache import DEFAULT_CAPACITY, PlacementCache
 from .tcp import DEFAULT_CONNECT_TIMEOUT, TcpTransport
@@ -27,20 +32,25 @@ from .values import bytes_of, fresh_bytes_view, readable_view, writable_view
 
 # A replica read that fails like this may mean the placement moved on: ask the master again.
 _REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)
+# What a node says when it no longer has the version the master placed there (evicted, expired).
+_GONE = (StaleReplicaError, KeyNotFoundError)
 
 
 class AsyncClient:
     """AsyncClient("HOST:PORT") or AsyncClient(etcd="HOST:PORT", cluster="default").
 
     replicas: copies written per put. cache_size: placements remembered (0 = always ask the master).
+    compress_above: values larger than this many bytes are lz4-compressed when that makes them
+    smaller, unless a put says compress=False (None: only puts with compress=True are compressed).
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,
                  cluster: str = DEFAULT_CLUSTER, replicas: int = 1, cache_size: int = DEFAULT_CAPACITY,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 transport: Transport | None = None):
+                 transport: Transport | None = None, compress_above: int | None = None):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
+        self._compress_above = compression.check_threshold(compress_above)
         self._master = MasterLink(address, etcd, cluster, rpc_timeout)
         self._transport = transport or TcpTransport(connect_timeout)
         self._cache = PlacementCache(cache_size)
@@ -58,37 +68,60 @@ class AsyncClient:
 
     # -- put
 
-    async def put(self, key: str, value, overwrite: bool = False) -> None:
+    async def put(self, key: str, value, overwrite: bool = False, *, tier: str | None = None,
+                  pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
+                  compress: bool | None = None) -> None:
+        """Store `value` under `key`.
+
+        tier: "dram" (default) or "ssd", where the node places it first. pin: "soft" (evicted only when
+        nothing unpinned is left, for pin_ttl seconds, default 600) or "hard" (never evicted). ttl:
+        seconds until it expires. compress: True/False, or None to follow compress_above.
+        """
         raw = validate_key(key)
+        choices = put_options.resolve(tier, pin, pin_ttl, ttl)
         data = readable_view(value)
+        raw_size = len(data)
+        packed = compression.encode(data, compress, self._compress_above)
+        if packed is not None:
+            data = packed
         digest = checksum(data)
         request = pb.PutStartRequest(key=key, size=len(data), checksum=digest, overwrite=overwrite,
-                                     replicas=self._replicas)
+                                     replicas=self._replicas, options=choices.request,
+                                     compressed=packed is not None, raw_size=raw_size)
         info = check(await self._master.call("PutStart", request)).object
         if info.replicas:
+            options = choices.write_options(packed is not None, raw_size)
             try:
-                await self._write_replicas(raw, info, data, digest)
+                await self._write_replicas(raw, info, data, digest, options)
             except BaseException:
                 await self._revoke([(key, info.generation)])
                 raise
         check(await self._master.call("PutEnd", pb.PutEndRequest(key=key, generation=info.generation)))
-        self._remember(key, info, len(data), digest)
+        self._remember(key, info, len(data), digest, packed is not None, raw_size)
 
-    async def batch_put(self, keys, values, overwrite: bool = False) -> None:
-        """Put every pair; raises BatchError naming the keys that failed after finishing the rest."""
+    async def batch_put(self, keys, values, overwrite: bool = False, *, tier: str | None = None,
+                        pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
+                        compress: bool | None = None) -> None:
+        """Put every pair (options as put, for every key); raises BatchError naming the keys
+        that failed after finishing the rest."""
         keys = list(keys)
         values = list(values)
         if len(keys) != len(values):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(values)} values")
         raws = [validate_key(key) for key in keys]
+        choices = put_options.resolve(tier, pin, pin_ttl, ttl)
         views = [readable_view(value) for value in values]
+        raw_sizes = [len(view) for view in views]
+        packed = [compression.encode(view, compress, self._compress_above) for view in views]
+        views = [view if p is None else p for view, p in zip(views, packed)]
         digests = [checksum(view) for view in views]
         if not keys:
             return
         request = pb.BatchPutStartRequest(items=[
             pb.PutStartRequest(key=key, size=len(view), checksum=digest, overwrite=overwrite,
-                               replicas=self._replicas)
-            for key, view, digest in zip(keys, views, digests)])
+                               replicas=self._replicas, options=choices.request,
+                               compressed=p is not None, raw_size=raw_size)
+            for key, view, digest, p, raw_size in zip(keys, views, digests, packed, raw_sizes)])
         answers = _items(await self._master.call("BatchPutStart", request), len(keys), "BatchPutStart")
         errors = {}
         started = []  # (index, ObjectInfo) of puts the master opened
@@ -97,8 +130,9 @@ class AsyncClient:
                 errors[keys[i]] = error_for(answer.status, answer.message)
             else:
                 started.append((i, answer.object))
+        options = [choices.write_options(p is not None, raw_size) for p, raw_size in zip(packed, raw_sizes)]
         try:
-            failed = await self._write_batch(raws, views, digests, started)
+            failed = await self._write_batch(raws, views, digests, options, started)
         except BaseException:
             await self._revoke([(keys[i], info.generation) for i, info in started])
             raise
@@ -115,27 +149,26 @@ class AsyncClient:
                 if end.status:
                     errors[keys[i]] = error_for(end.status, end.message)
                 else:
-                    self._remember(keys[i], info, len(views[i]), digests[i])
+                    self._remember(keys[i], info, len(views[i]), digests[i], packed[i] is not None, raw_sizes[i])
         if errors:
             first_key, first = next(iter(errors.items()))
             raise BatchError(f"{len(errors)} of {len(keys)} puts failed (first: {first_key!r}: {first})", errors)
 
-    async def _write_replicas(self, raw: bytes, info, data: memoryview, digest: int) -> None:
+    async def _write_replicas(self, raw: bytes, info, data: memoryview, digest: int, options) -> None:
         write = self._transport.write
         replicas = info.replicas
         if len(replicas) == 1:
-            replica = replicas[0]
-            await write(replica.address, raw, info.generation, replica.offset, data, digest)
+            await write(replicas[0].address, raw, info.generation, data, digest, options)
             return
-        # Every write must be over before a revoke frees the extents, so no early exit.
+        # Every write must be over before a revoke frees the copies, so no early exit.
         outcomes = await asyncio.gather(
-            *(write(r.address, raw, info.generation, r.offset, data, digest) for r in replicas),
+            *(write(r.address, raw, info.generation, data, digest, options) for r in replicas),
             return_exceptions=True)
         for outcome in outcomes:
             if outcome is not None:
                 raise outcome
 
-    async def _write_batch(self, raws, views, digests, started) -> dict:
+    async def _write_batch(self, raws, views, digests, options, started) -> dict:
         """Write every replica of the started puts, one pipelined stream per node; index -> first error."""
         groups: dict[str, tuple[list, list]] = {}
         for i, info in started:
@@ -144,7 +177,7 @@ class AsyncClient:
                 if group is None:
                     group = groups[replica.address] = ([], [])
                 group[0].append(i)
-                group[1].append(WriteItem(raws[i], info.generation, replica.offset, views[i], digests[i]))
+                group[1].append(WriteItem(raws[i], info.generation, views[i], digests[i], options[i]))
         if not groups:
             return {}
         addresses = list(groups)
@@ -171,9 +204,10 @@ class AsyncClient:
         except KvpoolError:
             pass
 
-    def _remember(self, key: str, info, size: int, digest: int) -> None:
-        # The client knows the committed size and checksum first-hand; don't depend on the echo.
+    def _remember(self, key: str, info, size: int, digest: int, compressed: bool, raw_size: int) -> None:
+        # The client knows what it committed first-hand; don't depend on the echo.
         info.key, info.size, info.checksum = key, size, digest
+        info.compressed, info.raw_size = compressed, raw_size
         self._cache.put(key, info)
 
     # -- get
@@ -201,33 +235,30 @@ class AsyncClient:
         return _batch_results(keys, await self._read_batch(keys, dests), len)
 
     async def _read_object(self, key: str, dest: memoryview | None) -> memoryview:
-        """The value read and verified into dest (or a new buffer when dest is None)."""
+        """The value read, verified (and decompressed) into dest, or a new buffer when dest is None."""
         raw = validate_key(key)
         info = self._cache.get(key)
         cached = info is not None
         if not cached:
             info = await self._lookup(key)
         for attempt in (0, 1):
-            size = info.size
-            if dest is None:
-                view = fresh_bytes_view(size)
-            elif len(dest) >= size:
-                view = dest if len(dest) == size else dest[:size]
-            elif cached and not attempt:
-                view = None  # the cached size may be out of date: ask the master below
+            view = _landing(info, dest)
+            if view is None:
+                if not cached or attempt:
+                    raise InvalidArgumentError(f"buffer of {len(dest)} bytes is too small for {key!r} "
+                                               f"({_raw_size(info)} bytes)")
+                # else the cached size may be out of date: ask the master below
             else:
-                raise InvalidArgumentError(f"buffer of {len(dest)} bytes is too small for {key!r} ({size} bytes)")
-            if view is not None:
-                if not size:
+                if not info.size:
                     return view
                 try:
                     await self._read_replicas(raw, info, view)
-                    return view
+                    return _decoded(info, view, dest, key)
                 except _REFETCH as exc:
                     self._cache.invalidate(key)
                     # A cached placement may be outdated; a fresh one is retried only if it went stale.
                     if attempt or not (cached or isinstance(exc, StaleReplicaError)):
-                        raise
+                        raise _gone(key, exc) from None
             self._cache.invalidate(key)
             info = await self._lookup(key)
         raise AssertionError("unreachable")
@@ -246,7 +277,7 @@ class AsyncClient:
         error = None
         for replica in info.replicas:
             try:
-                digest = await self._transport.read_into(replica.address, raw, info.generation, replica.offset, view)
+                digest = await self._transport.read_into(replica.address, raw, info.generation, view)
             except KvpoolError as exc:
                 # What a replica said about the data beats "node unreachable".
                 if error is None or isinstance(error, UnavailableError):
@@ -278,20 +309,16 @@ class AsyncClient:
             groups: dict[str, tuple[list, list]] = {}
             for i, r in todo:
                 info = infos[i]
-                size = info.size
                 dest = None if dests is None else dests[i]
-                if dest is None:
-                    view = fresh_bytes_view(size)
-                elif len(dest) >= size:
-                    view = dest if len(dest) == size else dest[:size]
-                elif cached[i] and not refetched[i]:
-                    refetch.append(i)  # the cached size may be out of date
+                view = _landing(info, dest)
+                if view is None:
+                    if cached[i] and not refetched[i]:
+                        refetch.append(i)  # the cached size may be out of date
+                    else:
+                        results[i] = InvalidArgumentError(
+                            f"buffer of {len(dest)} bytes is too small for {keys[i]!r} ({_raw_size(info)} bytes)")
                     continue
-                else:
-                    results[i] = InvalidArgumentError(
-                        f"buffer of {len(dest)} bytes is too small for {keys[i]!r} ({size} bytes)")
-                    continue
-                if not size:
+                if not info.size:
                     results[i] = view
                     continue
                 replica = info.replicas[r]
@@ -299,20 +326,27 @@ class AsyncClient:
                 if group is None:
                     group = groups[replica.address] = ([], [])
                 group[0].append((i, r, view))
-                group[1].append(ReadItem(raws[i], info.generation, replica.offset, view))
+                group[1].append(ReadItem(raws[i], info.generation, view))
             addresses = list(groups)
             outcomes = await asyncio.gather(
                 *(self._transport.read_many(address, groups[address][1]) for address in addresses))
             todo = []
             for address, digests in zip(addresses, outcomes):
                 for (i, r, view), outcome in zip(groups[address][0], digests):
-                    want = infos[i].checksum
-                    if outcome == want:
-                        results[i] = view
+                    info = infos[i]
+                    if outcome == info.checksum:
+                        try:
+                            results[i] = _decoded(info, view, None if dests is None else dests[i], keys[i])
+                        except KvpoolError as exc:
+                            results[i] = exc
                         continue
                     error = outcome if isinstance(outcome, KvpoolError) else ChecksumMismatchError(
-                        f"replica of {keys[i]!r} on {address} does not match checksum {want:#x}")
-                    if r + 1 < len(infos[i].replicas):
+                        f"replica of {keys[i]!r} on {address} does not match checksum {info.checksum:#x}")
+                    # What a replica said about the data beats "node unreachable" from another.
+                    earlier = results[i] if r else None
+                    if isinstance(error, UnavailableError) and isinstance(earlier, KvpoolError):
+                        error = earlier
+                    if r + 1 < len(info.replicas):
                         todo.append((i, r + 1))
                     elif (isinstance(error, _REFETCH) and not refetched[i]
                           and (cached[i] or isinstance(error, StaleReplicaError))):
@@ -325,6 +359,11 @@ class AsyncClient:
                     cached[i] = False
                 await self._lookup_many(keys, refetch, infos, results)
                 todo.extend((i, 0) for i in refetch if infos[i] is not None)
+        # A fresh placement whose nodes no longer hold the object: it was evicted, so it is missing.
+        for i, result in enumerate(results):
+            if isinstance(result, _GONE):
+                cache.invalidate(keys[i])
+                results[i] = None
         return results
 
     async def _lookup_many(self, keys: list, indices: list, infos: list, results: list) -> None:
@@ -344,17 +383,23 @@ class AsyncClient:
 
     # -- metadata
 
-    async def exists(self, key: str) -> bool:
+    async def exists(self, key: str, hold: float = 0) -> bool:
+        """Whether key is stored. hold > 0: also keep it from eviction for that many seconds
+        (bounded by the master's --max-hold); the only way a hold is made or renewed."""
         validate_key(key)
-        return check(await self._master.call("Exists", pb.ExistsRequest(key=key))).exists
+        request = pb.ExistsRequest(key=key, hold_seconds=put_options.hold_seconds(hold))
+        return check(await self._master.call("Exists", request)).exists
 
-    async def batch_exists(self, keys) -> list:
+    async def batch_exists(self, keys, hold: float = 0) -> list:
+        """exists() for every key, in one round trip."""
         keys = list(keys)
         for key in keys:
             validate_key(key)
+        seconds = put_options.hold_seconds(hold)
         if not keys:
             return []
-        answer = check(await self._master.call("BatchExists", pb.BatchExistsRequest(keys=keys)))
+        request = pb.BatchExistsRequest(keys=keys, hold_seconds=seconds)
+        answer = check(await self._master.call("BatchExists", request))
         if len(answer.exists) != len(keys):
             raise InternalError(f"BatchExists answered {len(answer.exists)} of {len(keys)} keys")
         return list(answer.exists)
@@ -396,3 +441,39 @@ def _batch_results(keys: list, results: list, convert) -> list:
         first_key, first = next(iter(errors.items()))
         raise BatchError(f"{len(errors)} of {len(keys)} reads failed (first: {first_key!r}: {first})", errors)
     return [None if r is None else convert(r) for r in results]
+
+
+def _raw_size(info) -> int:
+    """The size callers see: before compression."""
+    return info.raw_size if info.compressed else info.size
+
+
+def _landing(info, dest: memoryview | None) -> memoryview | None:
+    """Where the stored bytes are received: dest itself when they fit (a compressed value is
+    decompressed out of it afterwards), else a new buffer; None when dest cannot take the value."""
+    size = info.size
+    if dest is None:
+        return fresh_bytes_view(size)
+    if len(dest) < _raw_size(info):
+        return None
+    if len(dest) >= size:
+        return dest if len(dest) == size else dest[:size]
+    return fresh_bytes_view(size)  # compressed bytes larger than the value (it did not compress)
+
+
+def _decoded(info, view: memoryview, dest: memoryview | None, key: str) -> memoryview:
+    """The value from verified stored bytes: `view` itself, or decompressed into dest (or new bytes)."""
+    if not info.compressed:
+        return view
+    value = compression.decode(view, info.raw_size, f"{key!r}")
+    if dest is None:
+        return memoryview(value)
+    dest[:len(value)] = value
+    return dest[:len(value)]
+
+
+def _gone(key: str, exc: KvpoolError) -> KvpoolError:
+    """A node's NOT_FOUND or STALE for the placement the master just gave: the object was evicted."""
+    if isinstance(exc, _GONE):
+        return KeyNotFoundError(f"key {key!r} not found: no longer held by its node ({exc})")
+    return exc

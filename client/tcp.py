@@ -14,6 +14,7 @@ import asyncio
 import collections
 import functools
 import ipaddress
+import json
 import os
 import socket
 from typing import Sequence
@@ -21,9 +22,9 @@ from typing import Sequence
 from kvpool import wire
 from kvpool.checksum import Digest
 from kvpool.cluster_layout import parse_hostport
-from kvpool.errors import Code, KvpoolError, ProtocolError, UnavailableError, error_for
+from kvpool.errors import Code, InvalidArgumentError, KvpoolError, ProtocolError, UnavailableError, error_for
 
-from .transport import ReadItem, Transport, WriteItem
+from .transport import NO_OPTIONS, ReadItem, Transport, WriteItem, WriteOptions
 
 DEFAULT_CONNECT_TIMEOUT = 3.0
 _IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
@@ -34,6 +35,9 @@ _unpack_reply = wire.REPLY.unpack
 _OK = Code.OK
 _NOT_FOUND = Code.NOT_FOUND
 _WRITE, _READ, _FREE, _PING = wire.Op.WRITE, wire.Op.READ, wire.Op.FREE, wire.Op.PING
+_HOLD, _REPORT, _INVENTORY = wire.Op.HOLD, wire.Op.REPORT, wire.Op.INVENTORY
+_FOUND_OR_NOT = (_FREE, _HOLD)  # ops whose NOT_FOUND is an answer (False), not an error
+_JSON_REPLY = (_REPORT, _INVENTORY)
 
 
 class _Batch:
@@ -96,14 +100,20 @@ class _Connection:
 
     # -- sending
 
-    async def request(self, op: int, key: bytes, generation: int, offset: int, length: int,
-                      checksum: int = 0, payload=None, buf=None):
+    async def request(self, op: int, key: bytes, generation: int, arg: int, length: int,
+                      checksum: int = 0, payload=None, buf=None, options: WriteOptions | None = None):
         """Send one request and wait for its reply's result (raises its error)."""
         future = self.loop.create_future()
         req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         request = _Request(req_id, op, buf, future)
-        frame = wire.pack_request(op, req_id, key, generation, offset, length, checksum)
-        await self._submit((request,), [frame] if payload is None else [frame, payload])
+        if op == _WRITE:
+            options = options or NO_OPTIONS
+            frame = wire.pack_request(op, req_id, key, generation, arg, length, checksum, options.flags) \
+                + options.pack(length)
+            parts = [frame, payload]  # header and payload leave in one sendmsg
+        else:
+            parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum)]
+        await self._submit((request,), parts)
         return await future
 
     async def batch(self, op: int, items: Sequence) -> list:
@@ -114,14 +124,17 @@ class _Connection:
         for index, item in enumerate(items):
             req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
             if op == _WRITE:
-                key, generation, offset, data, checksum = item
+                key, generation, data, checksum, options = item
+                options = options or NO_OPTIONS
+                size = len(data)
                 requests.append(_Request(req_id, op, None, None, batch, index))
-                parts.append(pack(op, req_id, key, generation, offset, len(data), checksum))
+                parts.append(pack(op, req_id, key, generation, 0, size, checksum, options.flags)
+                             + options.pack(size))
                 parts.append(data)
             else:
-                key, generation, offset, buf = item
+                key, generation, buf = item
                 requests.append(_Request(req_id, op, buf, None, batch, index))
-                parts.append(pack(op, req_id, key, generation, offset, len(buf)))
+                parts.append(pack(op, req_id, key, generation, 0, len(buf)))
         if op != _WRITE:
             parts = [b"".join(parts)]  # headers only: one small buffer beats many iovecs
         if requests:
@@ -190,10 +203,12 @@ class _Connection:
                         result = await self._receive_payload(request, length)
                     elif op == _PING:
                         result = (await self._recv_bytes(length)).decode("utf-8", "replace")
+                    elif op in _JSON_REPLY:
+                        result = await self._recv_bytes(length)  # parsed by the caller: bad JSON fails only that call
                     else:
                         await self._drain(length)
-                        result = True if op == _FREE else None
-                elif op == _FREE and status == _NOT_FOUND:
+                        result = True if op in _FOUND_OR_NOT else None
+                elif op in _FOUND_OR_NOT and status == _NOT_FOUND:
                     await self._drain(length)
                     result = False
                 else:
@@ -347,13 +362,13 @@ class TcpTransport(Transport):
         if self._connections.get(connection.address) is connection:
             del self._connections[connection.address]
 
-    async def write(self, address, key, generation, offset, data, checksum) -> None:
+    async def write(self, address, key, generation, data, checksum, options=None) -> None:
         connection = await self._connection(address)
-        await connection.request(_WRITE, key, generation, offset, len(data), checksum, payload=data)
+        await connection.request(_WRITE, key, generation, 0, len(data), checksum, payload=data, options=options)
 
-    async def read_into(self, address, key, generation, offset, buf) -> int:
+    async def read_into(self, address, key, generation, buf) -> int:
         connection = await self._connection(address)
-        return await connection.request(_READ, key, generation, offset, len(buf), buf=buf)
+        return await connection.request(_READ, key, generation, 0, len(buf), buf=buf)
 
     async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
         return await self._many(address, _WRITE, items)
@@ -368,9 +383,33 @@ class TcpTransport(Transport):
             return [type(exc)(str(exc)) for _ in items]
         return await connection.batch(op, items)
 
-    async def free(self, address, key, generation, offset) -> bool:
+    async def free(self, address, key, generation) -> bool:
         connection = await self._connection(address)
-        return await connection.request(_FREE, key, generation, offset, 0)
+        return await connection.request(_FREE, key, generation, 0, 0)
+
+    async def hold(self, address, key, generation, ms) -> bool:
+        if ms < 0:
+            raise InvalidArgumentError(f"hold of {ms} ms: must be >= 0")
+        connection = await self._connection(address)
+        return await connection.request(_HOLD, key, generation, int(ms), 0)
+
+    async def report(self, address: str) -> dict:
+        return await self._json(address, _REPORT, dict)
+
+    async def inventory(self, address: str) -> list:
+        return await self._json(address, _INVENTORY, list)
+
+    async def _json(self, address: str, op: int, kind: type):
+        connection = await self._connection(address)
+        body = await connection.request(op, b"", 0, 0, 0)
+        try:
+            value = json.loads(body)
+        except ValueError as exc:
+            raise ProtocolError(f"node {address}: {wire.Op(op).name} reply is not JSON: {exc}") from None
+        if not isinstance(value, kind):
+            raise ProtocolError(f"node {address}: {wire.Op(op).name} reply is a JSON {type(value).__name__}, "
+                                f"expected {kind.__name__}")
+        return value
 
     async def ping(self, address: str) -> str:
         connection = await self._connection(address)

@@ -1,42 +1,58 @@
 """The contract every data transport (TCP now; shared memory, UCX later) fulfils.
 
 A transport moves value bytes between this process and storage nodes, addressed
-as "HOST:PORT" plus an extent (offset) holding one (key, generation). It knows
+as "HOST:PORT" plus the (key, generation) of one stored version; where the node
+keeps the bytes (DRAM or SSD, which extent) is its own business. It knows
 nothing about the master; errors come back as kvpool.errors types.
 """
 
 from abc import ABC, abstractmethod
 from typing import NamedTuple, Sequence
 
+from kvpool import wire
+
+
+class WriteOptions(NamedTuple):
+    """How the node should keep a written object (sent as the WRITE_OPTIONS block)."""
+
+    flags: int = 0        # wire.WriteFlag bits
+    ttl_ms: int = 0       # 0 = no expiry
+    soft_pin_ms: int = 0  # 0 = not soft-pinned
+    raw_size: int = 0     # size before compression; 0 = the stored size (not compressed)
+
+    def pack(self, stored_size: int) -> bytes:
+        return wire.WRITE_OPTIONS.pack(self.ttl_ms, self.soft_pin_ms, self.raw_size or stored_size)
+
+
+NO_OPTIONS = WriteOptions()
+
 
 class WriteItem(NamedTuple):
     key: bytes
     generation: int
-    offset: int
     data: memoryview  # flat bytes (format "B"): its len() is its byte length
     checksum: int
+    options: WriteOptions | None = None
 
 
 class ReadItem(NamedTuple):
     key: bytes
     generation: int
-    offset: int
-    buf: memoryview  # flat writable bytes, exactly the object's size
+    buf: memoryview  # flat writable bytes, exactly the object's stored size
 
 
 class Transport(ABC):
     """Data-plane operations against one storage node address each."""
 
     @abstractmethod
-    async def write(self, address: str, key: bytes, generation: int, offset: int,
-                    data: memoryview, checksum: int) -> None:
-        """Store `data` at the extent; the node verifies `checksum` before recording it."""
+    async def write(self, address: str, key: bytes, generation: int, data: memoryview, checksum: int,
+                    options: WriteOptions | None = None) -> None:
+        """Store `data` as (key, generation); the node verifies `checksum` before keeping it."""
 
     @abstractmethod
-    async def read_into(self, address: str, key: bytes, generation: int, offset: int,
-                        buf: memoryview) -> int:
-        """Fill `buf` (len = object size) from the extent; returns the checksum of the bytes
-        that arrived, computed while they arrive (the caller compares it with the object's)."""
+    async def read_into(self, address: str, key: bytes, generation: int, buf: memoryview) -> int:
+        """Fill `buf` (len = stored size) with (key, generation); returns the checksum of the
+        bytes that arrived, computed while they arrive (the caller compares it with the object's)."""
 
     @abstractmethod
     async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
@@ -47,8 +63,21 @@ class Transport(ABC):
         """Pipelined reads from one node: per item the checksum of what arrived, or an exception."""
 
     @abstractmethod
-    async def free(self, address: str, key: bytes, generation: int, offset: int) -> bool:
-        """Forget the extent if it still holds (key, generation); False if it did not."""
+    async def free(self, address: str, key: bytes, generation: int) -> bool:
+        """Forget (key, generation) on the node; False if it did not hold it."""
+
+    @abstractmethod
+    async def hold(self, address: str, key: bytes, generation: int, ms: int) -> bool:
+        """Keep (key, generation) from eviction for `ms` milliseconds (the node caps it);
+        False if the node does not hold it."""
+
+    @abstractmethod
+    async def report(self, address: str) -> dict:
+        """The node's usage and counters per tier, and what it evicted since the last report."""
+
+    @abstractmethod
+    async def inventory(self, address: str) -> list:
+        """Every object the node holds, one dict each."""
 
     @abstractmethod
     async def ping(self, address: str) -> str:

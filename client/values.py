@@ -38,8 +38,10 @@ def fresh_bytes_view(size: int) -> memoryview:
 
 
 def bytes_of(view: memoryview) -> bytes:
-    """The bytes object behind a view from fresh_bytes_view."""
+    """The bytes object behind a view from fresh_bytes_view (or of a whole bytes object)."""
     window = view.obj
+    if type(window) is bytes and len(window) == len(view):
+        return window
     return window.value_object if hasattr(window, "value_object") else bytes(view)
 
 

@@ -73,6 +73,28 @@ class ExtentAllocator:
         self._add_free(start, end - start)
         return length
 
+    def claim(self, offset: int, length: int) -> int:
+        """Mark [offset, offset+aligned(length)) allocated, e.g. an extent found on disk at start.
+
+        Returns the aligned length; ValueError unless the range is aligned and entirely free.
+        """
+        need = self.aligned(length)
+        if length <= 0 or offset % self.alignment:
+            raise ValueError(f"cannot claim unaligned or empty extent at {offset} of {length} bytes")
+        i = bisect_left(self._starts, offset + 1) - 1  # the free extent starting at or before offset
+        start = self._starts[i] if i >= 0 else -1
+        if start < 0 or start + self._sizes[start] < offset + need:
+            raise ValueError(f"extent [{offset}, {offset + need}) is not free")
+        size = self._sizes[start]
+        self._remove_free(start)
+        if offset > start:
+            self._add_free(start, offset - start)
+        if start + size > offset + need:
+            self._add_free(offset + need, start + size - offset - need)
+        self._allocated[offset] = need
+        self._used += need
+        return need
+
     def reset(self) -> None:
         """Forget every allocation (also used when the segment behind it was replaced)."""
         self._starts: list[int] = []               # free extent offsets, ascending

@@ -3,6 +3,11 @@
 Machines here are shared and noisy, so every throughput is also given as a ratio
 of a raw loopback socket stream between two processes, measured just before.
 The last line printed is one JSON object.
+
+With compress=True the put and get operations store lz4-compressed values made
+of repeated token-like phrases (as compressible as real prompt prefixes are
+repetitive), throughput counts the bytes callers see, and the report adds the
+compression ratio and the time compressing and decompressing one value takes.
 """
 
 import json
@@ -92,11 +97,44 @@ def _timed(seconds: float, op) -> tuple[int, float]:
             return moved, elapsed
 
 
-def _size_ops(client, size: int, batch: int, seconds: float):
+def token_like_value(size: int, seed: int = 0) -> bytes:
+    """Compressible bytes: a stream of phrases (runs of 32-bit token ids) drawn from a small
+    pool, each followed by a random 32-bit position, so repeats are near but never exact runs."""
+    rng = np.random.default_rng(seed)
+    phrases = rng.integers(0, 50_000, (64, 24), dtype=np.uint32)  # 64 phrases of 24 tokens
+    count = size // (25 * 4) + 1
+    stream = np.empty((count, 25), dtype=np.uint32)
+    stream[:, :24] = phrases[rng.integers(0, len(phrases), count)]
+    stream[:, 24] = rng.integers(0, 1 << 32, count, dtype=np.uint32)
+    return stream.tobytes()[:size]
+
+
+def compression_cost(value: bytes, rounds: int = 5) -> dict:
+    """Ratio and best-of-`rounds` time of compressing and decompressing `value` as put/get do."""
+    from .client import compression
+
+    view = memoryview(value)
+    best_c = best_d = float("inf")
+    stored = b""
+    for _ in range(rounds):
+        started = time.perf_counter()
+        stored = compression.encode(view, True, None)
+        best_c = min(best_c, time.perf_counter() - started)
+        started = time.perf_counter()
+        compression.decode(stored, len(value), "bench")
+        best_d = min(best_d, time.perf_counter() - started)
+    size = len(value)
+    return {"size": size, "stored": len(stored), "ratio": round(size / len(stored), 2),
+            "compress_us": round(best_c * 1e6, 1), "decompress_us": round(best_d * 1e6, 1),
+            "compress_MBps": round(size / best_c / 1e6, 1), "decompress_MBps": round(size / best_d / 1e6, 1)}
+
+
+def _size_ops(client, size: int, batch: int, seconds: float, compress: bool = False):
     """Yield (op name, bytes/s) for every operation at one value size."""
     count = max(1, min(batch, _BUDGET // max(size, 1)))
     keys = [f"bench/{size}/{i}" for i in range(count)]
-    value = os.urandom(size)
+    value = token_like_value(size) if compress else os.urandom(size)
+    options = {"compress": True} if compress else {}
     out = np.empty(size, dtype=np.uint8)
     big = np.empty(size * count, dtype=np.uint8)
     slots = [big[i * size:(i + 1) * size] for i in range(count)]
@@ -106,7 +144,7 @@ def _size_ops(client, size: int, batch: int, seconds: float):
         return keys[next(turn) % count]
 
     def put():
-        client.put(key(), value, overwrite=True)
+        client.put(key(), value, overwrite=True, **options)
         return size
 
     def get():
@@ -116,13 +154,13 @@ def _size_ops(client, size: int, batch: int, seconds: float):
         return client.get_into(key(), out)
 
     def batch_put():
-        client.batch_put(keys, [value] * count, overwrite=True)
+        client.batch_put(keys, [value] * count, overwrite=True, **options)
         return size * count
 
     def batch_get_into():
         return sum(client.batch_get_into(keys, slots))
 
-    client.batch_put(keys, [value] * count, overwrite=True)
+    client.batch_put(keys, [value] * count, overwrite=True, **options)
     for name, op in (("put", put), ("get", get), ("get_into", get_into), ("batch_put", batch_put),
                      ("batch_get_into", batch_get_into)):
         moved, elapsed = _timed(seconds, op)
@@ -147,7 +185,7 @@ def get_latency(client, size: int = 64 * 1024, samples: int = 2000) -> dict:
             "p99_us": round(times[int(len(times) * 0.99) - 1], 1)}
 
 
-def run_bench(client, sizes: list[int], batch: int = 64, seconds: float = 1.5) -> dict:
+def run_bench(client, sizes: list[int], batch: int = 64, seconds: float = 1.5, compress: bool = False) -> dict:
     progress = _Progress(total=3 + 5 * len(sizes) + 1)
     # The socket baseline is taken before and after the cluster runs and averaged, so a
     # passing load on the machine moves baseline and results alike.
@@ -157,7 +195,7 @@ def run_bench(client, sizes: list[int], batch: int = 64, seconds: float = 1.5) -
     progress.step("memcpy baseline")
     measured = []
     for size in sizes:
-        for name, bps in _size_ops(client, size, batch, seconds):
+        for name, bps in _size_ops(client, size, batch, seconds, compress):
             measured.append((name, size, bps))
             progress.step(f"{name} {format_size(size)}")
     latency = get_latency(client)
@@ -172,6 +210,13 @@ def run_bench(client, sizes: list[int], batch: int = 64, seconds: float = 1.5) -
                            "socket_stream_runs_MBps": [round(socket_before / 1e6, 1), round(socket_after / 1e6, 1)],
                            "memcpy_MBps": round(memcpy_bps / 1e6, 1)},
               "results": results, "get_latency": latency}
+    if compress:
+        costs = [compression_cost(token_like_value(size)) for size in sizes]
+        report["compression"] = {"codec": "lz4.block", "data": "token-like phrases", "sizes": costs}
+        for cost in costs:
+            print(f"compress {format_size(cost['size']):>7}: ratio {cost['ratio']:.2f}, "
+                  f"compress {cost['compress_us']:.0f} us, decompress {cost['decompress_us']:.0f} us",
+                  file=sys.stderr)
     for row in results:
         print(f"{row['op']:<15} {format_size(row['size']):>7} {row['MBps']:>9.1f} MB/s  "
               f"{row['ratio_to_socket']:.2f}x socket", file=sys.stderr)

@@ -29,8 +29,9 @@ def _connect(args):
 def cmd_up(args) -> int:
     from .local_cluster import LocalCluster, wait_for_signal
 
-    cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, data_dir=args.data_dir,
-                           master_port=args.master_port, cluster=args.cluster, metrics=args.metrics)
+    cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,
+                           data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
+                           metrics=args.metrics)
     with cluster:
         print(f"kvpool ready master={cluster.master_address} etcd={cluster.etcd_endpoint}", flush=True)
         for name, url in cluster.metrics_urls.items():
@@ -59,7 +60,7 @@ def cmd_bench(args) -> int:
 
     with _connect(args) as client:
         run_bench(client, sizes=[parse_size(s) for s in args.sizes.split(",")], batch=args.batch,
-                  seconds=args.seconds)
+                  seconds=args.seconds, compress=args.compress)
     return 0
 
 
@@ -70,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run etcd, a master and storage nodes on 127.0.0.1 until Ctrl-C")
     up.add_argument("--nodes", type=int, default=2)
     up.add_argument("--dram-per-node", type=_size, default="512MiB")
-    up.add_argument("--data-dir", help="keep data and logs here (default: a temporary dir)")
+    up.add_argument("--ssd-per-node", type=_size, default="0",
+                    help="SSD tier per node, a file under DATA_DIR/node-N/ssd (0: DRAM only)")
+    up.add_argument("--data-dir", help="keep data and logs here (default: a temporary dir); "
+                                       "reusing it brings SSD objects back")
     up.add_argument("--master-port", type=int, default=0, help="0 picks a free port")
     up.add_argument("--cluster", default=DEFAULT_CLUSTER)
     up.add_argument("--metrics", action="store_true", help="serve Prometheus metrics from every component")
@@ -82,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("master", help="run one master", add_help=False)
     sub.add_parser("storenode", help="run one storage node", add_help=False)
 
-    status = sub.add_parser("status", help="nodes, capacity, objects and hit counts as a table")
+    status = sub.add_parser("status", help="per node and tier: capacity, use, hits, moves, evictions")
     _add_target(status)
     status.set_defaults(func=cmd_status)
 
@@ -91,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sizes", default="64KiB,1MiB,4MiB,16MiB")
     bench.add_argument("--batch", type=int, default=64)
     bench.add_argument("--seconds", type=float, default=1.5, help="time per operation and size")
+    bench.add_argument("--compress", action="store_true",
+                       help="put compressible token-like values with lz4; report ratio and codec time")
     bench.set_defaults(func=cmd_bench)
     return parser
 

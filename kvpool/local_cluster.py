@@ -87,13 +87,18 @@ class Child:
 class LocalCluster:
     def __init__(self, nodes: int = 2, dram_per_node: str = "256MiB", data_dir: str | os.PathLike | None = None,
                  master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float = 5,
-                 put_timeout: float = 30, metrics: bool = False, host: str = "127.0.0.1"):
+                 put_timeout: float = 30, metrics: bool = False, host: str = "127.0.0.1",
+                 ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None):
+        """node_args / master_args: extra command-line options for every storage node / the master."""
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="kvpool-")
         self.data_dir = Path(data_dir or self._tmp.name).resolve()
         self.log_dir = self.data_dir / "logs"
         self.host = host
         self.node_count = nodes
         self.dram_per_node = dram_per_node
+        self.ssd_per_node = ssd_per_node
+        self.node_args = list(node_args or [])
+        self.master_args = list(master_args or [])
         self.master_port = master_port
         self.cluster = cluster
         self.lease_ttl = lease_ttl
@@ -139,14 +144,15 @@ class LocalCluster:
     def _master_child(self) -> Child:
         argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
                 "--port", str(self.master_port or free_port(self.host)), "--cluster", self.cluster,
-                "--put-timeout", str(self.put_timeout)]
+                "--put-timeout", str(self.put_timeout), *self.master_args]
         return self._child("master", argv)
 
     def _node_child(self, index: int) -> Child:
         node_id = f"node-{index}"
         argv = [sys.executable, "-m", "kvpool.storenode", "--etcd", self.etcd_endpoint, "--host", self.host,
                 "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
-                "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl)]
+                "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl),
+                "--ssd", str(self.ssd_per_node), *self.node_args]
         return self._child(node_id, argv)
 
     def restart_node(self, index: int, timeout: float = 30.0) -> Child:
@@ -170,9 +176,13 @@ class LocalCluster:
                    what=f"the master to list {count} storage nodes")
 
     def stop(self) -> None:
+        from .storenode.dram import remove_stale_segments
+
         for child in [*self.nodes, self.master]:
             if child is not None:
                 child.stop()
+        for node in self.nodes:  # a node that was killed could not unlink its DRAM segment itself
+            remove_stale_segments(self.cluster, node.name)
         if self.etcd is not None:
             self.etcd.stop()
         if self._tmp is not None:

@@ -1,7 +1,10 @@
-"""`kvpool status`: the master's Stats reply as a table."""
+"""`kvpool status`: the master's Stats reply as a table, one row per tier of each node."""
 
 from .proto import kvpool_pb2
 from .units import format_size
+
+_COLUMNS = ["NODE", "ADDRESS", "TIER", "CAPACITY", "USED", "USED%", "OBJECTS", "HITS", "MISSES",
+            "DEMOTED", "PROMOTED", "EVICTED", "WATERMARK", "TRANSPORTS"]
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -9,13 +12,20 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def _tier_row(node, tier) -> list[str]:
+    share = 100.0 * tier.used / tier.capacity if tier.capacity else 0.0
+    return [node.node_id, node.address, kvpool_pb2.Tier.Name(tier.tier), format_size(tier.capacity),
+            format_size(tier.used), f"{share:.1f}", str(tier.objects), str(tier.hits), str(tier.misses),
+            str(tier.demotions), str(tier.promotions), str(tier.evictions), tier.watermark or "-",
+            ",".join(node.transports)]
+
+
 def render_status(stats) -> str:
-    rows = [["NODE", "ADDRESS", "TIER", "CAPACITY", "USED", "USED%", "OBJECTS", "TRANSPORTS"]]
+    rows = [list(_COLUMNS)]
     for node in sorted(stats.nodes, key=lambda n: n.node_id):
-        for tier in node.tiers:
-            share = 100.0 * tier.used / tier.capacity if tier.capacity else 0.0
-            rows.append([node.node_id, node.address, kvpool_pb2.Tier.Name(tier.tier), format_size(tier.capacity),
-                         format_size(tier.used), f"{share:.1f}", str(tier.objects), ",".join(node.transports)])
+        # DRAM first, then SSD, whatever order the master listed them in.
+        for tier in sorted(node.tiers, key=lambda t: t.tier):
+            rows.append(_tier_row(node, tier))
     lookups = stats.hits + stats.misses
     hit_rate = f"{100.0 * stats.hits / lookups:.1f}%" if lookups else "-"
     summary = (f"master {stats.address} ({stats.master_id}): {len(stats.nodes)} nodes, {stats.objects} objects, "

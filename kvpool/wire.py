@@ -3,45 +3,65 @@
 Binary, little-endian frames over one persistent stream. A connection carries
 requests and replies strictly in order, so a client may pipeline: send many
 requests, then read the replies in the same order (req_id is echoed to check).
+A batch is such a pipelined run of frames, sent in one sendmsg.
 
-Request:  REQUEST header | key (key_len bytes) | payload (WRITE only: length bytes)
+Request:  REQUEST header | key (key_len bytes) | WRITE only: WRITE_OPTIONS, then payload (length bytes)
 Reply:    REPLY header   | payload (length bytes): the value for a READ that
-          succeeded, or a UTF-8 error message when status != OK.
+          succeeded, JSON for REPORT and INVENTORY, or a UTF-8 error message
+          when status != OK.
+
+Objects on a node are addressed by (key, generation); the node decides where
+in its DRAM and SSD tiers the bytes live and may move them between tiers, so
+nobody else ever names an offset.
 
 A frame with a wrong magic or version, or a key longer than MAX_KEY_BYTES,
-cannot be resynchronised: the node closes the connection. An out-of-range
-extent gets an error reply (and, for a WRITE whose payload cannot be trusted,
-a closed connection). The node never writes outside the segment.
+cannot be resynchronised: the node closes the connection. A WRITE it cannot
+take (no space, bad length) gets an error reply and, as its payload cannot be
+skipped safely, a closed connection.
 """
 
 import struct
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 
 from .keys import MAX_KEY_BYTES
 
 MAGIC = b"KV"
 VERSION = 1
 
-# magic, version, op, req_id, key_len, flags, generation, offset, length, checksum
+# magic, version, op, req_id, key_len, flags, generation, arg, length, checksum
+# arg: HOLD: milliseconds to hold the object; otherwise 0.
 REQUEST = struct.Struct("<2sBBIHHQQQQ")
+# After a WRITE's key: ttl_ms (0 = none), soft_pin_ms (0 = not pinned), raw_size (size before compression).
+WRITE_OPTIONS = struct.Struct("<QQQ")
 # magic, version, op, req_id, status, (3 pad), length, checksum
 REPLY = struct.Struct("<2sBBIB3xQQ")
 
 
 class Op(IntEnum):
-    WRITE = 1  # store payload at [offset, offset+length) as (key, generation); checksum must match
-    READ = 2   # reply with [offset, offset+length) if it still holds (key, generation)
-    FREE = 3   # forget the extent at offset if it holds (key, generation); sent by the master
-    PING = 4   # liveness; reply payload is the node id
+    WRITE = 1      # store payload (length bytes) as (key, generation); checksum must match
+    READ = 2       # reply with the bytes of (key, generation); length must equal its size
+    FREE = 3       # forget (key, generation) (once no transfer uses it); sent by the master
+    PING = 4       # liveness; reply payload is the node id
+    HOLD = 5       # keep (key, generation) from eviction for `arg` ms (capped by the node)
+    REPORT = 6     # reply JSON: per-tier usage and counters, and the objects evicted since the last REPORT
+    INVENTORY = 7  # reply JSON: every object the node holds (after a restart: what its SSD kept)
 
 
-def pack_request(op: Op, req_id: int, key: bytes, generation: int = 0, offset: int = 0,
+class WriteFlag(IntFlag):
+    """Request `flags` of a WRITE."""
+
+    HARD_PIN = 1    # never evicted; counted against the node's hard-pin quota
+    PREFER_SSD = 2  # place in the SSD tier rather than DRAM
+    COMPRESSED = 4  # the payload is lz4-compressed (the node stores it as is)
+
+
+def pack_request(op: Op, req_id: int, key: bytes, generation: int = 0, arg: int = 0,
                  length: int = 0, checksum: int = 0, flags: int = 0) -> bytes:
-    """Header and key of one request (a WRITE's payload is sent after it)."""
+    """Header and key of one request (a WRITE's options and payload are sent after it)."""
     if len(key) > MAX_KEY_BYTES:
         raise ValueError(f"key of {len(key)} bytes exceeds {MAX_KEY_BYTES}")
     return REQUEST.pack(MAGIC, VERSION, op, req_id & 0xFFFFFFFF, len(key), flags,
-                        generation, offset, length, checksum) + key
+                        generation, arg, length, checksum) + key
 
 
 def pack_reply(op: int, req_id: int, status: int, length: int = 0, checksum: int = 0) -> bytes:

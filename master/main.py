@@ -18,9 +18,11 @@ from kvpool.proto import kvpool_pb2_grpc
 from kvpool.process import run_server
 from kvpool.units import parse_size
 
+from .adoption import Adopter
 from .membership import Membership
 from .metrics import MasterMetrics
-from .node_free import NodeFreer
+from .node_io import NodeIO
+from .node_reports import ReportPoller
 from .objects import ObjectTable
 from .service import MasterService
 
@@ -29,6 +31,7 @@ log = logging.getLogger("kvpool.master")
 LEASE_TTL = 5  # seconds the master's etcd record outlives a master that died without revoking it
 RECLAIM_INTERVAL = 0.5
 ETCD_CONNECT_TIMEOUT = 10.0
+STARTUP_INVENTORY_TIMEOUT = 10.0  # how long serving waits for the nodes' inventories at start
 MAX_MESSAGE_BYTES = 64 << 20  # batch requests for thousands of keys exceed gRPC's 4 MiB default
 
 
@@ -47,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--put-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="reclaim a put not ended within this many seconds (default 30)")
     p.add_argument("--max-object-size", type=size, default=None, metavar="SIZE",
-                   help="largest accepted value, e.g. 64MiB (default: the largest node's DRAM capacity)")
+                   help="largest accepted value, e.g. 64MiB (never more than the largest tier of any node, "
+                        "which is the default)")
+    p.add_argument("--report-interval", type=float, default=0.5, metavar="SECONDS",
+                   help="ask every storage node for its usage and evictions this often (default 0.5)")
+    p.add_argument("--max-hold", type=float, default=300.0, metavar="SECONDS",
+                   help="longest hold an Exists may ask for; longer ones are cut to this (default 300)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on this port; 0 disables (default 0)")
     p.add_argument("--master-id", default=None, help="name of this master (default: host-pid)")
@@ -92,13 +100,16 @@ class Registration:
                 await asyncio.wait_for(self._etcd.revoke_lease(self._lease.id), 3)
 
 
-async def _reclaim_loop(table: ObjectTable, freer: NodeFreer) -> None:
+async def _reclaim_loop(table: ObjectTable, node_io: NodeIO) -> None:
     while True:
         await asyncio.sleep(RECLAIM_INTERVAL)
         keys = table.reclaim_expired()
         if keys:
-            freer.submit(table.take_frees())
             log.info("reclaimed %d puts not ended within %gs", len(keys), table.put_timeout)
+        expired = table.drop_expired()
+        if expired:
+            log.info("dropped %d objects past their ttl", len(expired))
+        node_io.submit_frees(table.take_frees())
 
 
 async def serve(args) -> int:
@@ -111,7 +122,8 @@ async def serve(args) -> int:
             loop.add_signal_handler(sig, stop.set)
 
     table = ObjectTable(put_timeout=args.put_timeout, max_object_size=args.max_object_size)
-    freer = NodeFreer()
+    node_io = NodeIO()
+    adopter = Adopter(table, node_io)
     metrics = MasterMetrics(table)
     tasks: list[asyncio.Task] = []
     async with aetcd.Client(host=etcd_host, port=etcd_port) as etcd:
@@ -132,23 +144,31 @@ async def serve(args) -> int:
             print(f"kvpool-master: cannot listen on {args.host}:{args.port}", file=sys.stderr)
             return 1
         address = f"{args.advertise_host or args.host}:{port}"
-        kvpool_pb2_grpc.add_MasterServicer_to_server(MasterService(table, freer, metrics, master_id, address),
+        kvpool_pb2_grpc.add_MasterServicer_to_server(MasterService(table, node_io, metrics, master_id, address,
+                                                                   max_hold=args.max_hold),
                                                      server)
         registration = Registration(etcd, cluster_layout.master_key(args.cluster),
                                     json.dumps({"address": address, "master_id": master_id}).encode())
         try:
-            freer.start()
-            membership = Membership(etcd, args.cluster, table, freer)
+            node_io.start()
+            membership = Membership(etcd, args.cluster, table, node_io, on_join=adopter.node_joined)
             tasks.append(loop.create_task(membership.run(), name="membership"))
             # Know the nodes before serving, so the first put does not see an empty cluster.
             try:
                 await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 print(f"kvpool-master: cannot read the node set from etcd at {args.etcd}", file=sys.stderr)
                 return 1
+            # ...and what they hold, so a restarted master serves the objects that survived it.
+            try:
+                await asyncio.wait_for(adopter.idle(), STARTUP_INVENTORY_TIMEOUT)
+            except TimeoutError:
+                log.warning("serving before every node's inventory arrived; the rest is adopted as it comes")
             await server.start()
             await registration.start()
-            tasks.append(loop.create_task(_reclaim_loop(table, freer), name="reclaim"))
+            tasks.append(loop.create_task(_reclaim_loop(table, node_io), name="reclaim"))
+            tasks.append(loop.create_task(ReportPoller(table, node_io, args.report_interval).run(),
+                                          name="node-reports"))
             if args.metrics_port:
                 metrics.serve(args.metrics_port, args.host)
             print(f"kvpool-master ready address={address}", flush=True)
@@ -161,16 +181,18 @@ async def serve(args) -> int:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await freer.close()
+            await adopter.close()
+            await node_io.close()
             metrics.stop()
     return 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.put_timeout <= 0:
-        print("kvpool-master: --put-timeout must be positive", file=sys.stderr)
-        return 2
+    for flag in ("put_timeout", "report_interval", "max_hold"):
+        if not getattr(args, flag) > 0:  # also NaN
+            print(f"kvpool-master: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
+            return 2
     try:
         cluster_layout.parse_hostport(args.etcd)
     except ValueError as exc:

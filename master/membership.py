@@ -5,11 +5,15 @@ or stops refreshing; that DELETE is how the master learns a node is gone.
 After any watch failure the full record set is read again before watching
 resumes, so events missed meanwhile (or compacted away) cannot leave a dead
 node in the table.
+
+Every new node instance (a node seen for the first time, or restarted) is
+handed to `on_join`, which asks it what it still holds.
 """
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import aetcd
 from aetcd.rtypes import EventKind
@@ -17,19 +21,20 @@ from aetcd.rtypes import EventKind
 from kvpool import cluster_layout
 from kvpool.cluster_layout import NodeRecord
 
-from .node_free import NodeFreer
+from .node_io import NodeIO
 from .objects import Dropped, ObjectTable
 
 log = logging.getLogger(__name__)
 
 
 class Membership:
-    def __init__(self, etcd: aetcd.Client, cluster: str, table: ObjectTable, freer: NodeFreer,
-                 retry_delay: float = 0.5):
+    def __init__(self, etcd: aetcd.Client, cluster: str, table: ObjectTable, node_io: NodeIO,
+                 on_join: Callable[[str, str, str], None] | None = None, retry_delay: float = 0.5):
         self._etcd = etcd
         self._prefix = cluster_layout.nodes_prefix(cluster)
         self._table = table
-        self._freer = freer
+        self._node_io = node_io
+        self._on_join = on_join
         self._retry_delay = retry_delay
         self.synced = asyncio.Event()  # set once the first full read was applied
 
@@ -78,12 +83,15 @@ class Membership:
         if record.node_id != node_id:
             log.warning("ignoring node record under %r that names node %r", key, record.node_id)
             return None
-        known = node_id in self._table.nodes
+        known = self._table.nodes.get(node_id)
+        new_instance = known is None or known.instance != record.instance
         dropped = self._table.upsert_node(record)
         if dropped is not None:
             self._report(dropped, f"restarted as instance {record.instance}")
-        elif not known:
+        elif known is None:
             log.info("node %s joined at %s", node_id, record.address)
+        if new_instance and self._on_join is not None:
+            self._on_join(node_id, record.instance, record.address)
         return node_id
 
     def _drop(self, node_id: str, why: str) -> None:
@@ -91,6 +99,6 @@ class Membership:
             self._report(self._table.drop_node(node_id), why)
 
     def _report(self, dropped: Dropped, why: str) -> None:
-        self._freer.submit(self._table.take_frees())
+        self._node_io.submit_frees(self._table.take_frees())
         log.info("node %s %s: %d objects lost their last replica, %d pending puts revoked",
                  dropped.node_id, why, len(dropped.removed), len(dropped.revoked))

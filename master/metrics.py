@@ -1,8 +1,8 @@
 """Prometheus metrics of the master.
 
 RPC counters are updated as requests are served; everything about the table
-(objects, bytes, nodes, pending puts) is read from it at scrape time, so the
-numbers can never drift from the table itself.
+(objects, bytes, nodes, pending puts, each node's last REPORT) is read from it
+at scrape time, so the numbers can never drift from the table itself.
 """
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -10,7 +10,33 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .objects import ObjectTable
 
+# Per node and tier, as the node last reported them (the master only relays them).
+_TIER_GAUGES = (
+    ("capacity_bytes", "Tier capacity per node, as registered"),
+    ("used_bytes", "Bytes used per node and tier: last reported, plus puts committed since"),
+    ("reserved_bytes", "Bytes of puts sent to the node (pending or committed) that its last report cannot "
+                       "show yet"),
+    ("objects", "Objects per node and tier: last reported, plus puts committed since"),
+    ("pinned_bytes", "Hard-pinned bytes per node and tier, as last reported"),
+)
+# Named as the node's REPORT fields; cumulative on the node (they restart from 0 with it).
+_TIER_COUNTERS = (
+    ("hits", "Reads served per node and tier"),
+    ("misses", "Reads of objects the node did not hold"),
+    ("demotions", "Objects moved down from this tier"),
+    ("promotions", "Objects copied up into this tier"),
+    ("evictions", "Objects evicted for good from this tier"),
+    ("evicted_bytes", "Bytes evicted for good from this tier"),
+)
+
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def _number(reported: dict, field: str) -> float:
+    try:
+        return float(reported.get(field) or 0)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 class _TableCollector:
@@ -24,23 +50,38 @@ class _TableCollector:
         yield GaugeMetricFamily("kvpool_master_pending_puts", "Puts started and not yet ended",
                                 value=t.pending_count)
         yield GaugeMetricFamily("kvpool_master_nodes", "Registered storage nodes", value=len(t.nodes))
-        capacity = GaugeMetricFamily("kvpool_master_tier_capacity_bytes", "Segment capacity per node and tier",
-                                     labels=["node", "tier"])
-        used = GaugeMetricFamily("kvpool_master_tier_used_bytes", "Bytes allocated per node and tier "
-                                 "(committed and pending)", labels=["node", "tier"])
+        gauges = {name: GaugeMetricFamily(f"kvpool_master_tier_{name}", doc, labels=["node", "tier"])
+                   for name, doc in _TIER_GAUGES}
+        counters = {name: CounterMetricFamily(f"kvpool_master_tier_{name}", doc, labels=["node", "tier"])
+                    for name, doc in _TIER_COUNTERS}
         for node in t.nodes.values():
-            for name, alloc in node.tiers.items():
-                capacity.add_metric([node.node_id, name], alloc.capacity)
-                used.add_metric([node.node_id, name], alloc.used)
-        yield capacity
-        yield used
+            for tier in sorted(set(node.capacity) | set(node.reported)):
+                labels = [node.node_id, tier]
+                reported = node.reported.get(tier, {})
+                gauges["capacity_bytes"].add_metric(labels, node.capacity.get(tier, 0))
+                gauges["reserved_bytes"].add_metric(labels, node.reserved(tier))
+                new_objects, new_bytes = node.committed_since_report(tier)
+                gauges["used_bytes"].add_metric(labels, _number(reported, "used") + new_bytes)
+                gauges["objects"].add_metric(labels, _number(reported, "objects") + new_objects)
+                gauges["pinned_bytes"].add_metric(labels, _number(reported, "pinned_bytes"))
+                for name, _doc in _TIER_COUNTERS:
+                    counters[name].add_metric(labels, _number(reported, name))
+        yield from gauges.values()
+        yield from counters.values()
         c = t.counters
         for name, doc, value in (("reclaimed_puts", "Pending puts reclaimed after the put timeout",
                                   c.reclaimed_puts),
                                  ("puts", "Puts committed", c.puts),
                                  ("removes", "Objects removed", c.removes),
                                  ("lookup_hits", "Replica-list lookups that found the key", c.hits),
-                                 ("lookup_misses", "Replica-list lookups that did not", c.misses)):
+                                 ("lookup_misses", "Replica-list lookups that did not", c.misses),
+                                 ("expired", "Objects dropped because their ttl passed", c.expired),
+                                 ("evicted_replicas", "Replicas dropped because their node evicted them",
+                                  c.evicted_replicas),
+                                 ("evicted_objects", "Objects gone because their last replica was evicted",
+                                  c.evicted_objects),
+                                 ("adopted_replicas", "Replicas taken back from a node's inventory", c.adopted),
+                                 ("node_reports", "REPORT answers applied", c.reports)):
             yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)
 
 

@@ -1,56 +1,92 @@
-"""The master's object table: which version of each key is visible, where its bytes are,
-and how much of every node's segment is taken.
+"""The master's object table: which version of each key is visible, which nodes hold it,
+and how full every node is believed to be.
 
 Pure bookkeeping: no I/O. Every method runs to completion on the event loop, so
-the table needs no locks. Whatever releases extents (overwrite, remove, revoke,
-reclaim, a lost node) queues FreeOrders; the owner drains them with
-take_frees() and tells the nodes to forget those extents (best effort: a node
-checks (key, generation) before freeing anything, so a late order is harmless).
+the table needs no locks. Nodes place objects inside themselves; the master
+only names nodes. What it knows of a node's usage is the node's last REPORT plus
+the bytes of puts it sent there since, which that report could not yet show.
+
+Whatever releases a replica (overwrite, remove, revoke, reclaim, expiry, a
+rejected inventory entry) queues a FreeOrder; the owner drains them with
+take_frees() and tells the nodes (best effort: a node checks (key, generation)
+before freeing anything, so a late order is harmless).
 """
 
 import itertools
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
-from kvpool.allocator import ExtentAllocator, align_up
 from kvpool.cluster_layout import NodeRecord
 from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError,
     ValueTooLargeError,
 )
+from kvpool.wire import WriteFlag
 
 from .placement import MostFreeSpace, PlacementPolicy
 
-DRAM = "dram"  # the only tier objects are placed in for now
+DRAM = "dram"
+SSD = "ssd"
+TIERS = (DRAM, SSD)
+PINS = ("none", "soft", "hard")
+
+
+@dataclass(frozen=True)
+class PutOptions:
+    """What the client asked for about where and how long an object is kept (echoed back)."""
+
+    tier: str | None = None  # preferred tier; None = DRAM
+    pin: str = "none"
+    pin_ttl_seconds: float = 0.0
+    ttl_seconds: float = 0.0  # 0 = no expiry
+
+    def validate(self) -> None:
+        if self.tier is not None and self.tier not in TIERS:
+            raise InvalidArgumentError(f"unknown tier {self.tier!r}")
+        if self.pin not in PINS:
+            raise InvalidArgumentError(f"unknown pin {self.pin!r}")
+        for name in ("pin_ttl_seconds", "ttl_seconds"):
+            value = getattr(self, name)
+            if not (0 <= value < math.inf):  # also rejects NaN
+                raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value}")
+
+
+NO_OPTIONS = PutOptions()
 
 
 @dataclass(frozen=True)
 class Replica:
     node_id: str
     address: str  # HOST:PORT of the node's data port
-    tier: str
-    offset: int
-    length: int  # the object's size; the allocator may reserve a little more
+    tier: str     # where the node last said it keeps the bytes (a guess until it says)
+    length: int   # bytes stored
 
 
 @dataclass(frozen=True)
 class ObjectVersion:
     key: str
-    size: int
+    size: int       # stored bytes (compressed size when compressed)
     checksum: int
     generation: int
     replicas: tuple[Replica, ...]
+    options: PutOptions = NO_OPTIONS
+    compressed: bool = False
+    raw_size: int = 0
+    expires_at: float | None = None  # table clock; None = never
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
 
 @dataclass(frozen=True)
 class FreeOrder:
-    """An extent the master took back: its node should forget (key, generation) there."""
+    """A replica the master gave up: its node should forget (key, generation)."""
 
     address: str
     key: bytes
     generation: int
-    offset: int
 
 
 @dataclass
@@ -63,12 +99,27 @@ class Dropped:
 
 
 @dataclass
+class Adopted:
+    """The outcome of matching a node's inventory against the table."""
+
+    node_id: str
+    adopted: list[str] = field(default_factory=list)   # replicas added back to known versions
+    created: list[str] = field(default_factory=list)   # keys the master did not know, now committed
+    rejected: list[str] = field(default_factory=list)  # entries the node was told to free
+
+
+@dataclass
 class Counters:
     hits: int = 0
     misses: int = 0
     puts: int = 0
     removes: int = 0
     reclaimed_puts: int = 0
+    expired: int = 0           # objects dropped because their ttl passed
+    evicted_replicas: int = 0  # replicas dropped because their node reported evicting them
+    evicted_objects: int = 0   # objects removed because their last replica was evicted
+    adopted: int = 0           # replicas taken back from a node's inventory
+    reports: int = 0
 
 
 @dataclass
@@ -78,41 +129,60 @@ class _Pending:
 
 
 class NodeState:
-    """A registered storage node: its identity and one allocator per tier."""
+    """A registered storage node: identity, tier capacities, and what it last reported."""
 
-    def __init__(self, record: NodeRecord, alignment: int):
+    def __init__(self, record: NodeRecord):
         self.node_id = record.node_id
         self.instance = record.instance
         self.address = record.address
         self.transports = list(record.transports)
-        self.tiers = {name: ExtentAllocator(tier.capacity, alignment) for name, tier in record.tiers.items()}
-        # generation -> key of every version (pending or committed) with an extent here,
+        self.capacity = {name: tier.capacity for name, tier in record.tiers.items() if tier.capacity > 0}
+        self.reported: dict[str, dict] = {}  # tier -> that tier's block of the last REPORT
+        self.reported_at: float | None = None
+        # generation -> key of every version (pending or committed) with a replica here,
         # so dropping the node touches only its own objects.
         self.versions: dict[int, str] = {}
+        # Bytes the last REPORT cannot show yet: pending puts (by generation), and puts
+        # committed after that report was asked for (with the table sequence of the commit).
+        self.pending: dict[int, tuple[str, int]] = {}
+        self.unreported: list[tuple[int, str, int]] = []
+
+    def used(self, tier: str) -> int:
+        return int(self.reported.get(tier, {}).get("used", 0))
+
+    def committed_since_report(self, tier: str) -> tuple[int, int]:
+        """(objects, bytes) committed here that the last REPORT could not show yet."""
+        sizes = [n for _, t, n in self.unreported if t == tier]
+        return len(sizes), sum(sizes)
+
+    def reserved(self, tier: str) -> int:
+        return (sum(n for t, n in self.pending.values() if t == tier)
+                + sum(n for _, t, n in self.unreported if t == tier))
+
+    def free_bytes(self, tier: str) -> int:
+        """Capacity minus reported use minus bytes sent since; may be negative (the node evicts)."""
+        if tier not in self.capacity:
+            return 0
+        return self.capacity[tier] - self.used(tier) - self.reserved(tier)
 
     @property
-    def free_bytes(self) -> int:
-        dram = self.tiers.get(DRAM)
-        return dram.free_bytes if dram else 0
-
-    @property
-    def largest_free(self) -> int:
-        dram = self.tiers.get(DRAM)
-        return dram.largest_free if dram else 0
+    def largest_tier(self) -> int:
+        return max(self.capacity.values(), default=0)
 
 
 class ObjectTable:
     def __init__(self, *, placement: PlacementPolicy | None = None, put_timeout: float = 30.0,
                  max_object_size: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 first_generation: int | None = None, alignment: int = 64):
+                 first_generation: int | None = None):
         self.placement = placement or MostFreeSpace()
         self.put_timeout = put_timeout
         self._max_object_size = max_object_size
         self._clock = clock
-        self._alignment = alignment
         # Seeded from the wall clock so a restarted master never hands out a generation
         # a node may still hold from before.
-        self._generations = itertools.count(time.time_ns() if first_generation is None else first_generation)
+        self._next_generation = time.time_ns() if first_generation is None else first_generation
+        self._seq = itertools.count(1)  # orders commits against REPORT requests
+        self._last_seq = 0
         self.nodes: dict[str, NodeState] = {}
         self._committed: dict[str, ObjectVersion] = {}
         self._pending: dict[str, _Pending] = {}
@@ -120,17 +190,24 @@ class ObjectTable:
         self._frees: list[FreeOrder] = []
         self.counters = Counters()
 
+    def _new_generation(self) -> int:
+        generation = self._next_generation
+        self._next_generation += 1
+        return generation
+
     # ----- membership -----
 
     def upsert_node(self, record: NodeRecord) -> Dropped | None:
-        """Add a node, or refresh one; a new instance of a known node lost all its data."""
+        """Add a node, or refresh one; a new instance of a known node lost what it held
+        (until its inventory gives some of it back)."""
         node = self.nodes.get(record.node_id)
         if node is not None and node.instance == record.instance:
             node.address = record.address
             node.transports = list(record.transports)
+            node.capacity = {name: t.capacity for name, t in record.tiers.items() if t.capacity > 0}
             return None
         dropped = self.drop_node(record.node_id) if node is not None else None
-        self.nodes[record.node_id] = NodeState(record, self._alignment)
+        self.nodes[record.node_id] = NodeState(record)
         return dropped
 
     def drop_node(self, node_id: str) -> Dropped:
@@ -147,76 +224,210 @@ class ObjectTable:
                 dropped.revoked.append(key)
                 self._release(pending.version)
                 continue
-            version = self._committed.get(key)
-            if version is None or version.generation != generation:
-                continue
-            survivors = tuple(r for r in version.replicas if r.node_id != node_id)
-            if survivors:
-                self._committed[key] = replace(version, replicas=survivors)
-            else:
-                del self._committed[key]
-                self._bytes -= version.size
+            if self._drop_replica(key, generation, node_id):
                 dropped.removed.append(key)
         return dropped
+
+    def _drop_replica(self, key: str, generation: int, node_id: str) -> bool:
+        """Take one node's replica off a committed version; True if that removed the object."""
+        version = self._committed.get(key)
+        if version is None or version.generation != generation:
+            return False
+        survivors = tuple(r for r in version.replicas if r.node_id != node_id)
+        if len(survivors) == len(version.replicas):
+            return False
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.versions.pop(generation, None)
+        if survivors:
+            self._committed[key] = replace(version, replicas=survivors)
+            return False
+        del self._committed[key]
+        self._bytes -= version.size
+        return True
+
+    # ----- what nodes tell the master -----
+
+    def report_mark(self) -> int:
+        """Taken just before asking a node for a REPORT: commits up to here are in its answer."""
+        return self._last_seq
+
+    def apply_report(self, node_id: str, instance: str, report: dict, mark: int) -> list[str]:
+        """Take in one REPORT (asked for at `mark`): usage per tier, and drop the replicas the
+        node evicted. Returns the keys that lost their last replica. A report from an instance
+        that is no longer registered is ignored."""
+        node = self.nodes.get(node_id)
+        if node is None or node.instance != instance:
+            return []
+        tiers = report.get("tiers") or {}
+        node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
+        node.reported_at = self._clock()
+        node.unreported = [u for u in node.unreported if u[0] > mark]
+        self.counters.reports += 1
+        removed = []
+        for entry in report.get("evicted") or ():
+            try:
+                key, generation = str(entry[0]), int(entry[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            if self._evicted(node, key, generation):
+                removed.append(key)
+        return removed
+
+    def _evicted(self, node: NodeState, key: str, generation: int) -> bool:
+        pending = self._pending.get(key)
+        if pending is not None and pending.version.generation == generation:
+            # Evicted before PutEnd: that target no longer counts; put_end decides if any is left.
+            version = pending.version
+            pending.version = replace(version, replicas=tuple(r for r in version.replicas
+                                                              if r.node_id != node.node_id))
+            node.versions.pop(generation, None)
+            node.pending.pop(generation, None)
+            self.counters.evicted_replicas += 1
+            return False
+        version = self._committed.get(key)
+        if version is None or version.generation != generation:
+            return False
+        self.counters.evicted_replicas += 1
+        if self._drop_replica(key, generation, node.node_id):
+            self.counters.evicted_objects += 1
+            return True
+        return False
+
+    def drop_replica(self, key: str, generation: int, node_id: str) -> bool:
+        """The node said it does not hold (key, generation): forget that replica.
+        True if the object is gone as a result."""
+        removed = self._drop_replica(key, generation, node_id)
+        if removed:
+            self.counters.evicted_objects += 1
+        return removed
+
+    def adopt_inventory(self, node_id: str, instance: str, entries: list) -> Adopted:
+        """Match what a (re)started node still holds against the table.
+
+        An entry is taken back when the master has that key committed at the same
+        generation (and size and checksum), or does not know the key at all (it is
+        then committed as the node describes it). Anything else is stale and the node
+        is told to free it.
+        """
+        outcome = Adopted(node_id)
+        node = self.nodes.get(node_id)
+        if node is None or node.instance != instance:
+            return outcome
+        now = self._clock()
+        for entry in entries:
+            try:
+                key = str(entry["key"])
+                generation = int(entry["generation"])
+                size = int(entry["size"])
+                checksum = int(entry["checksum"])
+            except (KeyError, TypeError, ValueError):
+                continue  # not an entry we can name, so not one we can free either
+            tiers = entry.get("tiers") or [DRAM]
+            replica = Replica(node_id, node.address, DRAM if DRAM in tiers else str(tiers[0]), size)
+            self._expire_object_if_due(key)
+            version = self._committed.get(key)
+            if version is None and key not in self._pending:
+                self._committed[key] = self._version_from_inventory(entry, key, generation, size, checksum,
+                                                                     replica, now)
+                self._bytes += size
+                self._next_generation = max(self._next_generation, generation + 1)
+                node.versions[generation] = key
+                outcome.created.append(key)
+            elif (version is not None and version.generation == generation and version.size == size
+                  and version.checksum == checksum):
+                if all(r.node_id != node_id for r in version.replicas):
+                    self._committed[key] = replace(version, replicas=version.replicas + (replica,))
+                    node.versions[generation] = key
+                outcome.adopted.append(key)
+            else:
+                self._frees.append(FreeOrder(node.address, key.encode(), generation))
+                outcome.rejected.append(key)
+        self.counters.adopted += len(outcome.adopted) + len(outcome.created)
+        return outcome
+
+    @staticmethod
+    def _version_from_inventory(entry: dict, key: str, generation: int, size: int, checksum: int,
+                                replica: Replica, now: float) -> ObjectVersion:
+        flags = WriteFlag(int(entry.get("flags") or 0))
+        ttl_ms = int(entry.get("ttl_ms") or 0)
+        options = PutOptions(tier=SSD if WriteFlag.PREFER_SSD in flags else None,
+                             pin="hard" if WriteFlag.HARD_PIN in flags else "none")
+        return ObjectVersion(key, size, checksum, generation, (replica,), options=options,
+                             compressed=WriteFlag.COMPRESSED in flags,
+                             raw_size=int(entry.get("raw_size") or size),
+                             expires_at=now + ttl_ms / 1000 if ttl_ms > 0 else None)
 
     # ----- puts -----
 
     @property
     def max_object_size(self) -> int:
-        """The configured limit, else the largest DRAM segment of any node."""
+        """The largest tier of any node, or the configured limit if that is smaller."""
+        largest = max((n.largest_tier for n in self.nodes.values()), default=0)
         if self._max_object_size is not None:
-            return self._max_object_size
-        return max((n.tiers[DRAM].capacity for n in self.nodes.values() if DRAM in n.tiers), default=0)
+            return min(self._max_object_size, largest)
+        return largest
 
-    def put_start(self, key: str, size: int, checksum: int, overwrite: bool = False,
-                  replicas: int = 1) -> ObjectVersion:
-        """Reserve extents for a new version of `key`; it stays invisible until put_end."""
+    def put_start(self, key: str, size: int, checksum: int, overwrite: bool = False, replicas: int = 1,
+                  options: PutOptions = NO_OPTIONS, compressed: bool = False, raw_size: int = 0) -> ObjectVersion:
+        """Choose nodes for a new version of `key`; it stays invisible until put_end."""
         if size < 0:
             raise InvalidArgumentError(f"size must not be negative, got {size}")
+        options.validate()
+        if not compressed and raw_size not in (0, size):
+            raise InvalidArgumentError(f"raw_size {raw_size} differs from size {size} of an uncompressed value")
         self._expire_if_due(key)
+        self._expire_object_if_due(key)
         if key in self._pending:
             raise KeyExistsError(f"put of {key!r} in progress")
         if key in self._committed and not overwrite:
             raise KeyExistsError(f"{key!r} already exists")
+        tier = options.tier or DRAM
         placed: tuple[Replica, ...] = ()
         if size > 0:
-            placed = self._place(size, max(replicas, 1))
-        version = ObjectVersion(key, size, checksum, next(self._generations), placed)
+            placed = self._place(size, max(replicas, 1), tier)
+        now = self._clock()
+        version = ObjectVersion(key, size, checksum, self._new_generation(), placed, options=options,
+                                compressed=compressed, raw_size=raw_size if compressed else size,
+                                expires_at=now + options.ttl_seconds if options.ttl_seconds > 0 else None)
         for r in placed:
-            self.nodes[r.node_id].versions[version.generation] = key
-        self._pending[key] = _Pending(version, self._clock() + self.put_timeout)
+            node = self.nodes[r.node_id]
+            node.versions[version.generation] = key
+            node.pending[version.generation] = (tier, size)
+        self._pending[key] = _Pending(version, now + self.put_timeout)
         return version
 
-    def _place(self, size: int, count: int) -> tuple[Replica, ...]:
+    def _place(self, size: int, count: int, tier: str) -> tuple[Replica, ...]:
         if not self.nodes:
             raise NoSpaceError("no storage nodes")
         limit = self.max_object_size
         if size > limit:
             raise ValueTooLargeError(f"object of {size} bytes exceeds the maximum of {limit}")
-        candidates = [n for n in self.nodes.values() if DRAM in n.tiers]
-        need = align_up(size, self._alignment)
-        chosen = self.placement.choose(candidates, need, count)
-        placed = []
-        for node in chosen:
-            offset = node.tiers[DRAM].allocate(size)
-            if offset is None:
-                continue  # a policy that misjudged the fit; the others may still do
-            placed.append(Replica(node.node_id, node.address, DRAM, offset, size))
-        if not placed:
-            raise NoSpaceError(f"no storage node has room for {size} bytes")
-        return tuple(placed)
+        chosen = self.placement.choose(list(self.nodes.values()), size, count, tier)
+        if not chosen:  # only when every node is smaller than the object
+            raise NoSpaceError(f"no storage node can hold {size} bytes")
+        return tuple(Replica(n.node_id, n.address, tier, size) for n in chosen)
 
     def put_end(self, key: str, generation: int) -> ObjectVersion:
         """Make the pending version visible; frees whatever version it replaces."""
         pending = self._take_pending(key, generation)
+        version = pending.version
+        self._unreserve(version)
+        if version.size > 0 and not version.replicas:
+            raise KeyNotFoundError(f"{key!r} was evicted by its storage nodes before the put ended")
+        seq = self._last_seq = next(self._seq)
+        for r in version.replicas:
+            node = self.nodes.get(r.node_id)
+            if node is not None:
+                node.unreported.append((seq, r.tier, r.length))
         old = self._committed.get(key)
-        self._committed[key] = pending.version
-        self._bytes += pending.version.size
+        self._committed[key] = version
+        self._bytes += version.size
         self.counters.puts += 1
         if old is not None:
             self._bytes -= old.size
             self._release(old)
-        return pending.version
+        return version
 
     def put_revoke(self, key: str, generation: int) -> None:
         """Abandon a pending put; the previous version (if any) stays."""
@@ -230,6 +441,12 @@ class ObjectTable:
                                   f"(never started, revoked, or reclaimed after {self.put_timeout:g}s)")
         del self._pending[key]
         return pending
+
+    def _unreserve(self, version: ObjectVersion) -> None:
+        for r in version.replicas:
+            node = self.nodes.get(r.node_id)
+            if node is not None:
+                node.pending.pop(version.generation, None)
 
     def reclaim_expired(self) -> list[str]:
         """Revoke every pending put past its deadline; returns their keys."""
@@ -248,9 +465,31 @@ class ObjectTable:
             self.counters.reclaimed_puts += 1
             self._release(pending.version)
 
+    # ----- object ttl -----
+
+    def _expire_object_if_due(self, key: str) -> bool:
+        """Drop `key` if its ttl has passed; True if it did."""
+        version = self._committed.get(key)
+        if version is None or not version.expired(self._clock()):
+            return False
+        del self._committed[key]
+        self._bytes -= version.size
+        self.counters.expired += 1
+        self._release(version)
+        return True
+
+    def drop_expired(self) -> list[str]:
+        """Drop every committed object past its ttl; returns their keys."""
+        now = self._clock()
+        keys = [k for k, v in self._committed.items() if v.expired(now)]
+        for key in keys:
+            self._expire_object_if_due(key)
+        return keys
+
     # ----- reads and removes -----
 
     def get(self, key: str) -> ObjectVersion:
+        self._expire_object_if_due(key)
         version = self._committed.get(key)
         if version is None:
             self.counters.misses += 1
@@ -258,11 +497,17 @@ class ObjectTable:
         self.counters.hits += 1
         return version
 
+    def lookup(self, key: str) -> ObjectVersion | None:
+        """The live committed version, without counting a hit or miss."""
+        self._expire_object_if_due(key)
+        return self._committed.get(key)
+
     def exists(self, key: str) -> bool:
-        return key in self._committed
+        return self.lookup(key) is not None
 
     def remove(self, key: str) -> None:
         """Drop the committed version of `key` (a pending put of it is left alone)."""
+        self._expire_object_if_due(key)
         version = self._committed.pop(key, None)
         if version is None:
             raise KeyNotFoundError(f"{key!r} not found")
@@ -271,24 +516,27 @@ class ObjectTable:
         self._release(version)
 
     def remove_by_prefix(self, prefix: str) -> int:
-        """Remove every committed key starting with `prefix`; returns how many."""
+        """Remove every live committed key starting with `prefix`; returns how many."""
         keys = [k for k in self._committed if k.startswith(prefix)]
+        removed = 0
         for key in keys:
-            self.remove(key)
-        return len(keys)
+            if not self._expire_object_if_due(key):
+                self.remove(key)
+                removed += 1
+        return removed
 
     def _release(self, version: ObjectVersion) -> None:
-        """Give a version's extents back to their allocators (nodes already gone are skipped)."""
+        """Tell the nodes of a version's replicas to forget it (nodes already gone are skipped)."""
         raw_key = version.key.encode()
         for r in version.replicas:
             node = self.nodes.get(r.node_id)
             if node is None or node.versions.pop(version.generation, None) is None:
                 continue
-            node.tiers[r.tier].free(r.offset)
-            self._frees.append(FreeOrder(r.address, raw_key, version.generation, r.offset))
+            node.pending.pop(version.generation, None)
+            self._frees.append(FreeOrder(r.address, raw_key, version.generation))
 
     def take_frees(self) -> list[FreeOrder]:
-        """The extents released since the last call, for the nodes to forget."""
+        """The replicas released since the last call, for the nodes to forget."""
         frees, self._frees = self._frees, []
         return frees
 
@@ -306,14 +554,11 @@ class ObjectTable:
     def pending_count(self) -> int:
         return len(self._pending)
 
-    def objects_on(self, node_id: str) -> dict[str, int]:
-        """Committed replicas per tier on one node."""
-        counts: dict[str, int] = {}
+    def objects_on(self, node_id: str) -> int:
+        """Committed replicas on one node."""
+        count = 0
         for generation, key in self.nodes[node_id].versions.items():
             version = self._committed.get(key)
-            if version is None or version.generation != generation:
-                continue
-            for r in version.replicas:
-                if r.node_id == node_id:
-                    counts[r.tier] = counts.get(r.tier, 0) + 1
-        return counts
+            if version is not None and version.generation == generation:
+                count += 1
+        return count

@@ -1,37 +1,42 @@
 """Which storage nodes receive the replicas of a new object."""
 
-from typing import Protocol, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+TIER_ORDER = ("dram", "ssd")
 
 
 class Candidate(Protocol):
-    """What a policy may look at: a node and the free space of its target tier."""
+    """What a policy may look at: a node, its believed free space per tier, its largest tier."""
 
     node_id: str
 
-    @property
-    def free_bytes(self) -> int: ...
+    def free_bytes(self, tier: str) -> int: ...
 
     @property
-    def largest_free(self) -> int: ...
+    def largest_tier(self) -> int: ...
 
 
 C = TypeVar("C", bound=Candidate)
 
 
 class PlacementPolicy(Protocol):
-    def choose(self, candidates: Sequence[C], size: int, count: int) -> list[C]:
-        """Up to `count` distinct candidates that can each hold `size` bytes, best first.
-
-        Fewer (or none) when fewer fit; the caller decides whether that is enough.
-        """
+    def choose(self, candidates: Sequence[C], size: int, count: int, tier: str = "dram") -> list[C]:
+        """Up to `count` distinct candidates for an object of `size` bytes that prefers `tier`,
+        best first. Fewer (or none) when fewer can hold it at all."""
 
 
 class MostFreeSpace:
-    """Spread load: the nodes with the most free bytes first, ties by node id for stable tests."""
+    """Spread load: the most free space in the preferred tier first, then in the other tier;
+    ties by node id for stable tests.
 
-    def choose(self, candidates: Sequence[C], size: int, count: int) -> list[C]:
-        # largest_free, not free_bytes, decides whether it fits: a fragmented node
-        # may have plenty of free bytes and still no single extent large enough.
-        fitting = [c for c in candidates if c.largest_free >= size]
-        fitting.sort(key=lambda c: (-c.free_bytes, c.node_id))
+    Free space is a belief (last report minus puts sent since) and a full node makes room
+    by demoting and evicting, so only a node whose every tier is smaller than the object
+    is left out; one that has no room right now answers NO_SPACE itself.
+    """
+
+    def choose(self, candidates: Sequence[C], size: int, count: int, tier: str = "dram") -> list[C]:
+        order = (tier, *(t for t in TIER_ORDER if t != tier))
+        fitting = [c for c in candidates if c.largest_tier >= size]
+        fitting.sort(key=lambda c: (*(-c.free_bytes(t) for t in order), c.node_id))
         return fitting[:max(count, 0)]

@@ -1,32 +1,50 @@
 """The Master gRPC service: validates requests and answers them from the object table.
 
 Every answer carries a typed Status; batch RPCs answer each item on its own, so
-one bad key never fails its neighbours. Handlers never await: the table is
-consistent between any two lines of the event loop.
+one bad key never fails its neighbours. Handlers change the table without
+awaiting, so it is consistent between any two lines of the event loop; the
+waiting comes after (FREEs of released replicas), or, for an Exists asking for a
+hold, before a fresh read of the table.
 """
 
 import functools
 import logging
 import time
 
-from kvpool.errors import Code, InvalidArgumentError, KvpoolError
+from kvpool.errors import Code, InvalidArgumentError, KeyNotFoundError, KvpoolError
 from kvpool.keys import validate_key
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
 from .metrics import MasterMetrics
-from .node_free import NodeFreer
-from .objects import ObjectTable, ObjectVersion
+from .node_io import HoldOrder, NodeIO
+from .objects import NO_OPTIONS, NodeState, ObjectTable, ObjectVersion, PutOptions
 
 log = logging.getLogger(__name__)
 
 TIERS = {"dram": pb.DRAM, "ssd": pb.SSD}
+TIER_NAMES = {value: name for name, value in TIERS.items()}
+PINS = {"none": pb.PIN_NONE, "soft": pb.PIN_SOFT, "hard": pb.PIN_HARD}
+PIN_NAMES = {value: name for name, value in PINS.items()}
+HOLD_TIMEOUT = 2.0  # an Exists with a hold answers from the table if a node is slower than this
+FREE_WAIT = 1.0     # longest a request waits for nodes to confirm the FREEs it caused
 
 
 def _answer(response_cls, fn, *args):
     """fn(*args), or a response_cls carrying the status of the error it raised."""
     try:
         return fn(*args)
+    except KvpoolError as exc:
+        return response_cls(status=int(exc.code), message=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a bug must answer INTERNAL, not kill the RPC
+        log.exception("internal error in %s", getattr(fn, "__name__", fn))
+        return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _answer_async(response_cls, fn, *args):
+    """await fn(*args), or a response_cls carrying the status of the error it raised."""
+    try:
+        return await fn(*args)
     except KvpoolError as exc:
         return response_cls(status=int(exc.code), message=str(exc))
     except Exception as exc:  # noqa: BLE001 - a bug must answer INTERNAL, not kill the RPC
@@ -43,25 +61,64 @@ def _error_statuses(response) -> list[str]:
 
 
 def _rpc(handler):
-    """Adapt a synchronous handler(self, request) to grpc.aio, with metrics and FREE dispatch."""
+    """Adapt a handler(self, request) (plain or async) to grpc.aio, with metrics and FREE dispatch.
+
+    The replicas a request released (an overwritten or removed version) are freed on
+    their nodes before it is answered, so the caller's next read cannot get them."""
 
     @functools.wraps(handler)
     async def method(self, request, context):
         started = time.perf_counter()
         response = handler(self, request)
-        self._freer.submit(self._table.take_frees())
+        if hasattr(response, "__await__"):
+            response = await response
+        await self._node_io.free_now(self._table.take_frees(), FREE_WAIT)
         self._metrics.observe(handler.__name__, time.perf_counter() - started, _error_statuses(response))
         return response
 
     return method
 
 
+def put_options(message: pb.PutOptions) -> PutOptions:
+    if message.tier not in TIER_NAMES and message.tier != pb.TIER_UNSPECIFIED:
+        raise InvalidArgumentError(f"unknown tier {message.tier}")
+    if message.pin not in PIN_NAMES:
+        raise InvalidArgumentError(f"unknown pin {message.pin}")
+    return PutOptions(tier=TIER_NAMES.get(message.tier), pin=PIN_NAMES[message.pin],
+                      pin_ttl_seconds=message.pin_ttl_seconds, ttl_seconds=message.ttl_seconds)
+
+
 def object_info(version: ObjectVersion) -> pb.ObjectInfo:
+    o = version.options
+    options = None if o == NO_OPTIONS else pb.PutOptions(
+        tier=TIERS.get(o.tier, pb.TIER_UNSPECIFIED), pin=PINS[o.pin], pin_ttl_seconds=o.pin_ttl_seconds,
+        ttl_seconds=o.ttl_seconds)
     return pb.ObjectInfo(
         key=version.key, size=version.size, checksum=version.checksum, generation=version.generation,
         replicas=[pb.Replica(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED),
-                             offset=r.offset, length=r.length) for r in version.replicas],
+                             length=r.length) for r in version.replicas],
+        compressed=version.compressed, raw_size=version.raw_size, options=options,
     )
+
+
+def tier_stats(node: NodeState, name: str) -> pb.TierStats:
+    """One tier of a node: capacity as registered; usage as last reported plus what was
+    committed there since (so a put shows at once); the node's counters as reported."""
+    reported = node.reported.get(name, {})
+
+    def number(field: str) -> int:
+        try:
+            return max(0, int(reported.get(field) or 0))
+        except (TypeError, ValueError):
+            return 0
+
+    new_objects, new_bytes = node.committed_since_report(name)
+    return pb.TierStats(
+        tier=TIERS.get(name, pb.TIER_UNSPECIFIED), capacity=node.capacity.get(name, 0),
+        used=number("used") + new_bytes, objects=number("objects") + new_objects, hits=number("hits"),
+        misses=number("misses"), demotions=number("demotions"), promotions=number("promotions"),
+        evictions=number("evictions"), evicted_bytes=number("evicted_bytes"),
+        watermark=str(reported.get("watermark") or ""), pinned_bytes=number("pinned_bytes"))
 
 
 def _validate_prefix(prefix: str) -> None:
@@ -72,10 +129,11 @@ def _validate_prefix(prefix: str) -> None:
 
 
 class MasterService(kvpool_pb2_grpc.MasterServicer):
-    def __init__(self, table: ObjectTable, freer: NodeFreer, metrics: MasterMetrics, master_id: str,
-                 address: str):
+    def __init__(self, table: ObjectTable, node_io: NodeIO, metrics: MasterMetrics, master_id: str,
+                 address: str, max_hold: float = 300.0):
         self._table = table
-        self._freer = freer
+        self._node_io = node_io
+        self.max_hold = max_hold
         self._metrics = metrics
         self.master_id = master_id
         self.address = address
@@ -84,7 +142,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     def _put_start(self, req: pb.PutStartRequest) -> pb.PutStartResponse:
         validate_key(req.key)
-        version = self._table.put_start(req.key, req.size, req.checksum, req.overwrite, req.replicas or 1)
+        options = put_options(req.options) if req.HasField("options") else NO_OPTIONS
+        version = self._table.put_start(req.key, req.size, req.checksum, req.overwrite, req.replicas or 1,
+                                        options=options, compressed=req.compressed, raw_size=req.raw_size)
         return pb.PutStartResponse(status=pb.OK, object=object_info(version))
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
@@ -101,18 +161,47 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         validate_key(key)
         return pb.GetReplicaListResponse(status=pb.OK, object=object_info(self._table.get(key)))
 
-    def _exists(self, key: str) -> pb.ExistsResponse:
-        validate_key(key)
-        return pb.ExistsResponse(status=pb.OK, exists=self._table.exists(key))
+    def _hold_ms(self, seconds: float) -> int:
+        """Milliseconds to hold for, capped at --max-hold; 0 = no hold asked for."""
+        if not (seconds >= 0):  # also NaN
+            raise InvalidArgumentError(f"hold_seconds must be >= 0, got {seconds}")
+        if seconds == 0:
+            return 0
+        return max(1, round(min(seconds, self.max_hold) * 1000))
 
-    def _batch_exists(self, keys) -> pb.BatchExistsResponse:
+    async def _exists_holding(self, keys: list[str], hold_seconds: float) -> list[bool]:
+        """Whether each key exists; with a hold, each replica's node is asked to keep it first,
+        and a node that answers it does not hold it loses that replica here too."""
+        ms = self._hold_ms(hold_seconds)
+        if not ms:
+            return [self._table.exists(k) for k in keys]
+        targets = []
+        for key in keys:
+            version = self._table.lookup(key)
+            if version is not None:
+                raw = key.encode()
+                targets.extend((version, r, HoldOrder(r.address, raw, version.generation, ms))
+                               for r in version.replicas)
+        results = await self._node_io.hold([order for _, _, order in targets], HOLD_TIMEOUT)
+        for (version, replica, _), result in zip(targets, results, strict=True):
+            if result is False or isinstance(result, KeyNotFoundError):
+                self._table.drop_replica(version.key, version.generation, replica.node_id)
+        return [self._table.exists(k) for k in keys]
+
+    async def _exists(self, req: pb.ExistsRequest) -> pb.ExistsResponse:
+        validate_key(req.key)
+        (exists,) = await self._exists_holding([req.key], req.hold_seconds)
+        return pb.ExistsResponse(status=pb.OK, exists=exists)
+
+    async def _batch_exists(self, req: pb.BatchExistsRequest) -> pb.BatchExistsResponse:
         # One status for the whole answer (the proto has no per-item status): any bad key fails it.
+        keys = list(req.keys)
         for i, key in enumerate(keys):
             try:
                 validate_key(key)
             except KvpoolError as exc:
                 raise type(exc)(f"keys[{i}]: {exc}") from None
-        return pb.BatchExistsResponse(status=pb.OK, exists=[self._table.exists(k) for k in keys])
+        return pb.BatchExistsResponse(status=pb.OK, exists=await self._exists_holding(keys, req.hold_seconds))
 
     def _remove(self, key: str) -> pb.RemoveResponse:
         validate_key(key)
@@ -162,12 +251,12 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                                                      for key in request.keys])
 
     @_rpc
-    def Exists(self, request):
-        return _answer(pb.ExistsResponse, self._exists, request.key)
+    async def Exists(self, request):
+        return await _answer_async(pb.ExistsResponse, self._exists, request)
 
     @_rpc
-    def BatchExists(self, request):
-        return _answer(pb.BatchExistsResponse, self._batch_exists, list(request.keys))
+    async def BatchExists(self, request):
+        return await _answer_async(pb.BatchExistsResponse, self._batch_exists, request)
 
     @_rpc
     def Remove(self, request):
@@ -182,12 +271,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         t = self._table
         nodes = []
         for node in sorted(t.nodes.values(), key=lambda n: n.node_id):
-            objects = t.objects_on(node.node_id)
-            tiers = [pb.TierStats(tier=TIERS.get(name, pb.TIER_UNSPECIFIED), capacity=alloc.capacity,
-                                  used=alloc.used, objects=objects.get(name, 0))
-                     for name, alloc in sorted(node.tiers.items())]
+            tiers = [tier_stats(node, name) for name in sorted(set(node.capacity) | set(node.reported))]
             nodes.append(pb.NodeStats(node_id=node.node_id, address=node.address, tiers=tiers,
-                                      objects=sum(objects.values()), transports=node.transports))
+                                      objects=t.objects_on(node.node_id), transports=node.transports))
         c = t.counters
         return pb.StatsResponse(
             master_id=self.master_id, address=self.address, nodes=nodes, objects=t.object_count,

@@ -28,6 +28,12 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_UNSPECIFIED: _ClassVar[Tier]
     DRAM: _ClassVar[Tier]
     SSD: _ClassVar[Tier]
+
+class Pin(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PIN_NONE: _ClassVar[Pin]
+    PIN_SOFT: _ClassVar[Pin]
+    PIN_HARD: _ClassVar[Pin]
 OK: Status
 NOT_FOUND: Status
 EXISTS: Status
@@ -44,6 +50,9 @@ NOT_LEADER: Status
 TIER_UNSPECIFIED: Tier
 DRAM: Tier
 SSD: Tier
+PIN_NONE: Pin
+PIN_SOFT: Pin
+PIN_HARD: Pin
 
 class Replica(_message.Message):
     __slots__ = ("node_id", "address", "tier", "offset", "length")
@@ -59,33 +68,57 @@ class Replica(_message.Message):
     length: int
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
+class PutOptions(_message.Message):
+    __slots__ = ("tier", "pin", "pin_ttl_seconds", "ttl_seconds")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    PIN_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    pin: Pin
+    pin_ttl_seconds: float
+    ttl_seconds: float
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_seconds: _Optional[float] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+
 class ObjectInfo(_message.Message):
-    __slots__ = ("key", "size", "checksum", "generation", "replicas")
+    __slots__ = ("key", "size", "checksum", "generation", "replicas", "compressed", "raw_size", "options")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     key: str
     size: int
     checksum: int
     generation: int
     replicas: _containers.RepeatedCompositeFieldContainer[Replica]
-    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+    compressed: bool
+    raw_size: int
+    options: PutOptions
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., compressed: _Optional[bool] = ..., raw_size: _Optional[int] = ..., options: _Optional[_Union[PutOptions, _Mapping]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("key", "size", "checksum", "overwrite", "replicas")
+    __slots__ = ("key", "size", "checksum", "overwrite", "replicas", "options", "compressed", "raw_size")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     OVERWRITE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
     key: str
     size: int
     checksum: int
     overwrite: bool
     replicas: int
-    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., overwrite: _Optional[bool] = ..., replicas: _Optional[int] = ...) -> None: ...
+    options: PutOptions
+    compressed: bool
+    raw_size: int
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., overwrite: _Optional[bool] = ..., replicas: _Optional[int] = ..., options: _Optional[_Union[PutOptions, _Mapping]] = ..., compressed: _Optional[bool] = ..., raw_size: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
     __slots__ = ("status", "message", "object")
@@ -180,10 +213,12 @@ class BatchGetReplicaListResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[GetReplicaListResponse, _Mapping]]] = ...) -> None: ...
 
 class ExistsRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "hold_seconds")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    HOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    hold_seconds: float
+    def __init__(self, key: _Optional[str] = ..., hold_seconds: _Optional[float] = ...) -> None: ...
 
 class ExistsResponse(_message.Message):
     __slots__ = ("status", "message", "exists")
@@ -196,10 +231,12 @@ class ExistsResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., exists: _Optional[bool] = ...) -> None: ...
 
 class BatchExistsRequest(_message.Message):
-    __slots__ = ("keys",)
+    __slots__ = ("keys", "hold_seconds")
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    hold_seconds: float
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., hold_seconds: _Optional[float] = ...) -> None: ...
 
 class BatchExistsResponse(_message.Message):
     __slots__ = ("status", "message", "exists")
@@ -238,16 +275,32 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("tier", "capacity", "used", "objects")
+    __slots__ = ("tier", "capacity", "used", "objects", "hits", "misses", "demotions", "promotions", "evictions", "evicted_bytes", "watermark", "pinned_bytes")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    DEMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    PINNED_BYTES_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     capacity: int
     used: int
     objects: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ...) -> None: ...
+    hits: int
+    misses: int
+    demotions: int
+    promotions: int
+    evictions: int
+    evicted_bytes: int
+    watermark: str
+    pinned_bytes: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., watermark: _Optional[str] = ..., pinned_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
     __slots__ = ("node_id", "address", "tiers", "objects", "transports")

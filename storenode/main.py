@@ -16,11 +16,16 @@ from kvpool.errors import KvpoolError
 from kvpool.process import run_server
 from kvpool.units import parse_size
 
-from .dram import DramSegment, segment_name
-from .extents import ExtentTable
+from . import policy
+from .dram import DramSegment, remove_stale_segments, segment_name
+from .maintenance import Maintenance
 from .metrics import NodeMetrics
+from .recovery import recover
 from .registration import NodeRegistration
 from .server import DataServer
+from .ssd import SsdSegment
+from .store import ObjectStore
+from .tiers import StorageTier
 
 log = logging.getLogger("kvpool.storenode")
 
@@ -52,27 +57,86 @@ def _hostport(text: str) -> str:
     return text
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError("must be in (0, 1]")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool storenode", description="Run a kvpool storage node.")
     p.add_argument("--etcd", required=True, type=_hostport, metavar="HOST:PORT", help="etcd client endpoint")
     p.add_argument("--dram", required=True, type=_positive_size, metavar="SIZE",
                    help="DRAM segment size, e.g. 1GiB")
+    p.add_argument("--ssd", type=_size, default=0, metavar="SIZE", help="SSD segment size (0: no SSD tier)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on")
     p.add_argument("--advertise-host", default=None,
                    help="address clients use to reach this node (default: --host); needed with --host 0.0.0.0")
     p.add_argument("--port", type=int, default=0, help="data port (0: any free port)")
     p.add_argument("--cluster", type=_name, default=DEFAULT_CLUSTER)
     p.add_argument("--node-id", type=_name, default=None, help="default: node-<random hex>")
-    p.add_argument("--data-dir", default=None, help="node-local files (reserved for an SSD tier)")
+    p.add_argument("--data-dir", default=None, help="node-local files; needed with --ssd (unless --ssd-dir)")
+    p.add_argument("--ssd-dir", default=None, help="directory of the SSD segment file (default: DATA_DIR/ssd)")
+    p.add_argument("--high-watermark", type=_fraction, default=0.9,
+                   help="fraction of a tier above which it is relieved (default 0.9)")
+    p.add_argument("--low-watermark", type=_fraction, default=0.75,
+                   help="fraction a relieved tier is brought down to (default 0.75)")
+    p.add_argument("--policy", choices=policy.POLICIES, default=policy.LRU,
+                   help="which objects go first: least recently or least frequently used")
+    p.add_argument("--promote-after", type=int, default=2, metavar="N",
+                   help="SSD reads within --promote-window that copy an object to DRAM (default 2)")
+    p.add_argument("--promote-window", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--hard-pin-quota", type=_size, default=None, metavar="SIZE",
+                   help="bytes of hard-pinned objects allowed (default: half of --dram)")
+    p.add_argument("--max-hold", type=float, default=300.0, metavar="SECONDS", help="cap on one HOLD")
     p.add_argument("--lease-ttl", type=float, default=5.0, metavar="SECONDS",
                    help="etcd lease TTL; the master drops the node this long after it dies")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: none)")
     return p
 
 
+def _check(parser: argparse.ArgumentParser, args) -> None:
+    if args.low_watermark >= args.high_watermark:
+        parser.error("--low-watermark must be below --high-watermark")
+    if args.ssd and not (args.data_dir or args.ssd_dir):
+        parser.error("--ssd needs --data-dir (or --ssd-dir)")
+    if args.promote_after < 1 or args.promote_window <= 0 or args.max_hold < 0:
+        parser.error("--promote-after must be >= 1, --promote-window > 0 and --max-hold >= 0")
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check(parser, args)
     return run_server(_serve(args))
+
+
+def _open_tiers(args, node_id: str, instance: str):
+    """(dram StorageTier, ssd StorageTier or None); OSError/ValueError/KvpoolError if one cannot be made."""
+    for path in remove_stale_segments(args.cluster, node_id):
+        log.info("removed %s left by an earlier run of this node", path)
+    dram = StorageTier(DramSegment(args.dram, segment_name(args.cluster, node_id, instance)),
+                       args.high_watermark, args.low_watermark)
+    if not args.ssd:
+        return dram, None
+    try:
+        ssd_dir = args.ssd_dir or os.path.join(args.data_dir, "ssd")
+        ssd = StorageTier(SsdSegment(ssd_dir, args.ssd), args.high_watermark, args.low_watermark)
+    except BaseException:
+        dram.segment.close()
+        raise
+    return dram, ssd
 
 
 async def _serve(args) -> int:
@@ -84,24 +148,29 @@ async def _serve(args) -> int:
         loop.add_signal_handler(sig, stopping.set)
 
     try:
-        segment = DramSegment(args.dram, segment_name(args.cluster, node_id, instance))
-    except (OSError, ValueError) as exc:
-        log.error("cannot allocate the DRAM segment of %d bytes: %s", args.dram, exc)
+        dram, ssd = _open_tiers(args, node_id, instance)
+    except (OSError, ValueError, KvpoolError) as exc:
+        log.error("cannot set up the storage tiers: %s", exc)
         return 1
-    table = ExtentTable()
+    quota = args.dram // 2 if args.hard_pin_quota is None else args.hard_pin_quota
+    store = ObjectStore(dram, ssd, mode=args.policy, hard_pin_quota=quota, max_hold=args.max_hold,
+                        promote_after=args.promote_after, promote_window=args.promote_window)
+    maintenance = Maintenance(store)
     metrics = NodeMetrics()
-    metrics.track_table(table, segment.capacity)
-    server = DataServer(segment, table, node_id, metrics)
+    metrics.track_tiers(store.tiers)
+    server = DataServer(store, maintenance, node_id, metrics)
     metrics_http = None
     registration = None
     try:
+        if ssd:
+            recover(store)
+        maintenance.start()
         _, port = await server.start(args.host, args.port)
         if args.metrics_port:
             metrics_http, _ = start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
+        tiers = {tier.name: TierRecord(tier.segment.capacity, tier.segment.path) for tier in store.tiers}
         record = NodeRecord(node_id=node_id, instance=instance, host=args.advertise_host or args.host,
-                            data_port=port,
-                            tiers={"dram": TierRecord(segment.capacity, segment.path)},
-                            metrics_port=args.metrics_port, pid=os.getpid())
+                            data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid())
         registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl)
         if not await _until_stopped(registration.start(), stopping):
             return 0
@@ -116,9 +185,11 @@ async def _serve(args) -> int:
         if registration:
             await registration.stop()
         await server.stop()
+        await maintenance.stop()
         if metrics_http:
             metrics_http.shutdown()
-        segment.close()
+        for tier in store.tiers:
+            tier.segment.close()
 
 
 async def _until_stopped(work, stopping: asyncio.Event) -> bool:

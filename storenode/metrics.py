@@ -1,8 +1,46 @@
 """Prometheus metrics of one storage node, in their own registry (exported on --metrics-port)."""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25, 1.0)
+
+# Per-tier values read from the tiers at scrape time instead of being updated per request.
+_TIER_GAUGES = {
+    "capacity": ("kvpool_node_capacity_bytes", "Usable bytes of the tier"),
+    "used": ("kvpool_node_used_bytes", "Bytes of the tier held by objects"),
+    "objects": ("kvpool_node_objects", "Objects with a copy in the tier"),
+    "pinned_bytes": ("kvpool_node_pinned_bytes", "Bytes of hard-pinned objects in the tier"),
+}
+_TIER_COUNTERS = {
+    "hits": ("kvpool_node_tier_hits", "READs served from the tier"),
+    "misses": ("kvpool_node_tier_misses", "READs the tier could not serve"),
+    "demotions": ("kvpool_node_tier_demotions", "Objects moved DRAM -> SSD (counted in both tiers)"),
+    "promotions": ("kvpool_node_tier_promotions", "Objects copied SSD -> DRAM (counted in both tiers)"),
+    "evictions": ("kvpool_node_tier_evictions", "Objects the node dropped for good from the tier"),
+    "evicted_bytes": ("kvpool_node_tier_evicted_bytes", "Bytes of the objects dropped for good"),
+}
+
+
+class _TierCollector:
+    def __init__(self, tiers):
+        self.tiers = tiers
+
+    def describe(self):
+        return []  # collected on demand only
+
+    def collect(self):
+        stats = {tier.name: tier.stats() for tier in self.tiers}
+        for field, (name, doc) in _TIER_GAUGES.items():
+            family = GaugeMetricFamily(name, doc, labels=["tier"])
+            for tier, values in stats.items():
+                family.add_metric([tier], values[field])
+            yield family
+        for field, (name, doc) in _TIER_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["tier"])
+            for tier, values in stats.items():
+                family.add_metric([tier], values[field])
+            yield family
 
 
 class NodeMetrics:
@@ -17,9 +55,6 @@ class NodeMetrics:
         self.latency = Histogram("kvpool_node_request_seconds", "Time to handle one request", ["op"],
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.connections = Gauge("kvpool_node_connections", "Open data connections", registry=r)
-        self.capacity = Gauge("kvpool_node_capacity_bytes", "Size of the DRAM segment", registry=r)
-        self.used = Gauge("kvpool_node_used_bytes", "Bytes held by recorded extents", registry=r)
-        self.objects = Gauge("kvpool_node_objects", "Recorded extents", registry=r)
         self._per_op: dict = {}
 
     def per_op(self, op: str):
@@ -29,8 +64,6 @@ class NodeMetrics:
             children = self._per_op[op] = (self.ops.labels(op), self.latency.labels(op))
         return children
 
-    def track_table(self, table, capacity: int) -> None:
-        """Read usage from the extent table at scrape time instead of updating it per request."""
-        self.capacity.set(capacity)
-        self.used.set_function(lambda: table.bytes)
-        self.objects.set_function(lambda: table.objects)
+    def track_tiers(self, tiers) -> None:
+        """Export each StorageTier's usage and counters, labelled by tier name."""
+        self.registry.register(_TierCollector(tiers))

@@ -1,32 +1,39 @@
 """The node's data server: the protocol of kvpool.wire over plain TCP on asyncio.
 
-Raw non-blocking sockets with loop.sock_* calls, so a WRITE payload is received
-straight into the segment and a READ reply is sent straight from it. Each
-connection is one task that handles its requests strictly in order; replies to
-pipelined requests are gathered and sent together before the task waits for
-more input.
+Raw non-blocking sockets with loop.sock_* calls, so a DRAM WRITE payload is
+received straight into the segment and a DRAM READ reply is sent straight from
+it; SSD payloads go through a small reusable buffer to pwrite, and SSD READs
+leave with sendfile. Each connection is one task that handles its requests
+strictly in order; replies to pipelined requests are gathered and sent
+together before the task waits for more input.
 """
 
 import asyncio
+import json
 import logging
 import socket
 import time
 
 from kvpool import wire
 from kvpool.checksum import Digest, checksum
-from kvpool.errors import Code
+from kvpool.errors import Code, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
 
-from .extents import ExtentTable
+from .index import ObjectRecord
+from .maintenance import Maintenance
 from .metrics import NodeMetrics
-from .tier import Tier
+from .store import ObjectStore, Reservation
 
 log = logging.getLogger(__name__)
 
 STAGING_BYTES = 256 * 1024  # per connection: headers and keys of pipelined frames, and payload prefixes
 SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
 HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
+SSD_CHUNK = 1024 * 1024  # SSD WRITE payloads: received into one buffer while the other is written
+DRAIN_LIMIT = 64 * 1024 * 1024  # payload bytes read and dropped after refusing a WRITE
+DRAIN_SECONDS = 2.0
 _HEADER = wire.REQUEST.size
+_OPTIONS = wire.WRITE_OPTIONS.size
 _OP_NAMES = {op.value: op.name.lower() for op in wire.Op}
 
 
@@ -35,10 +42,11 @@ class _Disconnect(Exception):
 
 
 class DataServer:
-    def __init__(self, tier: Tier, table: ExtentTable, node_id: str, metrics: NodeMetrics | None = None):
-        self.tier = tier
-        self.table = table
-        self.node_id = node_id.encode()
+    def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
+                 metrics: NodeMetrics | None = None):
+        self.store = store
+        self.maintenance = maintenance
+        self.node_id = node_id
         self.metrics = metrics or NodeMetrics()
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
@@ -86,8 +94,9 @@ class DataServer:
 class _Connection:
     def __init__(self, server: DataServer, sock: socket.socket):
         self.server = server
-        self.tier = server.tier
-        self.table = server.table
+        self.store = server.store
+        self.dram = server.store.dram
+        self.ssd = server.store.ssd
         self.metrics = server.metrics
         self.sock = sock
         self.loop = asyncio.get_running_loop()
@@ -95,8 +104,10 @@ class _Connection:
         self.view = memoryview(self.buf)
         self.start = self.end = 0  # unparsed input is buf[start:end]
         self.out = bytearray()  # replies not sent yet
-        self._handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read,
-                          wire.Op.FREE: self._free, wire.Op.PING: self._ping}
+        self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
+        self._handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read, wire.Op.FREE: self._free,
+                          wire.Op.PING: self._ping, wire.Op.HOLD: self._hold, wire.Op.REPORT: self._report,
+                          wire.Op.INVENTORY: self._inventory}
 
     async def run(self) -> None:
         self.metrics.connections.inc()
@@ -118,7 +129,7 @@ class _Connection:
     async def _serve_one(self) -> bool:
         """Handle the next request; False when the connection must end."""
         await self._fill(_HEADER)
-        magic, version, op, req_id, key_len, _flags, generation, offset, length, value_checksum = \
+        magic, version, op, req_id, key_len, flags, generation, arg, length, value_checksum = \
             wire.REQUEST.unpack_from(self.buf, self.start)
         if magic != wire.MAGIC or version != wire.VERSION:
             log.warning("closing a data connection: bad magic/version %r/%d", magic, version)
@@ -135,7 +146,7 @@ class _Connection:
             await self._fail(op, req_id, Code.PROTOCOL, f"unknown op {op}", "unknown")
             return False
         began = time.perf_counter()
-        keep_open = await self._handlers[op](op, req_id, key, generation, offset, length, value_checksum)
+        keep_open = await self._handlers[op](op, req_id, key, generation, flags, arg, length, value_checksum)
         count, latency = self.metrics.per_op(name)
         count.inc()
         latency.observe(time.perf_counter() - began)
@@ -143,14 +154,44 @@ class _Connection:
 
     # -- requests: each returns whether the connection stays usable
 
-    async def _write(self, op, req_id, key, generation, offset, length, value_checksum) -> bool:
-        if length == 0 or not self.tier.contains(offset, length):
-            # The payload that follows cannot be skipped safely: reply, then hang up.
-            await self._fail(op, req_id, Code.INVALID_ARGUMENT, self._range_message(offset, length))
+    async def _write(self, op, req_id, key, generation, flags, _arg, length, value_checksum) -> bool:
+        await self._fill(_OPTIONS)
+        ttl_ms, soft_pin_ms, raw_size = wire.WRITE_OPTIONS.unpack_from(self.buf, self.start)
+        self.start += _OPTIONS
+        # On refusal the payload that follows cannot be skipped safely: reply, then hang up.
+        if length == 0:
+            await self._refuse(op, req_id, Code.INVALID_ARGUMENT, "WRITE of an empty payload", 0)
             return False
-        # The bytes are about to change, so whatever the range held is gone.
-        self.table.invalidate(offset, length)
-        target = self.tier.view(offset, length)
+        try:
+            res = self.store.reserve(key, length, flags)
+        except KvpoolError as exc:
+            await self._refuse(op, req_id, exc.code, str(exc), length)
+            return False
+        received = False
+        try:
+            if res.tier is self.dram:
+                digest = await self._receive_to_dram(res.offset, length)
+            else:
+                digest = await self._receive_to_ssd(res, key, length)
+            received = True
+        finally:
+            if not received:  # the peer left mid-payload: nothing was recorded
+                self.store.abort(res)
+        self.metrics.bytes_in.inc(length)
+        if digest != value_checksum:
+            self.store.abort(res)
+            self._error(op, req_id, Code.CHECKSUM_MISMATCH,
+                        f"payload checksum differs from {value_checksum:#x}; object not stored")
+            return True
+        rec = self.store.new_record(key, generation, length, value_checksum, flags, raw_size, ttl_ms, soft_pin_ms)
+        if res.tier is not self.dram:
+            res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
+        self.store.commit(res, rec)
+        self.out += wire.pack_reply(op, req_id, Code.OK)
+        return True
+
+    async def _receive_to_dram(self, offset: int, length: int) -> int:
+        target = self.dram.segment.view(offset, length)
         staged = min(length, self.end - self.start)
         target[:staged] = self.view[self.start:self.start + staged]
         self.start += staged
@@ -165,50 +206,130 @@ class _Connection:
                     raise _Disconnect
                 digest.update(target[received:received + got])
                 received += got
-        self.metrics.bytes_in.inc(length)
-        if digest.intdigest() != value_checksum:
-            self._error(op, req_id, Code.CHECKSUM_MISMATCH,
-                        f"payload checksum differs from {value_checksum:#x}; extent not stored")
+        return digest.intdigest()
+
+    async def _receive_to_ssd(self, res: Reservation, key: bytes, length: int) -> int:
+        """Key, then payload chunks pwritten by a thread while the next chunk arrives; returns the digest."""
+        segment = res.tier.segment
+        segment.pwrite_all(key, segment.key_offset(res.offset))
+        position = segment.payload_offset(res.offset, len(key))
+        staged = min(length, self.end - self.start)
+        digest = Digest(self.view[self.start:self.start + staged])
+        segment.pwrite_all(self.view[self.start:self.start + staged], position)
+        self.start += staged
+        received = staged
+        if received == length:
+            return digest.intdigest()
+        await self._flush()
+        if self._ssd_buffers is None:
+            self._ssd_buffers = (memoryview(bytearray(SSD_CHUNK)), memoryview(bytearray(SSD_CHUNK)))
+        writing = None  # the previous chunk's pwrite, running in a thread
+        which = 0
+        try:
+            while received < length:
+                chunk = self._ssd_buffers[which][:min(SSD_CHUNK, length - received)]
+                which ^= 1
+                filled = 0
+                while filled < len(chunk):
+                    got = await self.loop.sock_recv_into(self.sock, chunk[filled:filled + HASH_CHUNK])
+                    if not got:
+                        raise _Disconnect
+                    digest.update(chunk[filled:filled + got])
+                    filled += got
+                if writing is not None:
+                    await writing
+                writing = self.loop.run_in_executor(None, segment.pwrite_all, chunk, position + received)
+                received += len(chunk)
+            await writing
+            writing = None
+        finally:
+            if writing is not None and not writing.done():
+                # The extent may be given back after this: no thread may still write into it.
+                await asyncio.wait([writing])
+        return digest.intdigest()
+
+    async def _read(self, op, req_id, key, generation, _flags, _arg, length, _checksum) -> bool:
+        rec, why = self.store.lookup(key, generation)
+        if rec is None:
+            self.store.count_miss()
+            if why == "stale":
+                self._error(op, req_id, Code.STALE, f"this node no longer holds generation {generation} of the key")
+            else:
+                self._error(op, req_id, Code.NOT_FOUND, f"no generation {generation} of this key here")
             return True
-        self.table.record(offset, key, generation, length, value_checksum)
-        self.out += wire.pack_reply(op, req_id, Code.OK)
+        if length != rec.size:
+            self._error(op, req_id, Code.STALE, f"generation {generation} has {rec.size} bytes, not {length}")
+            return True
+        self.out += wire.pack_reply(op, req_id, Code.OK, rec.size, rec.checksum)
+        if rec.dram is not None:
+            self.store.count_read(rec, from_dram=True)
+            await self._send_from_dram(rec)
+        else:
+            if self.store.count_read(rec, from_dram=False):
+                self.server.maintenance.promote(rec)
+            await self._send_from_ssd(rec)
+        self.metrics.bytes_out.inc(rec.size)
         return True
 
-    async def _read(self, op, req_id, key, generation, offset, length, _checksum) -> bool:
-        if not self.tier.contains(offset, length):
-            self._error(op, req_id, Code.INVALID_ARGUMENT, self._range_message(offset, length))
-            return True
-        record = self.table.lookup(offset, key, generation, length)
-        if record is None:
-            self._error(op, req_id, Code.STALE,
-                        f"extent at offset {offset} no longer holds generation {generation} of this key")
-            return True
-        self.out += wire.pack_reply(op, req_id, Code.OK, length, record.checksum)
-        data = self.tier.view(offset, length)
-        if length <= SMALL_READ:
-            self.out += data
-        else:
+    async def _send_from_dram(self, rec: ObjectRecord) -> None:
+        data = self.dram.segment.view(rec.dram, rec.size)
+        if rec.size <= SMALL_READ:
+            self.out += data  # copied now: the extent may change once we await
+            return
+        self.store.acquire(rec)
+        try:
             await self._flush()
             await self.loop.sock_sendall(self.sock, data)
-        self.metrics.bytes_out.inc(length)
-        return True
+        finally:
+            self.store.release(rec)
 
-    async def _free(self, op, req_id, key, generation, offset, _length, _checksum) -> bool:
-        if self.table.free(offset, key, generation):
+    async def _send_from_ssd(self, rec: ObjectRecord) -> None:
+        segment = self.ssd.segment
+        position = segment.payload_offset(rec.ssd, len(rec.key))
+        if rec.size <= SMALL_READ:
+            start = len(self.out)
+            self.out.extend(bytes(rec.size))
+            with memoryview(self.out) as out:
+                segment.pread_into(out[start:], position)
+            return
+        self.store.acquire(rec)
+        try:
+            await self._flush()
+            await self.loop.sock_sendfile(self.sock, segment.file, position, rec.size)
+        finally:
+            self.store.release(rec)
+
+    async def _free(self, op, req_id, key, generation, *_unused) -> bool:
+        if self.store.free(key, generation):
             self.out += wire.pack_reply(op, req_id, Code.OK)
         else:
-            self._error(op, req_id, Code.NOT_FOUND, f"no extent at offset {offset} holds generation {generation}")
+            self._error(op, req_id, Code.NOT_FOUND, f"no generation {generation} of this key here")
+        return True
+
+    async def _hold(self, op, req_id, key, generation, _flags, arg, *_unused) -> bool:
+        if self.store.hold(key, generation, arg):
+            self.out += wire.pack_reply(op, req_id, Code.OK)
+        else:
+            self._error(op, req_id, Code.NOT_FOUND, f"no generation {generation} of this key here")
         return True
 
     async def _ping(self, op, req_id, *_unused) -> bool:
-        self.out += wire.pack_reply(op, req_id, Code.OK, len(self.server.node_id), checksum(self.server.node_id))
-        self.out += self.server.node_id
+        self._reply_body(op, req_id, self.server.node_id.encode())
+        return True
+
+    async def _report(self, op, req_id, *_unused) -> bool:
+        self._reply_body(op, req_id, json.dumps(self.store.report(self.server.node_id)).encode())
+        return True
+
+    async def _inventory(self, op, req_id, *_unused) -> bool:
+        self._reply_body(op, req_id, json.dumps(self.store.inventory()).encode())
         return True
 
     # -- helpers
 
-    def _range_message(self, offset: int, length: int) -> str:
-        return f"extent [{offset}, {offset + length}) is empty or outside the {self.tier.capacity}-byte segment"
+    def _reply_body(self, op: int, req_id: int, body: bytes) -> None:
+        self.out += wire.pack_reply(op, req_id, Code.OK, len(body), checksum(body))
+        self.out += body
 
     def _error(self, op: int, req_id: int, code: Code, message: str, name: str | None = None) -> None:
         self.out += wire.pack_error(op, req_id, code, message)
@@ -218,6 +339,26 @@ class _Connection:
         """Send an error reply before the connection is closed."""
         self._error(op, req_id, code, message, name)
         await self._flush()
+
+    async def _refuse(self, op: int, req_id: int, code: Code, message: str, length: int) -> None:
+        """Reply to a WRITE we will not take, then swallow (a bounded part of) its payload before closing.
+
+        Closing with the payload still unread would make the kernel reset the
+        connection, and a reset may destroy the reply before the client reads it.
+        """
+        await self._fail(op, req_id, code, message)
+        self.sock.shutdown(socket.SHUT_WR)
+        left = min(length, DRAIN_LIMIT) - (self.end - self.start)
+        self.start = self.end
+        try:
+            async with asyncio.timeout(DRAIN_SECONDS):
+                while left > 0:
+                    got = await self.loop.sock_recv_into(self.sock, self.view)
+                    if not got:
+                        break
+                    left -= got
+        except TimeoutError:
+            pass
 
     async def _fill(self, n: int) -> None:
         """Make sure at least n unparsed bytes are staged (n <= STAGING_BYTES)."""

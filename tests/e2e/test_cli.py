@@ -91,8 +91,11 @@ def test_compose_topology_as_processes(own_cluster):
 
     with Client(etcd=cluster.etcd_endpoint) as client:
         client.batch_put([f"spread/{i}" for i in range(30)], [os.urandom(1 << 20)] * 30)
-        holding = [sum(t.objects for t in n.tiers) for n in cluster.master_stats().nodes]
-        assert len(holding) == 3 and min(holding) > 0, holding  # placement uses every node
+        def holding():  # nodes report what they hold every --report-interval
+            per_node = [sum(t.objects for t in n.tiers) for n in cluster.master_stats().nodes]
+            return len(per_node) == 3 and min(per_node) > 0 and per_node
+
+        wait_until(holding, timeout=10, what="every node to hold some objects")  # placement uses every node
         client.remove_prefix("spread/")
     result = subprocess.run([*KVPOOL, "bench", "--etcd", cluster.etcd_endpoint, "--sizes", "1MiB",
                              "--batch", "12", "--seconds", "0.3"], capture_output=True, text=True, timeout=180)

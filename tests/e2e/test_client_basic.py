@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
@@ -18,6 +19,11 @@ from kvpool.errors import (
     UnavailableError,
 )
 from kvpool.netutil import free_port, wait_until
+from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
+from kvpool.wire import WriteFlag
+
+# Repeating runs of 32-bit token ids: compresses well, like a shared prompt prefix.
+TOKENS = np.tile(np.arange(30_000, 30_256, dtype=np.uint32), 1024).tobytes()  # 1 MiB
 
 
 class Process:
@@ -76,6 +82,25 @@ def cluster(etcd, tmp_path):
     started = Cluster(etcd, tmp_path)
     yield started
     started.stop()
+
+
+def master_object(cluster, key: str):
+    """The master's ObjectInfo for key, asked directly over gRPC."""
+    with grpc.insecure_channel(cluster.address) as channel:
+        reply = kvpool_pb2_grpc.MasterStub(channel).GetReplicaList(kvpool_pb2.GetReplicaListRequest(key=key))
+    assert reply.status == kvpool_pb2.OK, reply.message
+    return reply.object
+
+
+def node_inventory(address: str) -> dict:
+    """key -> INVENTORY entry of the node at address."""
+    async def ask():
+        transport = TcpTransport()
+        try:
+            return await transport.inventory(address)
+        finally:
+            await transport.close()
+    return {entry["key"]: entry for entry in asyncio.run(ask())}
 
 
 def missing(client, key) -> bool:
@@ -234,7 +259,11 @@ def test_tcp_transport_ping_and_refused(cluster):
             with pytest.raises(UnavailableError):
                 await transport.ping(f"127.0.0.1:{free_port()}")
             assert time.monotonic() - began < 1
-            assert not await transport.free(node["address"], b"never-stored", 1, 0)
+            assert not await transport.free(node["address"], b"never-stored", 1)
+            assert not await transport.hold(node["address"], b"never-stored", 1, 1000)
+            report = await transport.report(node["address"])
+            assert report["node_id"] == node["node_id"] and report["tiers"]["dram"]["capacity"] == 32 << 20
+            assert isinstance(await transport.inventory(node["address"]), list)
         finally:
             await transport.close()
         with pytest.raises(UnavailableError):
@@ -282,8 +311,8 @@ def test_etcd_client_follows_a_restarted_master(cluster, tmp_path):
             port = free_port()
         cluster.master = Process("kvpool.master", ["--etcd", cluster.etcd, "--port", str(port)],
                                  tmp_path / "master2.log", "kvpool-master ready ")
-        # The new master starts with an empty table; the client finds it through etcd by itself.
-        assert client.exists("before") is False
+        # The client finds the new master through etcd by itself.
+        assert client.stats().address == f"127.0.0.1:{port}"
         wait_until(lambda: len(client.stats().nodes) == 2, 15, what="nodes known to the new master")
         client.put("after", b"2")
         assert client.get("after") == b"2"
@@ -302,3 +331,122 @@ def test_master_lookup_failures_are_typed(etcd):
         with pytest.raises(UnavailableError):
             client.get("x")
         assert time.monotonic() - began < 3
+
+
+def test_compressed_values_round_trip_through_every_get(cluster):
+    plain = bytes(range(256)) * 40
+    with Client(cluster.address) as client:
+        client.put("lz4/tokens", TOKENS, compress=True)
+        info = master_object(cluster, "lz4/tokens")
+        assert info.compressed and info.raw_size == len(TOKENS) and info.size * 10 < len(TOKENS)
+        entry = node_inventory(info.replicas[0].address)["lz4/tokens"]
+        assert entry["flags"] & WriteFlag.COMPRESSED and entry["raw_size"] == len(TOKENS)
+        assert entry["size"] == info.size  # the node holds the compressed bytes
+
+        assert client.get("lz4/tokens") == TOKENS
+        dest = np.zeros(len(TOKENS) + 64, dtype=np.uint8)
+        assert client.get_into("lz4/tokens", dest) == len(TOKENS)
+        assert dest[:len(TOKENS)].tobytes() == TOKENS and not dest[len(TOKENS):].any()
+        with pytest.raises(InvalidArgumentError, match="too small"):
+            client.get_into("lz4/tokens", bytearray(info.size))  # room for the stored bytes, not the value
+
+        keys = [f"lz4/batch/{i}" for i in range(6)]
+        values = [TOKENS[i * 1000:] for i in range(6)]
+        client.batch_put(keys, values, compress=True)
+        client.put("lz4/plain", plain)
+        assert client.batch_get([*keys, "lz4/plain", "lz4/none"]) == [*values, plain, None]
+        buffers = [bytearray(len(TOKENS)) for _ in keys]
+        assert client.batch_get_into(keys, buffers) == [len(v) for v in values]
+        assert all(buf[:len(v)] == v for buf, v in zip(buffers, values))
+        with pytest.raises(BatchError) as caught:
+            client.batch_get_into(keys[:2], [bytearray(len(values[0])), bytearray(10)])
+        assert set(caught.value.errors) == {keys[1]} and caught.value.code == Code.INVALID_ARGUMENT
+    with Client(cluster.address) as fresh:  # no cached placement: the master's metadata says compressed
+        assert fresh.get("lz4/tokens") == TOKENS
+        assert fresh.batch_get(keys[:2]) == values[:2]
+        fresh.remove_prefix("lz4/")
+
+
+def test_compress_above_policy(cluster):
+    incompressible = np.random.default_rng(3).integers(0, 256, 200_000, dtype=np.uint8).tobytes()
+
+    async def scenario():
+        async with AsyncClient(cluster.address, compress_above=64 * 1024) as client:
+            await client.put("policy/big", TOKENS)
+            await client.put("policy/small", TOKENS[:4096])
+            await client.put("policy/random", incompressible)
+            await client.put("policy/opt-out", TOKENS, compress=False)
+            await client.batch_put(["policy/b1", "policy/b2"], [TOKENS, TOKENS[:100]])
+            assert await client.batch_get(["policy/big", "policy/small", "policy/random", "policy/b1"]) == \
+                [TOKENS, TOKENS[:4096], incompressible, TOKENS]
+
+    asyncio.run(scenario())
+    compressed = {key: master_object(cluster, key).compressed for key in
+                  ("policy/big", "policy/small", "policy/random", "policy/opt-out", "policy/b1", "policy/b2")}
+    assert compressed == {"policy/big": True, "policy/small": False, "policy/random": False,
+                          "policy/opt-out": False, "policy/b1": True, "policy/b2": False}
+    with Client(cluster.address) as client:
+        assert client.remove_prefix("policy/") == 6
+
+
+def test_put_options_reach_the_master_and_the_node(cluster):
+    with Client(cluster.address) as client:
+        client.put("opt/soft", b"soft", pin="soft", ttl=600)
+        client.put("opt/hard", b"hard", pin="hard", tier="dram")
+        client.batch_put(["opt/b1", "opt/b2"], [b"1", b"2"], pin="soft", pin_ttl=30)
+        soft = master_object(cluster, "opt/soft")
+        assert soft.options.pin == kvpool_pb2.PIN_SOFT and soft.options.pin_ttl_seconds == 600
+        assert soft.options.ttl_seconds == 600
+        assert master_object(cluster, "opt/hard").options.pin == kvpool_pb2.PIN_HARD
+        assert master_object(cluster, "opt/b2").options.pin_ttl_seconds == 30
+
+        inventory = {}
+        for node in cluster.nodes:
+            inventory.update(node_inventory(node.fields["address"]))
+        assert 0 < inventory["opt/soft"]["ttl_ms"] <= 600_000
+        assert inventory["opt/hard"]["flags"] & WriteFlag.HARD_PIN and inventory["opt/hard"]["ttl_ms"] == 0
+        assert not inventory["opt/b1"]["flags"] & WriteFlag.HARD_PIN
+        assert client.batch_get(["opt/soft", "opt/hard", "opt/b1"]) == [b"soft", b"hard", b"1"]
+
+        for bad in ({"tier": "tape"}, {"pin": "forever"}, {"ttl": -5}, {"pin_ttl": 10}, {"compress": 1}):
+            with pytest.raises(InvalidArgumentError):
+                client.put("opt/bad", b"x", **bad)
+        assert not client.exists("opt/bad")  # refused before anything was started
+
+        assert client.exists("opt/soft", hold=5) is True
+        assert client.batch_exists(["opt/hard", "opt/none"], hold=2.5) == [True, False]
+        assert client.exists("opt/none", hold=1) is False
+        with pytest.raises(InvalidArgumentError, match="hold"):
+            client.exists("opt/soft", hold=-1)
+        assert client.remove_prefix("opt/") == 4
+
+
+def test_object_its_node_no_longer_holds_is_not_found(cluster):
+    """What a get sees when a node evicted an object before the master heard of it."""
+    with Client(cluster.address) as writer:
+        writer.batch_put(["gone/a", "gone/b", "gone/c", "kept"], [b"a", b"b", b"c" * 5000, b"k"],
+                         compress=False)
+        writer.put("gone/z", TOKENS, compress=True)
+
+        async def drop(keys):
+            transport = TcpTransport()
+            try:
+                for key in keys:
+                    info = master_object(cluster, key)
+                    assert await transport.free(info.replicas[0].address, key.encode(), info.generation)
+            finally:
+                await transport.close()
+
+        asyncio.run(drop(["gone/a", "gone/b", "gone/c", "gone/z"]))
+        with Client(cluster.address) as reader:  # placements fresh from the master
+            with pytest.raises(KeyNotFoundError):
+                reader.get("gone/a")
+            with pytest.raises(KeyNotFoundError):
+                reader.get_into("gone/z", bytearray(len(TOKENS)))
+            assert reader.batch_get(["gone/b", "kept", "gone/z"]) == [None, b"k", None]
+            assert reader.batch_get_into(["gone/c", "kept"], [bytearray(5000), bytearray(1)]) == [None, 1]
+        with pytest.raises(KeyNotFoundError):
+            writer.get("gone/b")  # cached placement: refetched once, then not found
+        assert writer.get("kept") == b"k"
+        writer.remove_prefix("gone/")
+        writer.remove("kept")

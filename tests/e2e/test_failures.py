@@ -35,7 +35,7 @@ def test_object_invisible_between_put_start_and_put_end(cluster, client):
     async def write():
         transport = TcpTransport()
         try:
-            await transport.write(replica.address, b"twophase/k", started.object.generation, replica.offset,
+            await transport.write(replica.address, b"twophase/k", started.object.generation,
                                   memoryview(value), checksum(value))
         finally:
             await transport.close()

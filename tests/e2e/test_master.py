@@ -1,8 +1,10 @@
 """A real master process against a real etcd, driven over gRPC.
 
-Storage nodes are stood in for by their registration alone (a NodeRecord under a
-lease, written here): the master only ever sees nodes through etcd, and no bytes
-move in these tests.
+The control-plane tests stand storage nodes in by their registration alone (a
+NodeRecord under a lease, written here): the master only ever sees nodes through
+etcd, and no bytes move. The tests at the end run real storage nodes, and move
+bytes to them over the data protocol as a client does, to check what the master
+learns from them (REPORT, INVENTORY) and what it tells them (HOLD).
 """
 
 import asyncio
@@ -20,10 +22,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool import cluster_layout
+from kvpool.checksum import checksum
+from kvpool.client.tcp import TcpTransport
+from kvpool.client.transport import WriteOptions
 from kvpool.cluster_layout import NodeRecord, TierRecord
 from kvpool.netutil import free_port, wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
+from kvpool.wire import WriteFlag
 
 CAPACITY = 1 << 20
 PUT_TIMEOUT = 1.0
@@ -169,15 +175,15 @@ def test_put_lifecycle_and_typed_errors(master, node):
         assert stub.GetReplicaList(pb.GetReplicaListRequest(key=bad)).status == pb.INVALID_KEY
     assert stub.RemoveByPrefix(pb.RemoveByPrefixRequest(prefix="")).status == pb.INVALID_ARGUMENT
 
-    # Overwrite: the new version replaces the old one and the old extent is given back.
+    # Overwrite: the new version replaces the old one.
     newer = put(stub, "k", size=2000, overwrite=True)
     assert newer.generation > started.object.generation
     stats = stub.Stats(pb.StatsRequest())
-    assert stats.objects == 1 and stats.bytes == 2000 and stats.nodes[0].tiers[0].used == 2048
+    assert stats.objects == 1 and stats.bytes == 2000 and stats.nodes[0].objects == 1
 
     assert stub.Remove(pb.RemoveRequest(key="k")) == pb.RemoveResponse(status=pb.OK, removed=1)
     assert stub.Remove(pb.RemoveRequest(key="k")).status == pb.NOT_FOUND
-    assert stub.Stats(pb.StatsRequest()).nodes[0].tiers[0].used == 0
+    assert stub.Stats(pb.StatsRequest()).nodes[0].objects == 0
     assert master.proc.poll() is None
 
 
@@ -211,7 +217,7 @@ def test_batch_rpcs_answer_per_item(master, node):
 
     assert stub.RemoveByPrefix(pb.RemoveByPrefixRequest(prefix="b/")).removed == 2
     stats = stub.Stats(pb.StatsRequest())
-    assert stats.objects == 0 and stats.pending_puts == 0 and stats.nodes[0].tiers[0].used == 0
+    assert stats.objects == 0 and stats.pending_puts == 0 and stats.nodes[0].objects == 0
     assert stats.hits == 2 and stats.misses == 1
 
 
@@ -223,7 +229,7 @@ def test_put_never_ended_is_reclaimed(master, node):
 
     def reclaimed():
         s = stub.Stats(pb.StatsRequest())
-        return s.reclaimed_puts == 1 and s.pending_puts == 0 and s.nodes[0].tiers[0].used == 0
+        return s.reclaimed_puts == 1 and s.pending_puts == 0
 
     wait_until(reclaimed, timeout=PUT_TIMEOUT + 5, what="the abandoned put to be reclaimed")
     late = stub.PutEnd(pb.PutEndRequest(key="stuck", generation=started.object.generation))
@@ -256,8 +262,8 @@ def test_restarted_node_loses_its_objects(master, etcd_ops, node):
     wait_until(lambda: stub.GetReplicaList(pb.GetReplicaListRequest(key="old")).status == pb.NOT_FOUND, 5,
                what="the restarted node's old object to disappear")
     (n1,) = stub.Stats(pb.StatsRequest()).nodes
-    assert n1.tiers[0].used == 0
-    put(stub, "new")  # its fresh segment takes new puts
+    assert n1.objects == 0
+    put(stub, "new")  # the new instance takes new puts
 
 
 def test_sigterm_exits_cleanly_and_unregisters(master, etcd_ops):
@@ -281,8 +287,210 @@ def test_max_object_size_option_and_metrics(etcd, etcd_ops, tmp_path):
                        for family in text_string_to_metric_families(resp.read().decode()) for s in family.samples}
         assert samples[("kvpool_master_objects", ())] == 1
         assert samples[("kvpool_master_tier_capacity_bytes", (("node", "n1"), ("tier", "dram")))] == CAPACITY
+        # No REPORT comes from a node that is only a record: the put stays counted as sent since.
+        assert samples[("kvpool_master_tier_reserved_bytes", (("node", "n1"), ("tier", "dram")))] == 4096
         assert samples[("kvpool_master_tier_used_bytes", (("node", "n1"), ("tier", "dram")))] == 4096
+        assert samples[("kvpool_master_tier_objects", (("node", "n1"), ("tier", "dram")))] == 1
         assert samples[("kvpool_master_rpcs_total", (("method", "PutStart"),))] == 2
         assert samples[("kvpool_master_rpc_errors_total", (("method", "PutStart"), ("status", "TOO_LARGE")))] == 1
     finally:
         assert m.stop() == 0
+
+
+def test_options_are_echoed_and_ttl_is_enforced_by_the_master(master, node):
+    stub = master.stub
+    options = pb.PutOptions(tier=pb.SSD, pin=pb.PIN_SOFT, pin_ttl_seconds=60, ttl_seconds=0.5)
+    started = stub.PutStart(pb.PutStartRequest(key="t", size=300, checksum=5, options=options,
+                                               compressed=True, raw_size=3000))
+    assert started.status == pb.OK, started.message
+    info = started.object
+    assert info.options == options and info.compressed and info.raw_size == 3000 and info.size == 300
+    assert [(r.tier, r.length, r.offset) for r in info.replicas] == [(pb.SSD, 300, 0)]
+    assert stub.PutEnd(pb.PutEndRequest(key="t", generation=info.generation)).status == pb.OK
+    plain = put(stub, "plain")
+    assert not plain.HasField("options") and plain.raw_size == 1000 and not plain.compressed
+
+    found = stub.GetReplicaList(pb.GetReplicaListRequest(key="t"))
+    assert found.status == pb.OK and found.object == info
+    # Past its ttl the master stops serving it and drops it, without any node telling it to.
+    wait_until(lambda: stub.GetReplicaList(pb.GetReplicaListRequest(key="t")).status == pb.NOT_FOUND, 5,
+               what="the object to expire at the master")
+    assert not stub.Exists(pb.ExistsRequest(key="t")).exists
+    stats = stub.Stats(pb.StatsRequest())
+    assert stats.objects == 1 and stats.bytes == 1000
+    assert stub.PutStart(pb.PutStartRequest(key="t", size=10)).status == pb.OK  # the key is free again
+
+    bad = stub.PutStart(pb.PutStartRequest(key="bad", size=10, options=pb.PutOptions(ttl_seconds=-1)))
+    assert bad.status == pb.INVALID_ARGUMENT and "ttl_seconds" in bad.message
+    bad = stub.PutStart(pb.PutStartRequest(key="bad", size=10, raw_size=11))
+    assert bad.status == pb.INVALID_ARGUMENT and "raw_size" in bad.message
+
+
+def test_hold_arguments_are_checked(master, node):
+    stub = master.stub
+    put(stub, "h")
+    assert stub.Exists(pb.ExistsRequest(key="h", hold_seconds=-1)).status == pb.INVALID_ARGUMENT
+    assert stub.BatchExists(pb.BatchExistsRequest(keys=["h"], hold_seconds=float("nan"))).status \
+        == pb.INVALID_ARGUMENT
+    # The node is only a record here: a HOLD it cannot be sent leaves the answer to the table.
+    reply = stub.BatchExists(pb.BatchExistsRequest(keys=["h", "nope"], hold_seconds=10))
+    assert reply.status == pb.OK and list(reply.exists) == [True, False]
+    assert master.proc.poll() is None
+
+
+# ----- with real storage nodes -----
+
+REPORT_INTERVAL = "0.1"
+KiB, MiB = 1 << 10, 1 << 20
+
+
+class DataPath:
+    """Blocking writes and reads straight to storage nodes, as a client makes them."""
+
+    def __init__(self):
+        self._loop = asyncio.new_event_loop()
+        self._transport = TcpTransport()
+
+    def write(self, address: str, key: str, generation: int, data: bytes, flags: int = 0) -> None:
+        self._loop.run_until_complete(self._transport.write(
+            address, key.encode(), generation, memoryview(data), checksum(data), WriteOptions(flags=flags)))
+
+    def read(self, address: str, key: str, generation: int, size: int) -> bytes:
+        buf = bytearray(size)
+        digest = self._loop.run_until_complete(self._transport.read_into(address, key.encode(), generation,
+                                                                         memoryview(buf)))
+        assert digest == checksum(buf)
+        return bytes(buf)
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._transport.close())
+        self._loop.close()
+
+
+@pytest.fixture
+def data_path():
+    path = DataPath()
+    yield path
+    path.close()
+
+
+def stub_of(cluster):
+    channel = grpc.insecure_channel(cluster.master_address)
+    return kvpool_pb2_grpc.MasterStub(channel)
+
+
+def store(stub, data_path, key, data, options=None, flags=0):
+    """A whole put: PutStart, WRITE to every replica, PutEnd; returns the ObjectInfo."""
+    started = stub.PutStart(pb.PutStartRequest(key=key, size=len(data), checksum=checksum(data), options=options))
+    assert started.status == pb.OK, started.message
+    for replica in started.object.replicas:
+        data_path.write(replica.address, key, started.object.generation, data, flags)
+    assert stub.PutEnd(pb.PutEndRequest(key=key, generation=started.object.generation)).status == pb.OK
+    return started.object
+
+
+def status_of(stub, key):
+    return stub.GetReplicaList(pb.GetReplicaListRequest(key=key)).status
+
+
+def node_stats(stub, node_id):
+    return next(n for n in stub.Stats(pb.StatsRequest()).nodes if n.node_id == node_id)
+
+
+def dram_of(node):
+    return next(t for t in node.tiers if t.tier == pb.DRAM)
+
+
+def test_placement_follows_what_nodes_report(own_cluster, data_path):
+    cluster = own_cluster(nodes=2, dram_per_node="16MiB", master_args=["--report-interval", REPORT_INTERVAL])
+    stub = stub_of(cluster)
+    node0 = cluster.nodes[0].info
+    # Bytes the master never placed: only node-0's REPORT can tell it they are there.
+    data_path.write(node0["address"], "unplaced", 12345, b"u" * (6 * MiB))
+    reported = wait_until(lambda: dram_of(n := node_stats(stub, "node-0")).used >= 6 * MiB and n, 10,
+                          what="node-0's report of the unplaced bytes")
+    dram = dram_of(reported)
+    assert dram.capacity == 16 * MiB and dram.objects == 1 and dram.watermark in ("low", "normal", "high")
+    # With equal free space node-0 would win on its id; it has less, so node-1 takes the puts.
+    for i in range(3):
+        info = store(stub, data_path, f"p/{i}", b"p" * KiB)
+        assert [r.node_id for r in info.replicas] == ["node-1"]
+    assert node_stats(stub, "node-0").objects == 0 and node_stats(stub, "node-1").objects == 3
+
+
+def test_objects_a_node_evicts_leave_the_master(own_cluster, data_path):
+    cluster = own_cluster(nodes=1, dram_per_node="4MiB", master_args=["--report-interval", REPORT_INTERVAL])
+    stub = stub_of(cluster)
+    size = MiB - 4 * KiB
+    infos = [store(stub, data_path, f"e/{i}", bytes([i]) * size) for i in range(8)]
+    # Four fit at most: the node evicted the coldest, and its REPORTs tell the master which.
+
+    def settled():
+        statuses = [status_of(stub, f"e/{i}") for i in range(8)]
+        stats = stub.Stats(pb.StatsRequest())
+        live = statuses.count(pb.OK)
+        agree = live <= 4 and stats.objects == stats.nodes[0].objects == dram_of(stats.nodes[0]).objects == live
+        return agree and (statuses, stats.nodes[0])
+
+    statuses, node = wait_until(settled, 10, what="the master to agree with the node on what is left")
+    assert statuses[0] == pb.NOT_FOUND and statuses[-1] == pb.OK, statuses
+    assert dram_of(node).evictions == statuses.count(pb.NOT_FOUND)
+    assert data_path.read(infos[-1].replicas[0].address, "e/7", infos[-1].generation, size) == bytes([7]) * size
+
+
+def test_hold_is_sent_only_when_asked(own_cluster, data_path):
+    cluster = own_cluster(nodes=1, dram_per_node="4MiB", master_args=["--report-interval", REPORT_INTERVAL])
+    stub = stub_of(cluster)
+    size = MiB - 4 * KiB
+    infos = {key: store(stub, data_path, key, key.encode() * size) for key in ("a", "b", "c")}
+    # "a" is the coldest, so the first victim, unless the node holds it.
+    assert stub.Exists(pb.ExistsRequest(key="a", hold_seconds=60)).exists
+    assert stub.Exists(pb.ExistsRequest(key="b")).exists
+    assert list(stub.BatchExists(pb.BatchExistsRequest(keys=["c"])).exists) == [True]
+    for key in ("d", "e"):
+        store(stub, data_path, key, key.encode() * size)
+    wait_until(lambda: status_of(stub, "b") == pb.NOT_FOUND, 10, what="b to be evicted and reported")
+    assert status_of(stub, "a") == pb.OK
+    assert data_path.read(infos["a"].replicas[0].address, "a", infos["a"].generation, size) == b"a" * size
+
+    # A committed object its node does not hold (never written): only a hold asks the node, and
+    # the node's "not held" answer drops it.
+    started = stub.PutStart(pb.PutStartRequest(key="ghost", size=10, checksum=1))
+    assert stub.PutEnd(pb.PutEndRequest(key="ghost", generation=started.object.generation)).status == pb.OK
+    assert stub.Exists(pb.ExistsRequest(key="ghost")).exists
+    assert not stub.Exists(pb.ExistsRequest(key="ghost", hold_seconds=5)).exists
+    assert status_of(stub, "ghost") == pb.NOT_FOUND
+
+
+def test_restarted_node_and_master_take_back_what_the_node_kept(own_cluster, data_path, tmp_path):
+    cluster = own_cluster(nodes=1, dram_per_node="8MiB", ssd_per_node="16MiB",
+                          master_args=["--report-interval", REPORT_INTERVAL])
+    stub = stub_of(cluster)
+    ssd = pb.PutOptions(tier=pb.SSD)
+    kept = store(stub, data_path, "kept", b"k" * 100_000, options=ssd, flags=WriteFlag.PREFER_SSD)
+    store(stub, data_path, "in-dram", b"d" * 1000)
+    # Written behind the master's back: unknown to it, so adopted as the node describes it.
+    data_path.write(cluster.nodes[0].info["address"], "stranger", 777, b"s" * 5000, WriteFlag.PREFER_SSD)
+
+    cluster.nodes[0].kill()
+    node = cluster.restart_node(0)
+    wait_until(lambda: status_of(stub, "kept") == pb.OK and status_of(stub, "stranger") == pb.OK, 15,
+               what="the SSD objects to be taken back from the restarted node")
+    again = stub.GetReplicaList(pb.GetReplicaListRequest(key="kept")).object
+    assert again.generation == kept.generation and again.options == ssd
+    assert [(r.address, r.tier) for r in again.replicas] == [(node.info["address"], pb.SSD)]
+    assert data_path.read(node.info["address"], "kept", kept.generation, 100_000) == b"k" * 100_000
+    stranger = stub.GetReplicaList(pb.GetReplicaListRequest(key="stranger")).object
+    assert (stranger.generation, stranger.size, stranger.checksum) == (777, 5000, checksum(b"s" * 5000))
+    assert status_of(stub, "in-dram") == pb.NOT_FOUND  # DRAM does not survive a restart
+
+    # A new master knows nothing until the node's inventory tells it; it asks before serving.
+    cluster.master.stop()
+    fresh = MasterProcess(cluster.etcd_endpoint, tmp_path / "master2.log")
+    try:
+        found = fresh.stub.GetReplicaList(pb.GetReplicaListRequest(key="kept"))
+        assert found.status == pb.OK and found.object.generation == kept.generation
+        assert fresh.stub.Stats(pb.StatsRequest()).objects == 2
+        assert fresh.stub.PutStart(pb.PutStartRequest(key="new", size=10)).object.generation > kept.generation
+    finally:
+        assert fresh.stop() == 0

@@ -2,138 +2,31 @@
 
 import asyncio
 import os
-import re
-import selectors
 import signal
 import socket
 import stat
-import subprocess
-import sys
-from dataclasses import dataclass
 
 import aetcd
 import pytest
+from storenode_harness import (call, closed_by_node, free, get, hold, inventory, put, read_frame, read_reply,
+                               report, start_node, write_frame, write_status)
 
 from kvpool import wire
 from kvpool.checksum import checksum
 from kvpool.cluster_layout import NodeRecord, node_key, parse_hostport
 from kvpool.errors import Code
 from kvpool.netutil import wait_until
-from kvpool.wire import Op
+from kvpool.wire import Op, WriteFlag
 
 SEGMENT = 64 * 1024 * 1024
-_READY = re.compile(rb"^kvpool-storenode ready node_id=(\S+) address=(\S+):(\d+)$")
-
-
-@dataclass
-class Node:
-    proc: subprocess.Popen
-    node_id: str
-    host: str
-    port: int
-    log_path: str
-
-    def connect(self) -> socket.socket:
-        return socket.create_connection((self.host, self.port), timeout=10)
-
-
-def start_node(etcd: str, tmp_path, node_id: str = "n1", lease_ttl: int = 30) -> Node:
-    # A long lease by default: a record that vanishes at once on SIGTERM was revoked, not expired.
-    log_path = str(tmp_path / f"{node_id}.log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvpool.storenode", "--etcd", etcd, "--dram", "64MiB", "--port", "0",
-             "--node-id", node_id, "--lease-ttl", str(lease_ttl)],
-            stdout=subprocess.PIPE, stderr=log)
-    selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
-
-    def ready_line():
-        if selector.select(0):
-            line = proc.stdout.readline()
-            if line:
-                return line
-        if proc.poll() is not None:
-            raise RuntimeError(f"storenode exited with {proc.returncode}: {open(log_path).read()}")
-        return None
-
-    try:
-        line = wait_until(ready_line, 20, what="storenode ready line")
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    match = _READY.match(line.strip())
-    assert match, line
-    assert match.group(1).decode() == node_id
-    return Node(proc, node_id, match.group(2).decode(), int(match.group(3)), log_path)
 
 
 @pytest.fixture
 def node(etcd, tmp_path):
     n = start_node(etcd, tmp_path)
     yield n
-    if n.proc.poll() is None:
-        n.proc.kill()
-    n.proc.wait()
-    n.proc.stdout.close()
-    assert "Traceback" not in open(n.log_path).read()  # bad input never reached an unhandled error
-
-
-# -- raw protocol helpers
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return bytes(buf)
-
-
-def read_reply(sock: socket.socket):
-    """(op, req_id, status, checksum, payload) of the next reply."""
-    magic, version, op, req_id, status, length, value_checksum = wire.REPLY.unpack(recv_exact(sock, wire.REPLY.size))
-    assert (magic, version) == (wire.MAGIC, wire.VERSION)
-    return op, req_id, status, value_checksum, recv_exact(sock, length)
-
-
-def write_frame(key: bytes, generation: int, offset: int, data: bytes, req_id: int = 1, value_checksum=None) -> bytes:
-    cs = checksum(data) if value_checksum is None else value_checksum
-    return wire.pack_request(Op.WRITE, req_id, key, generation, offset, len(data), cs) + data
-
-
-def read_frame(key: bytes, generation: int, offset: int, length: int, req_id: int = 1) -> bytes:
-    return wire.pack_request(Op.READ, req_id, key, generation, offset, length)
-
-
-def call(node: Node, frame: bytes):
-    with node.connect() as sock:
-        sock.sendall(frame)
-        return read_reply(sock)
-
-
-def put(node: Node, key: bytes, generation: int, offset: int, data: bytes) -> None:
-    assert call(node, write_frame(key, generation, offset, data))[2] == Code.OK
-
-
-def get(node: Node, key: bytes, generation: int, offset: int, length: int):
-    """(status, payload) of a READ on a fresh connection."""
-    _, _, status, _, payload = call(node, read_frame(key, generation, offset, length))
-    return status, payload
-
-
-def closed_by_node(sock: socket.socket) -> bool:
-    """True once the node closes the connection (replies sent before that are skipped)."""
-    try:
-        while sock.recv(65536):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
+    n.stop()
+    assert "Traceback" not in n.log()  # bad input never reached an unhandled error
 
 
 def etcd_get(endpoint: str, key: bytes):
@@ -144,98 +37,114 @@ def etcd_get(endpoint: str, key: bytes):
     return asyncio.run(fetch())
 
 
-# -- tests
-
 def test_write_then_read_round_trip_is_byte_exact(node):
-    offset = 0
     for i, size in enumerate([1, 100, 4096, 65536, 65537, 300_000, 3 * 1024 * 1024 + 5]):
         data = os.urandom(size)
-        put(node, b"obj-%d" % i, 100 + i, offset, data)
+        put(node, b"obj-%d" % i, 100 + i, data)
         with node.connect() as sock:
-            sock.sendall(read_frame(b"obj-%d" % i, 100 + i, offset, size, req_id=7))
+            sock.sendall(read_frame(b"obj-%d" % i, 100 + i, size, req_id=7))
             op, req_id, status, value_checksum, payload = read_reply(sock)
         assert (op, req_id, status) == (Op.READ, 7, Code.OK)
         assert value_checksum == checksum(data)
         assert payload == data, f"size {size}"
-        offset += size
 
 
 def test_pipelined_requests_get_replies_in_order(node):
     small, big = os.urandom(1000), os.urandom(700_000)  # big is larger than the node's staging buffer
     frames = [
-        write_frame(b"a", 1, 0, small, req_id=1),
-        write_frame(b"b", 1, 4096, big, req_id=2),
-        read_frame(b"a", 1, 0, len(small), req_id=3),
+        write_frame(b"a", 1, small, req_id=1),
+        write_frame(b"b", 1, big, req_id=2),
+        read_frame(b"a", 1, len(small), req_id=3),
         wire.pack_request(Op.PING, 4, b""),
-        read_frame(b"b", 1, 4096, len(big), req_id=5),
-        read_frame(b"a", 2, 0, len(small), req_id=6),
-        wire.pack_request(Op.FREE, 7, b"a", 1, 0),
-        read_frame(b"a", 1, 0, len(small), req_id=8),
+        read_frame(b"b", 1, len(big), req_id=5),
+        read_frame(b"a", 2, len(small), req_id=6),
+        wire.pack_request(Op.FREE, 7, b"a", 1),
+        read_frame(b"a", 1, len(small), req_id=8),
+        wire.pack_request(Op.HOLD, 9, b"b", 1, arg=1000),
+        wire.pack_request(Op.REPORT, 10, b""),
     ]
     with node.connect() as sock:
         sock.sendall(b"".join(frames) + b"garbage that ends the connection".ljust(wire.REQUEST.size))
         replies = [read_reply(sock) for _ in frames]
         assert closed_by_node(sock)
-    assert [r[1] for r in replies] == list(range(1, 9))
-    assert [r[2] for r in replies] == [Code.OK, Code.OK, Code.OK, Code.OK, Code.OK, Code.STALE, Code.OK, Code.STALE]
+    assert [r[1] for r in replies] == list(range(1, 11))
+    assert [r[2] for r in replies] == [Code.OK, Code.OK, Code.OK, Code.OK, Code.OK, Code.STALE, Code.OK,
+                                       Code.NOT_FOUND, Code.OK, Code.OK]
     assert replies[2][4] == small
     assert replies[3][4] == node.node_id.encode()
     assert replies[4][4] == big
 
 
-def test_stale_reads_and_frees(node):
+def test_stale_and_not_found_reads_and_frees(node):
     data = os.urandom(5000)
-    put(node, b"k", 10, 8192, data)
-    assert get(node, b"k", 11, 8192, len(data))[0] == Code.STALE
-    assert get(node, b"other", 10, 8192, len(data))[0] == Code.STALE
-    assert get(node, b"k", 10, 8192, len(data) - 1)[0] == Code.STALE
-    assert call(node, wire.pack_request(Op.FREE, 1, b"k", 11, 8192))[2] == Code.NOT_FOUND
-    assert get(node, b"k", 10, 8192, len(data)) == (Code.OK, data)
-    assert call(node, wire.pack_request(Op.FREE, 1, b"k", 10, 8192))[2] == Code.OK
-    status, message = get(node, b"k", 10, 8192, len(data))
-    assert status == Code.STALE and message  # error replies carry a message
-    assert call(node, wire.pack_request(Op.FREE, 1, b"k", 10, 8192))[2] == Code.NOT_FOUND
+    put(node, b"k", 10, data)
+    assert get(node, b"k", 11, len(data))[0] == Code.STALE       # the key is here, at another generation
+    assert get(node, b"other", 10, len(data))[0] == Code.NOT_FOUND
+    assert get(node, b"k", 10, len(data) - 1)[0] == Code.STALE   # the master's size is not this version's
+    assert free(node, b"k", 11) == Code.NOT_FOUND
+    assert hold(node, b"k", 11, 1000) == Code.NOT_FOUND
+    assert get(node, b"k", 10, len(data)) == (Code.OK, data)
+    assert free(node, b"k", 10) == Code.OK
+    status, message = get(node, b"k", 10, len(data))
+    assert status == Code.NOT_FOUND and message  # error replies carry a message
+    assert free(node, b"k", 10) == Code.NOT_FOUND
 
 
-def test_overlapping_write_makes_older_extent_stale(node):
-    put(node, b"old", 1, 0, os.urandom(1000))
-    put(node, b"new", 2, 500, os.urandom(1000))
-    assert get(node, b"old", 1, 0, 1000)[0] == Code.STALE
-    assert get(node, b"new", 2, 500, 1000)[0] == Code.OK
+def test_two_generations_of_a_key_coexist_until_freed(node):
+    old, new = os.urandom(3000), os.urandom(4000)
+    put(node, b"k", 1, old)
+    put(node, b"k", 2, new)
+    assert get(node, b"k", 1, len(old)) == (Code.OK, old)
+    assert get(node, b"k", 2, len(new)) == (Code.OK, new)
+    assert free(node, b"k", 1) == Code.OK
+    assert get(node, b"k", 1, len(old))[0] == Code.STALE
+    assert get(node, b"k", 2, len(new)) == (Code.OK, new)
+    # Writing the same version again replaces it whole.
+    again = os.urandom(100)
+    put(node, b"k", 2, again)
+    assert get(node, b"k", 2, len(again)) == (Code.OK, again)
+    assert list(inventory(node)) == [("k", 2)]
 
 
 def test_bad_checksum_is_refused_and_not_readable(node):
     data = os.urandom(200_000)
     with node.connect() as sock:
-        sock.sendall(write_frame(b"k", 1, 0, data, req_id=3, value_checksum=checksum(data) ^ 1))
+        sock.sendall(write_frame(b"k", 1, data, req_id=3, value_checksum=checksum(data) ^ 1))
         assert read_reply(sock)[1:3] == (3, Code.CHECKSUM_MISMATCH)
         # The whole payload was consumed, so the connection stays in step.
-        sock.sendall(read_frame(b"k", 1, 0, len(data), req_id=4))
-        assert read_reply(sock)[1:3] == (4, Code.STALE)
+        sock.sendall(read_frame(b"k", 1, len(data), req_id=4))
+        assert read_reply(sock)[1:3] == (4, Code.NOT_FOUND)
+    assert report(node)["tiers"]["dram"]["used"] == 0  # the extent was given back
 
 
-def test_out_of_range_extents_get_error_replies(node):
-    with node.connect() as sock:
-        sock.sendall(read_frame(b"k", 1, SEGMENT - 10, 11, req_id=1) + wire.pack_request(Op.PING, 2, b""))
-        assert read_reply(sock)[1:3] == (1, Code.INVALID_ARGUMENT)
-        assert read_reply(sock)[1:3] == (2, Code.OK)  # a bad READ leaves the connection usable
-    for offset, length in [(SEGMENT - 10, 11), (2**63, 10), (0, 0)]:
+def test_writes_it_cannot_take_get_error_replies_then_close(node):
+    for length, code in [(0, Code.INVALID_ARGUMENT), (SEGMENT + 1, Code.TOO_LARGE), (2**63, Code.TOO_LARGE)]:
         with node.connect() as sock:
-            sock.sendall(wire.pack_request(Op.WRITE, 9, b"k", 1, offset, length, 0) + b"x" * min(length, 11))
-            assert read_reply(sock)[1:3] == (9, Code.INVALID_ARGUMENT)
-            assert closed_by_node(sock), (offset, length)  # its payload can't be trusted
+            sock.sendall(wire.pack_request(Op.WRITE, 9, b"k", 1, 0, length, 0)
+                         + wire.WRITE_OPTIONS.pack(0, 0, 0) + b"x" * min(length, 11))
+            _, req_id, status, _, message = read_reply(sock)
+            assert (req_id, status) == (9, code), message
+            assert message
+            assert closed_by_node(sock), length  # its payload can't be skipped
+    with node.connect() as sock:  # a READ of the wrong size leaves the connection usable
+        put(node, b"r", 1, b"abc")
+        sock.sendall(read_frame(b"r", 1, 4, req_id=1) + wire.pack_request(Op.PING, 2, b""))
+        assert read_reply(sock)[1:3] == (1, Code.STALE)
+        assert read_reply(sock)[1:3] == (2, Code.OK)
+    status, message = write_status(node, b"pinned", 1, os.urandom(SEGMENT // 2 + 1), flags=WriteFlag.HARD_PIN)
+    assert status == Code.NO_SPACE and "quota" in message
 
 
 def _header(**fields) -> bytes:
-    values = dict(magic=wire.MAGIC, version=wire.VERSION, op=Op.READ, req_id=1, key_len=1, flags=0,
-                  generation=1, offset=0, length=1, checksum=0)
+    values = {"magic": wire.MAGIC, "version": wire.VERSION, "op": Op.READ, "req_id": 1, "key_len": 1, "flags": 0,
+              "generation": 1, "arg": 0, "length": 1, "checksum": 0}
     values.update(fields)
     return wire.REQUEST.pack(*values.values())
 
 
 def test_malformed_input_closes_only_that_connection(node):
     reference = os.urandom(100_000)
-    put(node, b"ref", 1, 1 << 20, reference)
+    put(node, b"ref", 1, reference)
     payload = os.urandom(50_000)
     cases = {
         "garbage": (os.urandom(64), False),
@@ -245,7 +154,8 @@ def test_malformed_input_closes_only_that_connection(node):
         "unknown op": (_header(op=77) + b"k", False),
         "truncated header": (_header()[:10], True),
         "truncated key": (_header(key_len=50) + b"k" * 10, True),
-        "truncated write payload": (write_frame(b"w", 1, 0, payload)[:-20_000], True),
+        "truncated write options": (_header(op=Op.WRITE, length=10) + b"k" + b"\0" * 5, True),
+        "truncated write payload": (write_frame(b"w", 1, payload)[:-20_000], True),
     }
     for name, (data, then_hang_up) in cases.items():
         with node.connect() as sock:
@@ -254,9 +164,11 @@ def test_malformed_input_closes_only_that_connection(node):
                 sock.shutdown(socket.SHUT_WR)
             assert closed_by_node(sock), name
         assert node.proc.poll() is None, name
-        assert get(node, b"ref", 1, 1 << 20, len(reference)) == (Code.OK, reference), name
-    # The truncated WRITE was never recorded.
-    assert get(node, b"w", 1, 0, len(payload))[0] == Code.STALE
+        assert get(node, b"ref", 1, len(reference)) == (Code.OK, reference), name
+    # The truncated WRITE was never recorded and its extent was given back.
+    assert get(node, b"w", 1, len(payload))[0] == Code.NOT_FOUND
+    used = report(node)["tiers"]["dram"]["used"]
+    assert used == len(reference) + (-len(reference)) % 64
 
 
 def test_unknown_op_gets_a_protocol_error_before_close(node):
@@ -266,10 +178,51 @@ def test_unknown_op_gets_a_protocol_error_before_close(node):
         assert closed_by_node(sock)
 
 
+def test_report_and_inventory_describe_what_the_node_holds(node):
+    put(node, b"plain", 1, os.urandom(1000))
+    put(node, b"ttl", 2, os.urandom(2000), ttl_ms=600_000, raw_size=5000, flags=WriteFlag.COMPRESSED)
+    put(node, b"pin", 3, os.urandom(3000), flags=WriteFlag.HARD_PIN)
+    assert get(node, b"plain", 1, 1000)[0] == Code.OK
+    assert get(node, b"nope", 1, 10)[0] == Code.NOT_FOUND
+    got = report(node)
+    assert set(got) == {"node_id", "tiers", "evicted"}
+    assert got["node_id"] == node.node_id and got["evicted"] == []
+    assert set(got["tiers"]) == {"dram"}  # no --ssd: no SSD tier
+    dram = got["tiers"]["dram"]
+    assert set(dram) == {"capacity", "used", "objects", "hits", "misses", "demotions", "promotions", "evictions",
+                         "evicted_bytes", "watermark", "pinned_bytes"}
+    assert (dram["capacity"], dram["objects"], dram["hits"], dram["misses"]) == (SEGMENT, 3, 1, 1)
+    assert (dram["pinned_bytes"], dram["watermark"], dram["evictions"]) == (3000, "low", 0)
+    assert dram["used"] == 1024 + 2048 + 3008  # 64-byte aligned extents
+
+    inv = inventory(node)
+    assert set(inv) == {("plain", 1), ("ttl", 2), ("pin", 3)}
+    assert inv[("plain", 1)]["tiers"] == ["dram"] and inv[("plain", 1)]["ttl_ms"] == 0
+    assert inv[("plain", 1)]["raw_size"] == 1000  # raw_size 0 means not compressed: the size itself
+    ttl = inv[("ttl", 2)]
+    assert (ttl["size"], ttl["raw_size"], ttl["flags"]) == (2000, 5000, WriteFlag.COMPRESSED)
+    assert 0 < ttl["ttl_ms"] <= 600_000
+    assert inv[("pin", 3)]["flags"] == WriteFlag.HARD_PIN
+    assert set(ttl) == {"key", "generation", "size", "checksum", "flags", "raw_size", "ttl_ms", "tiers"}
+
+
+def test_expired_objects_are_never_served_and_are_reported(node):
+    data = os.urandom(1000)
+    put(node, b"short", 1, data, ttl_ms=300)
+    put(node, b"long", 1, data, ttl_ms=600_000)
+    wait_until(lambda: get(node, b"short", 1, len(data))[0] == Code.NOT_FOUND, 10, what="ttl to lapse")
+    assert get(node, b"long", 1, len(data)) == (Code.OK, data)
+    evicted = wait_until(lambda: report(node)["evicted"], 10, what="expired object in REPORT")
+    assert evicted == [["short", 1]]
+    assert report(node)["evicted"] == []  # drained by the REPORT that returned it
+    assert set(inventory(node)) == {("long", 1)}
+
+
 def test_registers_in_etcd_and_leaves_on_sigterm(etcd, node):
     got = wait_until(lambda: etcd_get(etcd, node_key("default", node.node_id)), 10, what="node record")
     record = NodeRecord.from_json(got.value)
     assert (record.node_id, record.address, record.pid) == (node.node_id, f"{node.host}:{node.port}", node.proc.pid)
+    assert set(record.tiers) == {"dram"}
     segment = record.tiers["dram"]
     assert segment.capacity == SEGMENT
     assert segment.path or not os.path.isdir("/dev/shm")
@@ -302,7 +255,10 @@ def test_registers_again_after_losing_its_lease(etcd, tmp_path):
         node.proc.send_signal(signal.SIGINT)
         assert node.proc.wait(15) == 0
     finally:
-        if node.proc.poll() is None:
-            node.proc.kill()
-        node.proc.wait()
-        node.proc.stdout.close()
+        node.stop()
+
+
+def test_ping_replies_with_the_node_id(node):
+    _, req_id, status, value_checksum, body = call(node, wire.pack_request(Op.PING, 3, b""))
+    assert (req_id, status, body) == (3, Code.OK, node.node_id.encode())
+    assert value_checksum == checksum(body)

@@ -32,7 +32,7 @@ def test_generated_code_matches_proto():
 
 
 def test_request_frame_layout():
-    frame = wire.pack_request(wire.Op.READ, 7, b"key", generation=5, offset=64, length=10, checksum=99)
+    frame = wire.pack_request(wire.Op.READ, 7, b"key", generation=5, arg=64, length=10, checksum=99)
     assert len(frame) == wire.REQUEST.size + 3
     magic, version, op, req_id, key_len, _flags, gen, off, length, csum = wire.REQUEST.unpack_from(frame)
     assert (magic, version, op, req_id, key_len, gen, off, length, csum) == (b"KV", 1, 2, 7, 3, 5, 64, 10, 99)

@@ -1,4 +1,6 @@
-from dataclasses import dataclass
+"""Placement as pure logic: most free space in the preferred tier, then the other tier."""
+
+from dataclasses import dataclass, field
 
 from kvpool.master.placement import MostFreeSpace, PlacementPolicy
 
@@ -6,33 +8,59 @@ from kvpool.master.placement import MostFreeSpace, PlacementPolicy
 @dataclass
 class Node:
     node_id: str
-    free_bytes: int
-    largest_free: int
+    dram: int
+    ssd: int = 0
+    capacity: dict = field(default_factory=lambda: {"dram": 1000})
+
+    def free_bytes(self, tier: str) -> int:
+        return {"dram": self.dram, "ssd": self.ssd}[tier]
+
+    @property
+    def largest_tier(self) -> int:
+        return max(self.capacity.values())
 
 
-def test_most_free_space_orders_by_free_bytes():
-    nodes = [Node("a", 100, 100), Node("b", 300, 300), Node("c", 200, 200)]
-    assert [n.node_id for n in MostFreeSpace().choose(nodes, 50, 2)] == ["b", "c"]
+def ids(nodes):
+    return [n.node_id for n in nodes]
 
 
-def test_skips_nodes_without_a_large_enough_extent():
-    # "b" has the most free bytes but they are fragmented into small extents.
-    nodes = [Node("a", 100, 100), Node("b", 1000, 64), Node("c", 200, 150)]
-    assert [n.node_id for n in MostFreeSpace().choose(nodes, 128, 3)] == ["c"]
+def test_orders_by_free_dram():
+    nodes = [Node("a", 100), Node("b", 300), Node("c", 200)]
+    assert ids(MostFreeSpace().choose(nodes, 50, 2)) == ["b", "c"]
+
+
+def test_free_ssd_breaks_dram_ties():
+    nodes = [Node("a", 100, ssd=10), Node("b", 100, ssd=500), Node("c", 90, ssd=10_000)]
+    assert ids(MostFreeSpace().choose(nodes, 50, 3)) == ["b", "a", "c"]
+
+
+def test_ssd_preference_orders_by_free_ssd_first():
+    nodes = [Node("a", 900, ssd=10), Node("b", 100, ssd=500), Node("c", 200, ssd=500)]
+    assert ids(MostFreeSpace().choose(nodes, 50, 3, tier="ssd")) == ["c", "b", "a"]
+
+
+def test_a_full_node_is_still_a_candidate_but_a_too_small_one_is_not():
+    # Free space may be negative (reported use plus puts sent since): the node evicts to make room.
+    nodes = [Node("full", -20), Node("small", 900, capacity={"dram": 40})]
+    assert ids(MostFreeSpace().choose(nodes, 50, 2)) == ["full"]
+    # The SSD tier counts: an object larger than DRAM may go to a node with a larger SSD.
+    big_ssd = Node("big", 0, ssd=5000, capacity={"dram": 40, "ssd": 5000})
+    assert ids(MostFreeSpace().choose([big_ssd], 1000, 1)) == ["big"]
 
 
 def test_returns_fewer_or_none_when_not_enough_fit():
-    nodes = [Node("a", 100, 100)]
+    nodes = [Node("a", 100)]
     assert MostFreeSpace().choose(nodes, 50, 3) == nodes
-    assert MostFreeSpace().choose(nodes, 101, 1) == []
+    assert MostFreeSpace().choose(nodes, 1001, 1) == []
     assert MostFreeSpace().choose([], 1, 1) == []
+    assert MostFreeSpace().choose(nodes, 1, 0) == []
 
 
 def test_ties_break_by_node_id():
-    nodes = [Node("z", 100, 100), Node("a", 100, 100)]
-    assert [n.node_id for n in MostFreeSpace().choose(nodes, 1, 1)] == ["a"]
+    nodes = [Node("z", 100), Node("a", 100)]
+    assert ids(MostFreeSpace().choose(nodes, 1, 1)) == ["a"]
 
 
 def test_satisfies_protocol():
     policy: PlacementPolicy = MostFreeSpace()
-    assert policy.choose([Node("a", 1, 1)], 1, 1)[0].node_id == "a"
+    assert ids(policy.choose([Node("a", 1)], 1, 1)) == ["a"]

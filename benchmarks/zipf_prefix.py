@@ -1,0 +1,125 @@
+"""Replay shared-prefix KV traffic with Zipf popularity over more data than DRAM holds.
+
+Each request picks a prompt prefix by Zipf popularity; its KV is a chain of
+blocks. The request asks how long a prefix is stored (batch_exists), loads those
+blocks (batch_get_into) and stores the blocks it had to compute (batch_put), as
+an engine with a prefix cache does. The pool is a real local cluster with a small
+DRAM tier and a larger SSD tier, so the hot prefixes stay in DRAM, the warm ones
+on SSD, and the cold ones get evicted.
+
+Prints one JSON line: block hit rate overall and by tier (from the nodes' own
+counters), then get throughput of DRAM-resident and SSD-resident blocks.
+
+    python benchmarks/zipf_prefix.py                       # starts its own cluster
+    python benchmarks/zipf_prefix.py --dram 64MiB --ssd 512MiB --data-factor 10
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from kvpool import Client
+from kvpool.local_cluster import LocalCluster
+from kvpool.proto import kvpool_pb2
+from kvpool.units import parse_size
+
+
+def tier_counters(client) -> dict:
+    """Summed hits/misses/bytes per tier over all nodes: {'DRAM': {...}, 'SSD': {...}}."""
+    totals = {}
+    for node in client.stats().nodes:
+        for tier in node.tiers:
+            name = kvpool_pb2.Tier.Name(tier.tier)
+            row = totals.setdefault(name, {"hits": 0, "misses": 0, "used": 0, "capacity": 0, "evictions": 0,
+                                           "demotions": 0, "promotions": 0})
+            for field in row:
+                row[field] += getattr(tier, field)
+    return totals
+
+
+def replay(client, args, rng) -> dict:
+    block = parse_size(args.block)
+    dram_total = parse_size(args.dram) * args.nodes
+    unique_bytes = dram_total * args.data_factor
+    prefixes = max(1, int(unique_bytes // (block * args.blocks_per_prefix)))
+    popularity = rng.zipf(args.zipf, size=args.requests) % prefixes  # rank -> prefix id, skewed to low ids
+    payload = os.urandom(block)
+    buffers = np.empty((args.blocks_per_prefix, block), dtype=np.uint8)
+    requested = found = 0
+    started = time.perf_counter()
+    for prefix in popularity:
+        keys = [f"zipf/p{prefix}/b{i}" for i in range(args.blocks_per_prefix)]
+        present = client.batch_exists(keys)
+        hit = next((i for i, p in enumerate(present) if not p), len(keys))  # longest stored prefix
+        if hit:
+            sizes = client.batch_get_into(keys[:hit], list(buffers[:hit]))
+            hit = next((i for i, s in enumerate(sizes) if s is None), hit)  # evicted since exists()
+        requested += len(keys)
+        found += hit
+        if hit < len(keys):
+            client.batch_put(keys[hit:], [payload] * (len(keys) - hit), overwrite=True)
+    return {"requests": int(args.requests), "prefixes": prefixes, "unique_MiB": round(unique_bytes / 2**20),
+            "block_hit_rate": round(found / requested, 3), "replay_s": round(time.perf_counter() - started, 1)}
+
+
+def tier_throughput(client, args, prefixes: int, hot: bool) -> dict:
+    """Get throughput over the first blocks of the most popular (hot) or least popular stored (warm) prefixes."""
+    block = parse_size(args.block)
+    keys = [f"zipf/p{p}/b0" for p in range(prefixes)]
+    present = [k for k, e in zip(keys, client.batch_exists(keys)) if e]
+    chosen = present[:64] if hot else present[-64:]
+    if not chosen:
+        return {}
+    buffers = list(np.empty((len(chosen), block), dtype=np.uint8))
+    before = tier_counters(client)
+    moved, started = 0, time.perf_counter()
+    while time.perf_counter() - started < args.seconds:
+        for key, buf in zip(chosen, buffers):
+            moved += client.get_into(key, buf)
+    elapsed = time.perf_counter() - started
+    after = tier_counters(client)
+    served = {t: after[t]["hits"] - before.get(t, {}).get("hits", 0) for t in after}
+    total = sum(served.values()) or 1
+    return {"MBps": round(moved / elapsed / 1e6, 1), "served_by": {t: round(n / total, 3) for t, n in served.items()}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--master", help="use a running cluster instead of starting one")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--dram", default="48MiB", help="DRAM per node of the cluster this starts")
+    parser.add_argument("--ssd", default="256MiB", help="SSD per node of the cluster this starts")
+    parser.add_argument("--data-factor", type=float, default=10, help="unique data / total DRAM")
+    parser.add_argument("--block", default="256KiB")
+    parser.add_argument("--blocks-per-prefix", type=int, default=8)
+    parser.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent (> 1)")
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per throughput phase")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    cluster = None
+    if not args.master:
+        cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram, ssd_per_node=args.ssd).start()
+        args.master = cluster.master_address
+    try:
+        with Client(args.master) as client:
+            report = {"workload": replay(client, args, rng)}
+            report["tiers_after_replay"] = tier_counters(client)
+            prefixes = report["workload"]["prefixes"]
+            report["get_hot"] = tier_throughput(client, args, prefixes, hot=True)
+            report["get_warm"] = tier_throughput(client, args, prefixes, hot=False)
+            client.remove_prefix("zipf/")
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Validation of put's keyword options and their two encodings: PutOptions for the
+master (which records them) and WriteOptions for the storage node (which acts on them)."""
+
+import math
+
+from kvpool.errors import InvalidArgumentError
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.wire import WriteFlag
+
+from .transport import NO_OPTIONS, WriteOptions
+
+DEFAULT_SOFT_PIN_SECONDS = 600.0
+TIERS = {None: pb.TIER_UNSPECIFIED, "dram": pb.DRAM, "ssd": pb.SSD}
+PINS = {None: pb.PIN_NONE, "soft": pb.PIN_SOFT, "hard": pb.PIN_HARD}
+
+
+class PutChoices:
+    """Resolved options of one put call (shared by every key of a batch_put)."""
+
+    __slots__ = ("request", "write_flags", "ttl_ms", "soft_pin_ms")
+
+    def __init__(self, request: pb.PutOptions | None, write_flags: int, ttl_ms: int, soft_pin_ms: int):
+        self.request = request  # None when every option is the default: nothing to send
+        self.write_flags = write_flags
+        self.ttl_ms = ttl_ms
+        self.soft_pin_ms = soft_pin_ms
+
+    def write_options(self, compressed: bool, raw_size: int) -> WriteOptions:
+        flags = self.write_flags | (WriteFlag.COMPRESSED if compressed else 0)
+        if not (flags or self.ttl_ms or self.soft_pin_ms or compressed):
+            return NO_OPTIONS
+        return WriteOptions(int(flags), self.ttl_ms, self.soft_pin_ms, raw_size if compressed else 0)
+
+
+DEFAULT_CHOICES = PutChoices(None, 0, 0, 0)
+
+
+def _seconds(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidArgumentError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    return float(value)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))  # a positive duration never rounds down to "none"
+
+
+def resolve(tier=None, pin=None, pin_ttl=None, ttl=None) -> PutChoices:
+    """PutChoices for put's keywords; InvalidArgumentError for anything out of range."""
+    if tier is None and pin is None and pin_ttl is None and ttl is None:
+        return DEFAULT_CHOICES
+    if not isinstance(tier, (str, type(None))) or tier not in TIERS:
+        raise InvalidArgumentError(f"tier must be None, 'dram' or 'ssd', got {tier!r}")
+    if not isinstance(pin, (str, type(None))) or pin not in PINS:
+        raise InvalidArgumentError(f"pin must be None, 'soft' or 'hard', got {pin!r}")
+    if pin_ttl is not None and pin != "soft":
+        raise InvalidArgumentError("pin_ttl applies to pin='soft' only")
+    flags = 0
+    if tier == "ssd":
+        flags |= WriteFlag.PREFER_SSD
+    if pin == "hard":
+        flags |= WriteFlag.HARD_PIN
+    pin_seconds = 0.0
+    if pin == "soft":
+        pin_seconds = DEFAULT_SOFT_PIN_SECONDS if pin_ttl is None else _seconds("pin_ttl", pin_ttl)
+    ttl_seconds = 0.0 if ttl is None else _seconds("ttl", ttl)
+    request = pb.PutOptions(tier=TIERS[tier], pin=PINS[pin], pin_ttl_seconds=pin_seconds, ttl_seconds=ttl_seconds)
+    return PutChoices(request, int(flags), _ms(ttl_seconds) if ttl_seconds else 0,
+                      _ms(pin_seconds) if pin_seconds else 0)
+
+
+def hold_seconds(hold) -> float:
+    """A valid exists(..., hold=) value: seconds >= 0 (0 = hold nothing)."""
+    if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not math.isfinite(hold) or hold < 0:
+        raise InvalidArgumentError(f"hold must be a number of seconds >= 0, got {hold!r}")
+    return float(hold)

@@ -1,0 +1,71 @@
+"""Takes back what a storage node still holds when it (re)joins.
+
+A node that restarts keeps its SSD objects, and after a master restart every
+node holds objects the new master never heard of. On each new node instance the
+master asks for its INVENTORY and lets the object table adopt what matches;
+the rest is freed on the node.
+"""
+
+import asyncio
+import logging
+
+from .node_io import NodeIO
+from .objects import ObjectTable
+
+log = logging.getLogger(__name__)
+
+INVENTORY_TIMEOUT = 10.0
+ATTEMPTS = 3
+RETRY_DELAY = 0.5
+
+
+class Adopter:
+    def __init__(self, table: ObjectTable, node_io: NodeIO, timeout: float = INVENTORY_TIMEOUT,
+                 retry_delay: float = RETRY_DELAY):
+        self._table = table
+        self._node_io = node_io
+        self._timeout = timeout
+        self._retry_delay = retry_delay
+        self._tasks: set[asyncio.Task] = set()
+
+    def node_joined(self, node_id: str, instance: str, address: str) -> None:
+        """Called for every new node instance; the inventory is fetched in the background."""
+        task = asyncio.get_running_loop().create_task(self._adopt(node_id, instance, address),
+                                                      name=f"inventory {node_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _current(self, node_id: str, instance: str) -> bool:
+        node = self._table.nodes.get(node_id)
+        return node is not None and node.instance == instance
+
+    async def _adopt(self, node_id: str, instance: str, address: str) -> None:
+        for attempt in range(1, ATTEMPTS + 1):
+            if not self._current(node_id, instance):
+                return  # gone or restarted again meanwhile: that instance gets its own turn
+            try:
+                entries = await self._node_io.inventory(address, self._timeout)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - retried, then given up on (its objects stay unknown)
+                if attempt == ATTEMPTS:
+                    log.warning("no INVENTORY from node %s at %s after %d attempts (%s: %s); what it holds "
+                                "stays unknown to the master", node_id, address, ATTEMPTS, type(exc).__name__, exc)
+                    return
+                await asyncio.sleep(self._retry_delay)
+        outcome = self._table.adopt_inventory(node_id, instance, entries)
+        self._node_io.submit_frees(self._table.take_frees())
+        if entries:
+            log.info("node %s inventory: %d replicas taken back, %d objects re-created, %d stale entries freed",
+                     node_id, len(outcome.adopted), len(outcome.created), len(outcome.rejected))
+
+    async def idle(self) -> None:
+        """Until every inventory asked for so far was applied (or given up on)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)

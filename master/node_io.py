@@ -1,0 +1,158 @@
+"""Every request the master sends to storage nodes, over the client package's TCP transport.
+
+FREE orders are best effort: a node only frees a (key, generation) it still
+holds, so an order that arrives late or twice is harmless, and one that never
+arrives only leaves an object the node will evict in time. Those caused by a
+client's request (overwrite, remove) are awaited for a moment, so that once the
+answer is out a reader holding an old placement finds the old version gone
+rather than still served; the rest go out in the background. HOLD, REPORT and
+INVENTORY are awaited by whoever needs the answer, each bounded by a timeout.
+"""
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .objects import FreeOrder
+
+log = logging.getLogger(__name__)
+
+FREE_TIMEOUT = 5.0
+MAX_FREES_IN_FLIGHT = 256
+
+
+def _make_transport():
+    # Imported here so the master's pure logic is importable (and testable) without the client package.
+    from kvpool.client.tcp import TcpTransport
+
+    return TcpTransport()
+
+
+@dataclass(frozen=True)
+class HoldOrder:
+    address: str
+    key: bytes
+    generation: int
+    ms: int
+
+
+class NodeIO:
+    def __init__(self, transport=None):
+        self._transport = transport
+        self._queue: asyncio.Queue[FreeOrder] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self._inflight: set[asyncio.Task] = set()  # FREEs a request stopped waiting for
+        self._failing: set[str] = set()  # addresses whose failure was logged; logged again once they recover
+        self.frees_sent = 0
+        self.frees_failed = 0
+        self.holds_sent = 0
+
+    @property
+    def transport(self):
+        if self._transport is None:
+            self._transport = _make_transport()
+        return self._transport
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._send_frees(), name="node-free")
+
+    # ----- FREE, in the background -----
+
+    def submit_frees(self, orders: Iterable[FreeOrder]) -> None:
+        for order in orders:
+            self._queue.put_nowait(order)
+
+    async def free_now(self, orders: list[FreeOrder], wait: float) -> None:
+        """Send FREEs and wait up to `wait` s for the nodes to confirm them; slower ones
+        complete in the background."""
+        if not orders:
+            return
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._free(order)) for order in orders]
+        for task in tasks:
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+        await asyncio.wait(tasks, timeout=wait)
+
+    async def _send_frees(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while not self._queue.empty() and len(batch) < MAX_FREES_IN_FLIGHT:
+                batch.append(self._queue.get_nowait())
+            # Sent together so the transport pipelines them on each node's connection.
+            await asyncio.gather(*(self._free(order) for order in batch))
+            for _ in batch:
+                self._queue.task_done()
+
+    async def _free(self, order: FreeOrder) -> None:
+        try:
+            await asyncio.wait_for(self.transport.free(order.address, order.key, order.generation), FREE_TIMEOUT)
+            self.frees_sent += 1
+            self._recovered(order.address)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a lost FREE only delays reclaiming space on the node
+            self.frees_failed += 1
+            self.failed(order.address, "FREE", exc)
+
+    # ----- requests whose answer the caller needs -----
+
+    async def hold(self, orders: list[HoldOrder], timeout: float) -> list:
+        """Send every HOLD at once; per order True (held), False (the node does not hold it),
+        or the exception it failed with."""
+        async def one(order: HoldOrder):
+            try:
+                held = await asyncio.wait_for(
+                    self.transport.hold(order.address, order.key, order.generation, order.ms), timeout)
+                self.holds_sent += 1
+                self._recovered(order.address)
+                return held
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported per order
+                self.failed(order.address, "HOLD", exc)
+                return exc
+
+        return list(await asyncio.gather(*(one(order) for order in orders)))
+
+    async def report(self, address: str, timeout: float) -> dict:
+        report = await asyncio.wait_for(self.transport.report(address), timeout)
+        self._recovered(address)
+        return report
+
+    async def inventory(self, address: str, timeout: float) -> list:
+        entries = await asyncio.wait_for(self.transport.inventory(address), timeout)
+        self._recovered(address)
+        return entries
+
+    # ----- failure logging: once per address until it works again -----
+
+    def failed(self, address: str, what: str, exc: BaseException) -> None:
+        if address not in self._failing:
+            self._failing.add(address)
+            log.warning("%s to node %s failed (%s: %s); later failures there are not logged until one "
+                        "succeeds", what, address, type(exc).__name__, exc)
+
+    def _recovered(self, address: str) -> None:
+        if address in self._failing:
+            self._failing.discard(address)
+            log.info("node %s answers again", address)
+
+    async def close(self, drain_timeout: float = 1.0) -> None:
+        """Send the FREEs that are queued (for at most `drain_timeout` s), then stop."""
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._queue.join(), drain_timeout)
+            except TimeoutError:
+                pass
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for task in list(self._inflight):
+            task.cancel()
+        await asyncio.gather(*list(self._inflight), return_exceptions=True)
+        if self._transport is not None:
+            try:
+                await self._transport.close()
+            except Exception as exc:  # noqa: BLE001
+                log.debug("closing the transport failed: %s", exc)

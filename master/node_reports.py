@@ -1,0 +1,48 @@
+"""Polls every storage node with REPORT and folds the answers into the object table.
+
+A node evicts and moves objects on its own; its REPORT is how the master learns
+how full each tier is (for placement, Stats and metrics) and which replicas it
+dropped (those leave the table, and an object left with none is gone).
+"""
+
+import asyncio
+import logging
+
+from .node_io import NodeIO
+from .objects import ObjectTable
+
+log = logging.getLogger(__name__)
+
+
+class ReportPoller:
+    def __init__(self, table: ObjectTable, node_io: NodeIO, interval: float):
+        self._table = table
+        self._node_io = node_io
+        self.interval = interval
+        # Long enough for a busy node, short enough that one stuck node delays the others little.
+        self.timeout = max(1.0, 2 * interval)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.poll_once()
+            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+
+    async def poll_once(self) -> None:
+        nodes = [(n.node_id, n.instance, n.address) for n in self._table.nodes.values()]
+        await asyncio.gather(*(self._poll(*node) for node in nodes))
+
+    async def _poll(self, node_id: str, instance: str, address: str) -> None:
+        mark = self._table.report_mark()
+        try:
+            report = await self._node_io.report(address, self.timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a node that does not answer keeps its last report
+            self._node_io.failed(address, "REPORT", exc)
+            return
+        removed = self._table.apply_report(node_id, instance, report, mark)
+        self._node_io.submit_frees(self._table.take_frees())
+        if removed:
+            log.info("node %s evicted the last replica of %d objects", node_id, len(removed))

@@ -1,0 +1,277 @@
+"""The node's placement brain: which tier and extent each object gets, and when it goes.
+
+Everything here is synchronous and runs on the event loop, so index and
+allocators change atomically between awaits. Byte transfers live elsewhere
+(server.py, moves.py) and hold a record's refcount while they run: removing a
+busy record only unindexes it (new READs get NOT_FOUND) and its extents are
+freed when the last transfer releases it.
+"""
+
+import logging
+import time
+from typing import NamedTuple
+
+from kvpool.errors import NoSpaceError, ValueTooLargeError
+from kvpool.wire import WriteFlag
+
+from . import policy
+from .index import ObjectIndex, ObjectRecord
+from .ssd import StoredObject
+from .tiers import StorageTier
+
+log = logging.getLogger(__name__)
+
+MAX_EVICTED_LISTED = 100_000  # bound on the REPORT backlog if nobody polls
+# Plain ints: IntFlag arithmetic is slow on the per-request path.
+_HARD_PIN, _PREFER_SSD = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD)
+
+
+class Reservation(NamedTuple):
+    tier: StorageTier
+    offset: int
+    hard_pinned: int  # bytes counted against the hard-pin quota until commit or abort
+
+
+class ObjectStore:
+    def __init__(self, dram: StorageTier, ssd: StorageTier | None = None, *, mode: str = policy.LRU,
+                 hard_pin_quota: int = 0, max_hold: float = 300.0, promote_after: int = 2,
+                 promote_window: float = 60.0, clock=time.time):
+        self.dram, self.ssd = dram, ssd
+        self.tiers = [dram] + ([ssd] if ssd else [])
+        self.index = ObjectIndex()
+        self.mode = mode
+        self.hard_pin_quota = hard_pin_quota
+        self.max_hold = max_hold
+        self.promote_after, self.promote_window = promote_after, promote_window
+        self.clock = clock
+        self.on_pressure = lambda: None  # the maintenance task hooks in here
+        self._reserved_hard = 0
+        self._evicted: list[list] = []
+
+    # -- WRITE: reserve an extent, receive into it, then commit (or abort)
+
+    def reserve(self, key: bytes, size: int, flags: int) -> Reservation:
+        """An extent for a new object: preferred tier, then the other, then after evicting; else NoSpaceError."""
+        order = [self.ssd, self.dram] if flags & _PREFER_SSD and self.ssd else self.tiers
+        order = [tier for tier in order if tier.fits_ever(len(key), size)]
+        if not order:
+            raise ValueTooLargeError(f"{size} bytes do not fit in any tier of this node "
+                                     f"({', '.join(f'{t.name} {t.capacity}' for t in self.tiers)} bytes)")
+        hard = size if flags & _HARD_PIN else 0
+        if hard and not policy.hard_pin_fits(self.index.hard_pinned_bytes + self._reserved_hard, size,
+                                             self.hard_pin_quota):
+            raise NoSpaceError(f"hard-pin quota of {self.hard_pin_quota} bytes exceeded: "
+                               f"{self.index.hard_pinned_bytes + self._reserved_hard} pinned, {size} more asked")
+        for tier in order:
+            offset = tier.alloc.allocate(tier.segment.extent_length(len(key), size))
+            if offset is not None:
+                return self._reserved(tier, offset, hard)
+        # The coldest data lives in the last tier: make room there first.
+        for tier in reversed(self.tiers):
+            if tier in order:
+                offset = self.make_room(tier, tier.segment.extent_length(len(key), size))
+                if offset is not None:
+                    return self._reserved(tier, offset, hard)
+        raise NoSpaceError(f"no room for {size} bytes: " + ", ".join(
+            f"{t.name} {t.used}/{t.capacity} used" for t in self.tiers) + "; nothing more may be evicted")
+
+    def _reserved(self, tier: StorageTier, offset: int, hard: int) -> Reservation:
+        self._reserved_hard += hard
+        return Reservation(tier, offset, hard)
+
+    def abort(self, res: Reservation) -> None:
+        """Give back a reservation whose payload never arrived whole (no header was written)."""
+        self._reserved_hard -= res.hard_pinned
+        res.tier.alloc.free(res.offset)
+
+    def new_record(self, key: bytes, generation: int, size: int, value_checksum: int, flags: int,
+                   raw_size: int, ttl_ms: int, soft_pin_ms: int) -> ObjectRecord:
+        now = self.clock()
+        return ObjectRecord(key, generation, size, value_checksum, flags, raw_size or size,
+                            expires_at=now + ttl_ms / 1000 if ttl_ms else 0.0,
+                            soft_pin_until=now + soft_pin_ms / 1000 if soft_pin_ms else 0.0,
+                            last_access=now)
+
+    def commit(self, res: Reservation, rec: ObjectRecord) -> None:
+        """Make a fully received object visible (an older copy of the same version is dropped)."""
+        self._reserved_hard -= res.hard_pinned
+        setattr(rec, res.tier.name, res.offset)
+        old = self.index.add(rec)
+        if old is not None:
+            self._unindexed(old, reason=None)
+        self.join_tier(res.tier, rec)
+        if res.tier.excess():
+            self.on_pressure()
+
+    # -- READ and friends
+
+    def lookup(self, key: bytes, generation: int):
+        """(record, None) if readable, else (None, "stale" | "missing")."""
+        rec = self.index.get(key, generation)
+        if rec is None:
+            return None, "stale" if self.index.has_key(key) else "missing"
+        if policy.expired(rec, self.clock()):
+            self.evict(rec, "expired")
+            return None, "missing"
+        return rec, None
+
+    def count_read(self, rec: ObjectRecord, from_dram: bool) -> bool:
+        """Account a READ served; True when an SSD-only object has earned a promotion."""
+        now = self.clock()
+        rec.last_access = now
+        rec.hits += 1
+        if from_dram:
+            self.dram.hits += 1
+            return False
+        self.dram.misses += 1
+        self.ssd.hits += 1
+        promote = policy.count_hit_for_promotion(rec, now, self.promote_window, self.promote_after)
+        return promote and not rec.promoting and rec.dram is None
+
+    def count_miss(self) -> None:
+        for tier in self.tiers:
+            tier.misses += 1
+
+    def acquire(self, rec: ObjectRecord) -> None:
+        rec.refcount += 1
+
+    def release(self, rec: ObjectRecord) -> None:
+        rec.refcount -= 1
+        if rec.refcount == 0 and not rec.live:
+            self._free_extents(rec)
+
+    def free(self, key: bytes, generation: int) -> bool:
+        """FREE from the master: forget the object (its bytes go once no transfer uses them)."""
+        rec = self.index.get(key, generation)
+        if rec is None:
+            return False
+        self.index.remove(rec)
+        self._unindexed(rec, reason=None)
+        return True
+
+    def hold(self, key: bytes, generation: int, ms: int) -> bool:
+        rec, _ = self.lookup(key, generation)
+        if rec is None:
+            return False
+        now = self.clock()
+        rec.hold_until = max(rec.hold_until, now + min(ms / 1000, self.max_hold))
+        return True
+
+    # -- eviction and tier moves
+
+    def evict(self, rec: ObjectRecord, reason: str) -> None:
+        """Drop an object for good on the node's own decision; the master learns it from REPORT."""
+        if self.index.remove(rec):
+            log.debug("evicting %s (%s)", rec.name, reason)
+            self._unindexed(rec, reason=reason)
+
+    def drop_copy(self, rec: ObjectRecord, tier: StorageTier) -> None:
+        """Free one tier's copy of an idle object that keeps a copy in another tier."""
+        offset = getattr(rec, tier.name)
+        assert rec.refcount == 0 and offset is not None and (rec.dram, rec.ssd).count(None) == 0
+        self._leave(tier, rec)
+        setattr(rec, tier.name, None)
+        self.free_extent(tier, offset)
+
+    def release_from(self, tier: StorageTier, rec: ObjectRecord) -> None:
+        """Make room in `tier` by one victim: keep it elsewhere if it has another copy, else evict it."""
+        if (rec.dram, rec.ssd).count(None) == 0:
+            self.drop_copy(rec, tier)
+            if tier is self.dram:
+                tier.demotions += 1
+        else:
+            self.evict(rec, f"{tier.name} full")
+
+    def expire_due(self) -> int:
+        due = self.index.due(self.clock())
+        for rec in due:
+            self.evict(rec, "expired")
+        return len(due)
+
+    def victims(self, tier: StorageTier, need: int) -> list[ObjectRecord]:
+        return policy.pick(tier.members, need, self.clock(), self.mode, tier.extent_length)
+
+    def adopt(self, offset: int, obj: StoredObject) -> bool:
+        """Index an object found intact on the SSD at start; False if that version is indexed already.
+
+        A version is found twice only if the node died between writing a
+        rewritten copy and clearing the old one: either copy is whole.
+        """
+        if self.index.get(obj.key, obj.generation) is not None:
+            return False
+        self.ssd.alloc.claim(offset, self.ssd.segment.extent_length(len(obj.key), obj.size))
+        rec = ObjectRecord(obj.key, obj.generation, obj.size, obj.checksum, obj.flags, obj.raw_size,
+                           expires_at=obj.expires_ms / 1000, ssd=offset, last_access=self.clock())
+        self.index.add(rec)
+        self.join_tier(self.ssd, rec)
+        return True
+
+    def note_dropped(self, key: bytes, generation: int) -> None:
+        """List an object the node lost on its own (e.g. found torn) for the next REPORT."""
+        if len(self._evicted) < MAX_EVICTED_LISTED:
+            self._evicted.append([key.decode("utf-8", "surrogateescape"), generation])
+
+    def stored_object(self, rec: ObjectRecord) -> StoredObject:
+        return StoredObject(rec.key, rec.generation, rec.size, rec.checksum, rec.flags, rec.raw_size,
+                            int(rec.expires_at * 1000))
+
+    # -- REPORT / INVENTORY
+
+    def report(self, node_id: str) -> dict:
+        evicted, self._evicted = self._evicted, []
+        tiers = {tier.name: tier.stats() for tier in self.tiers}
+        return {"node_id": node_id, "tiers": tiers, "evicted": evicted}
+
+    def inventory(self) -> list[dict]:
+        now = self.clock()
+        return [{"key": rec.key.decode("utf-8", "surrogateescape"), "generation": rec.generation,
+                 "size": rec.size, "checksum": rec.checksum, "flags": rec.flags, "raw_size": rec.raw_size,
+                 "ttl_ms": rec.ttl_ms(now), "tiers": [t.name for t in self.tiers if getattr(rec, t.name) is not None]}
+                for rec in self.index if not policy.expired(rec, now)]
+
+    # -- bookkeeping
+
+    def make_room(self, tier: StorageTier, length: int) -> int | None:
+        """Give up victims of `tier` one by one until an extent of `length` fits; its offset, or None."""
+        for rec in policy.victims(tier.members, self.clock(), self.mode):
+            self.release_from(tier, rec)
+            offset = tier.alloc.allocate(length)
+            if offset is not None:
+                return offset
+        return None
+
+    def _unindexed(self, rec: ObjectRecord, reason: str | None) -> None:
+        """After index.remove: leave the tiers now, free the bytes once no transfer uses them."""
+        for tier in self.tiers:
+            if getattr(rec, tier.name) is not None:
+                self._leave(tier, rec)
+                if reason:
+                    tier.evictions += 1
+                    tier.evicted_bytes += rec.size
+        if reason:
+            self.note_dropped(rec.key, rec.generation)
+        if rec.refcount == 0:
+            self._free_extents(rec)
+
+    def _free_extents(self, rec: ObjectRecord) -> None:
+        for tier in self.tiers:
+            offset = getattr(rec, tier.name)
+            if offset is not None:
+                setattr(rec, tier.name, None)
+                self.free_extent(tier, offset)
+
+    def free_extent(self, tier: StorageTier, offset: int) -> None:
+        if tier is self.ssd:
+            tier.segment.clear_header(offset)  # before reuse, so a restart never revives it
+        tier.alloc.free(offset)
+
+    def join_tier(self, tier: StorageTier, rec: ObjectRecord) -> None:
+        tier.members.add(rec)
+        if rec.hard_pin:
+            tier.pinned_bytes += rec.size
+
+    def _leave(self, tier: StorageTier, rec: ObjectRecord) -> None:
+        if rec in tier.members:
+            tier.members.discard(rec)
+            if rec.hard_pin:
+                tier.pinned_bytes -= rec.size

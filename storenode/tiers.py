@@ -1,0 +1,54 @@
+"""One storage tier as the node manages it: segment, allocator, member objects, watermarks and counters."""
+
+from kvpool.allocator import ExtentAllocator
+
+from . import policy
+
+
+class StorageTier:
+    """A segment (DramSegment or SsdSegment) with its own extent allocator.
+
+    `members` holds the records with a copy in this tier; counters are totals
+    since start. Each tier counts the moves it takes part in: a demotion counts
+    in DRAM and in SSD alike, as does a promotion.
+    """
+
+    def __init__(self, segment, high: float, low: float):
+        self.segment = segment
+        self.name = segment.name
+        self.alloc = ExtentAllocator(segment.capacity, segment.alignment)
+        self.high, self.low = high, low
+        self.members: set = set()
+        self.pinned_bytes = 0  # hard-pinned objects with a copy here
+        self.hits = self.misses = 0
+        self.demotions = self.promotions = 0
+        self.evictions = self.evicted_bytes = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.alloc.capacity
+
+    @property
+    def used(self) -> int:
+        return self.alloc.used
+
+    def extent_length(self, rec) -> int:
+        return self.segment.extent_length(len(rec.key), rec.size)
+
+    def fits_ever(self, key_len: int, size: int) -> bool:
+        return self.alloc.aligned(self.segment.extent_length(key_len, size)) <= self.capacity
+
+    def excess(self) -> int:
+        return policy.excess(self.used, self.capacity, self.high, self.low)
+
+    def room_below_high(self, length: int) -> bool:
+        return self.used + self.alloc.aligned(length) <= self.high * self.capacity
+
+    def stats(self) -> dict:
+        return {
+            "capacity": self.capacity, "used": self.used, "objects": len(self.members),
+            "hits": self.hits, "misses": self.misses, "demotions": self.demotions,
+            "promotions": self.promotions, "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
+            "watermark": policy.watermark(self.used, self.capacity, self.high, self.low),
+            "pinned_bytes": self.pinned_bytes,
+        }

@@ -1,0 +1,163 @@
+"""Start real storage-node processes and talk to them over raw sockets with kvpool.wire."""
+
+import json
+import re
+import selectors
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from kvpool import wire
+from kvpool.checksum import checksum
+from kvpool.errors import Code
+from kvpool.netutil import wait_until
+from kvpool.wire import Op
+
+_READY = re.compile(rb"^kvpool-storenode ready node_id=(\S+) address=(\S+):(\d+)$")
+
+
+@dataclass
+class Node:
+    proc: subprocess.Popen
+    node_id: str
+    host: str
+    port: int
+    log_path: str
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection((self.host, self.port), timeout=10)
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+def start_node(etcd: str, tmp_path, node_id: str = "n1", lease_ttl: int = 30, dram: str = "64MiB",
+               args: tuple = ()) -> Node:
+    """A node process; returns once it printed its ready line."""
+    # A long lease by default: a record that vanishes at once on SIGTERM was revoked, not expired.
+    log_path = str(tmp_path / f"{node_id}.log")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvpool.storenode", "--etcd", etcd, "--dram", dram, "--port", "0",
+             "--node-id", node_id, "--lease-ttl", str(lease_ttl), *args],
+            stdout=subprocess.PIPE, stderr=log)
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+
+    def ready_line():
+        if selector.select(0):
+            line = proc.stdout.readline()
+            if line:
+                return line
+        if proc.poll() is not None:
+            with open(log_path) as f:
+                raise RuntimeError(f"storenode exited with {proc.returncode}: {f.read()}")
+        return None
+
+    try:
+        line = wait_until(ready_line, 20, what="storenode ready line")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        selector.close()
+    match = _READY.match(line.strip())
+    assert match, line
+    assert match.group(1).decode() == node_id
+    return Node(proc, node_id, match.group(2).decode(), int(match.group(3)), log_path)
+
+
+# -- frames
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def read_reply(sock: socket.socket):
+    """(op, req_id, status, checksum, payload) of the next reply."""
+    magic, version, op, req_id, status, length, value_checksum = wire.REPLY.unpack(recv_exact(sock, wire.REPLY.size))
+    assert (magic, version) == (wire.MAGIC, wire.VERSION)
+    return op, req_id, status, value_checksum, recv_exact(sock, length)
+
+
+def write_frame(key: bytes, generation: int, data: bytes, req_id: int = 1, value_checksum=None, flags: int = 0,
+                ttl_ms: int = 0, soft_pin_ms: int = 0, raw_size: int = 0) -> bytes:
+    cs = checksum(data) if value_checksum is None else value_checksum
+    return (wire.pack_request(Op.WRITE, req_id, key, generation, 0, len(data), cs, flags)
+            + wire.WRITE_OPTIONS.pack(ttl_ms, soft_pin_ms, raw_size) + data)
+
+
+def read_frame(key: bytes, generation: int, length: int, req_id: int = 1) -> bytes:
+    return wire.pack_request(Op.READ, req_id, key, generation, 0, length)
+
+
+def call(node: Node, frame: bytes):
+    with node.connect() as sock:
+        sock.sendall(frame)
+        return read_reply(sock)
+
+
+def put(node: Node, key: bytes, generation: int, data: bytes, **options) -> None:
+    _, _, status, _, message = call(node, write_frame(key, generation, data, **options))
+    assert status == Code.OK, message
+
+
+def write_status(node: Node, key: bytes, generation: int, data: bytes, **options):
+    """(status, message) of a WRITE whose refusal may close the connection."""
+    _, _, status, _, message = call(node, write_frame(key, generation, data, **options))
+    return status, message.decode()
+
+
+def get(node: Node, key: bytes, generation: int, length: int):
+    """(status, payload) of a READ on a fresh connection."""
+    _, _, status, _, payload = call(node, read_frame(key, generation, length))
+    return status, payload
+
+
+def free(node: Node, key: bytes, generation: int) -> int:
+    return call(node, wire.pack_request(Op.FREE, 1, key, generation))[2]
+
+
+def hold(node: Node, key: bytes, generation: int, ms: int) -> int:
+    return call(node, wire.pack_request(Op.HOLD, 1, key, generation, arg=ms))[2]
+
+
+def report(node: Node) -> dict:
+    _, _, status, value_checksum, body = call(node, wire.pack_request(Op.REPORT, 1, b""))
+    assert status == Code.OK and value_checksum == checksum(body)
+    return json.loads(body)
+
+
+def inventory(node: Node) -> dict:
+    """{(key, generation): entry} of the node's INVENTORY."""
+    _, _, status, _, body = call(node, wire.pack_request(Op.INVENTORY, 1, b""))
+    assert status == Code.OK
+    return {(e["key"], e["generation"]): e for e in json.loads(body)}
+
+
+def closed_by_node(sock: socket.socket) -> bool:
+    """True once the node closes the connection (replies sent before that are skipped)."""
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+

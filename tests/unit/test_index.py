@@ -1,0 +1,311 @@
+"""The node's object index and store logic on real (small, temporary) segments, without a server."""
+
+import os
+
+import pytest
+
+from kvpool.checksum import checksum
+from kvpool.errors import NoSpaceError, ValueTooLargeError
+from kvpool.storenode.dram import DramSegment, remove_stale_segments, segment_name
+from kvpool.storenode.index import ObjectIndex, ObjectRecord
+from kvpool.storenode.recovery import recover
+from kvpool.storenode.ssd import SsdSegment
+from kvpool.storenode.store import ObjectStore
+from kvpool.storenode.tiers import StorageTier
+from kvpool.wire import WriteFlag
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_000.0
+
+    def __call__(self):
+        return self.now
+
+
+# -- ObjectIndex
+
+def test_index_by_key_and_generation():
+    index = ObjectIndex()
+    a1, a2 = ObjectRecord(b"a", 1, 10, 0), ObjectRecord(b"a", 2, 20, 0)
+    assert index.add(a1) is None and index.add(a2) is None
+    assert index.get(b"a", 1) is a1 and index.get(b"a", 2) is a2 and index.get(b"a", 3) is None
+    assert index.has_key(b"a") and not index.has_key(b"b")
+    again = ObjectRecord(b"a", 1, 11, 0)
+    assert index.add(again) is a1 and not a1.live  # same version again replaces the old record
+    assert len(index) == 2 and set(index) == {again, a2}
+    assert index.remove(a2) and not index.remove(a2)
+    assert index.remove(again) and not index.has_key(b"a") and len(index) == 0
+
+
+def test_index_counts_hard_pinned_bytes_and_queues_expiry():
+    index = ObjectIndex()
+    pinned = ObjectRecord(b"p", 1, 500, 0, flags=WriteFlag.HARD_PIN)
+    soon = ObjectRecord(b"s", 1, 10, 0, expires_at=5.0)
+    later = ObjectRecord(b"l", 1, 10, 0, expires_at=50.0)
+    for rec in (pinned, soon, later):
+        index.add(rec)
+    assert index.hard_pinned_bytes == 500
+    assert index.due(4.9) == []
+    assert index.due(10.0) == [soon]
+    index.remove(later)
+    assert index.due(100.0) == []  # removed records leave the queue unseen
+    index.remove(pinned)
+    assert index.hard_pinned_bytes == 0
+
+
+# -- ObjectStore
+
+@pytest.fixture
+def make_store(tmp_path):
+    made = []
+
+    def make(dram=64 * 1024, ssd=0, **options):
+        dram_tier = StorageTier(DramSegment(dram, f"t-{len(made)}", directory=str(tmp_path)), 0.9, 0.75)
+        ssd_tier = StorageTier(SsdSegment(str(tmp_path / f"ssd{len(made)}"), ssd), 0.9, 0.75) if ssd else None
+        options.setdefault("hard_pin_quota", dram // 2)
+        store = ObjectStore(dram_tier, ssd_tier, clock=options.pop("clock", Clock()), **options)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        for tier in store.tiers:
+            tier.segment.close()
+
+
+def put(store: ObjectStore, key: bytes, data: bytes, generation: int = 1, flags: int = 0, ttl_ms: int = 0,
+        soft_pin_ms: int = 0) -> ObjectRecord:
+    """What the server does for a WRITE, minus the socket."""
+    res = store.reserve(key, len(data), flags)
+    if res.tier is store.dram:
+        store.dram.segment.view(res.offset, len(data))[:] = data
+    else:
+        segment = res.tier.segment
+        segment.pwrite_all(key, segment.key_offset(res.offset))
+        segment.pwrite_all(data, segment.payload_offset(res.offset, len(key)))
+    rec = store.new_record(key, generation, len(data), checksum(data), flags, 0, ttl_ms, soft_pin_ms)
+    if res.tier is not store.dram:
+        res.tier.segment.write_header(res.offset, store.stored_object(rec))
+    store.commit(res, rec)
+    return rec
+
+
+def test_write_falls_back_to_ssd_then_evicts_coldest(make_store):
+    store = make_store(dram=8192, ssd=4 * 4096)
+    a = put(store, b"a", b"x" * 8000)
+    assert a.dram is not None
+    b = put(store, b"b", b"y" * 3000)  # DRAM has no room: SSD
+    assert (b.dram, b.ssd) == (None, 0)
+    store.clock.now += 1
+    for key in (b"c", b"d", b"e"):
+        put(store, key, b"z" * 3000)
+        store.clock.now += 1
+    assert store.ssd.used == 4 * 4096
+    put(store, b"f", b"w" * 3000)  # full: the coldest SSD object (b) goes
+    assert not b.live and store.lookup(b"b", 1) == (None, "missing")
+    assert store.report("n")["evicted"] == [["b", 1]]
+    assert store.ssd.evictions == 1 and store.ssd.evicted_bytes == 3000
+
+
+def test_nothing_evictable_is_no_space_and_too_big_is_too_large(make_store):
+    store = make_store(dram=8192, hard_pin_quota=8192)
+    put(store, b"pinned", b"p" * 4096, flags=WriteFlag.HARD_PIN)
+    held = put(store, b"held", b"h" * 4096)
+    assert store.hold(b"held", 1, 60_000)
+    with pytest.raises(NoSpaceError, match="nothing more may be evicted"):
+        store.reserve(b"new", 100, 0)
+    with pytest.raises(ValueTooLargeError):
+        store.reserve(b"huge", 8193, 0)
+    store.clock.now += 61
+    assert store.reserve(b"new", 100, 0).offset is not None  # the hold lapsed: held was evicted
+    assert not held.live
+
+
+def test_hold_is_capped_by_max_hold(make_store):
+    store = make_store(max_hold=2.0)
+    rec = put(store, b"k", b"v" * 10)
+    assert store.hold(b"k", 1, 3_600_000)
+    assert rec.hold_until == store.clock.now + 2.0
+    assert store.hold(b"k", 1, 100)  # a shorter hold never shortens one in force
+    assert rec.hold_until == store.clock.now + 2.0
+    assert not store.hold(b"k", 2, 100)
+
+
+def test_hard_pin_quota_counts_pending_writes(make_store):
+    store = make_store(dram=64 * 1024, hard_pin_quota=1000)
+    res = store.reserve(b"a", 600, WriteFlag.HARD_PIN)
+    with pytest.raises(NoSpaceError, match="quota"):
+        store.reserve(b"b", 600, WriteFlag.HARD_PIN)
+    store.abort(res)
+    put(store, b"b", b"b" * 600, flags=WriteFlag.HARD_PIN)
+    assert store.dram.pinned_bytes == 600
+    with pytest.raises(NoSpaceError, match="quota"):
+        store.reserve(b"c", 401, WriteFlag.HARD_PIN)
+    assert store.free(b"b", 1)
+    assert store.dram.pinned_bytes == 0
+    store.reserve(b"c", 1000, WriteFlag.HARD_PIN)
+
+
+def test_busy_records_are_freed_only_when_the_transfer_ends(make_store):
+    store = make_store(dram=8192)
+    rec = put(store, b"k", b"v" * 4096)
+    store.acquire(rec)
+    assert store.free(b"k", 1)
+    assert store.lookup(b"k", 1) == (None, "missing")  # unindexed at once...
+    assert store.dram.used == 4096 and rec.dram is not None  # ...but its bytes stay for the reader
+    with pytest.raises(NoSpaceError):
+        store.reserve(b"other", 8192, 0)
+    store.release(rec)
+    assert store.dram.used == 0 and rec.dram is None
+    # Busy records are never chosen as victims either.
+    busy = put(store, b"busy", b"b" * 8192)
+    store.acquire(busy)
+    with pytest.raises(NoSpaceError):
+        store.reserve(b"x", 64, 0)
+    store.release(busy)
+    assert store.reserve(b"x", 64, 0)
+
+
+def test_expired_objects_are_not_served_and_are_listed(make_store):
+    store = make_store()
+    put(store, b"t", b"v" * 10, ttl_ms=500)
+    assert store.lookup(b"t", 1)[0] is not None
+    store.clock.now += 0.5
+    assert store.lookup(b"t", 1) == (None, "missing")
+    assert store.report("n")["evicted"] == [["t", 1]]
+    put(store, b"u", b"v" * 10, ttl_ms=500)
+    store.clock.now += 1
+    assert store.expire_due() == 1 and store.inventory() == []
+
+
+def test_soft_pinned_go_only_after_unpinned(make_store):
+    store = make_store(dram=4 * 1024)
+    soft = put(store, b"soft", b"s" * 1024, soft_pin_ms=60_000)
+    store.clock.now += 1
+    plain = []
+    for i in range(3):
+        plain.append(put(store, b"p%d" % i, b"p" * 1024))
+        store.clock.now += 1
+    put(store, b"new", b"n" * 1024)
+    assert soft.live and not plain[0].live and plain[1].live
+    store.clock.now += 61  # the soft pin lapsed: now it is the coldest
+    put(store, b"new2", b"n" * 1024)
+    assert not soft.live and plain[1].live
+
+
+def test_dram_copy_of_an_object_also_on_ssd_is_dropped_before_anything_is_lost(make_store):
+    store = make_store(dram=4096, ssd=8 * 4096)
+    rec = put(store, b"both", b"b" * 4096)
+    rec.ssd = store.ssd.alloc.allocate(store.ssd.extent_length(rec))
+    store.join_tier(store.ssd, rec)
+    other = put(store, b"other", b"o" * 4096, flags=WriteFlag.PREFER_SSD)  # SSD has room: no eviction at all
+    assert other.ssd is not None and rec.dram is not None
+    store.release_from(store.dram, rec)
+    assert rec.live and rec.dram is None and rec.ssd is not None and store.dram.demotions == 1
+
+
+# -- recovery
+
+def test_recovery_adopts_intact_objects_and_drops_torn_and_expired(make_store, tmp_path):
+    clock = Clock()
+    clock.now = 2_000_000_000.0  # recovery compares expiry with the real clock: keep these valid
+    store = make_store(dram=4096, ssd=64 * 4096, clock=clock)
+    good = [os.urandom(n) for n in (1, 4000, 20_000)]
+    for i, data in enumerate(good):
+        put(store, b"good%d" % i, data, generation=10 + i, flags=WriteFlag.PREFER_SSD)
+    torn = put(store, b"torn", os.urandom(9000), generation=7, flags=WriteFlag.PREFER_SSD)
+    freed = put(store, b"freed", os.urandom(100), generation=8, flags=WriteFlag.PREFER_SSD)
+    clock.now = 1.0
+    put(store, b"expired", os.urandom(100), generation=9, flags=WriteFlag.PREFER_SSD, ttl_ms=1000)
+    clock.now = 2_000_000_000.0
+    segment = store.ssd.segment
+    segment.pwrite_all(b"\xff", segment.payload_offset(torn.ssd, len(b"torn")) + 5000)
+    # Key and payload written but no header: a WRITE killed mid-way.
+    segment.pwrite_all(b"half written", 60 * 4096 + 200)
+    store.free(b"freed", 8)
+    assert freed.ssd is None
+    ssd_dir = os.path.dirname(segment.path)
+    segment.close()
+
+    again = ObjectStore(StorageTier(DramSegment(4096, "r", directory=str(tmp_path)), 0.9, 0.75),
+                        StorageTier(SsdSegment(ssd_dir, 64 * 4096), 0.9, 0.75))
+    try:
+        assert recover(again) == {"ok": 3, "torn": 1, "expired": 1, "duplicate": 0}
+        inv = {(e["key"], e["generation"]): e for e in again.inventory()}
+        assert set(inv) == {("good0", 10), ("good1", 11), ("good2", 12)}
+        for i, data in enumerate(good):
+            rec, _ = again.lookup(b"good%d" % i, 10 + i)
+            buf = bytearray(rec.size)
+            again.ssd.segment.pread_into(buf, again.ssd.segment.payload_offset(rec.ssd, len(rec.key)))
+            assert bytes(buf) == data and rec.checksum == checksum(data)
+        assert sorted(again.report("n")["evicted"]) == [["expired", 9], ["torn", 7]]
+        assert again.ssd.used == sum(again.ssd.alloc.aligned(again.ssd.extent_length(r)) for r in again.index)
+        # Dropped headers were cleared: a second restart finds only the intact objects.
+        again.ssd.segment.close()
+        third = StorageTier(SsdSegment(ssd_dir, 64 * 4096), 0.9, 0.75)
+        again.tiers[1] = again.ssd = third
+        again.index = ObjectIndex()
+        assert recover(again) == {"ok": 3, "torn": 0, "expired": 0, "duplicate": 0}
+    finally:
+        for tier in again.tiers:
+            tier.segment.close()
+
+
+def test_ssd_segment_is_locked_while_in_use(tmp_path):
+    from kvpool.errors import UnavailableError
+
+    first = SsdSegment(str(tmp_path), 4096)
+    try:
+        with pytest.raises(UnavailableError, match="in use"):
+            SsdSegment(str(tmp_path), 4096)
+    finally:
+        first.close()
+    SsdSegment(str(tmp_path), 4096).close()
+
+
+def test_stale_dram_segments_are_removed_unless_in_use(tmp_path):
+    live = DramSegment(4096, segment_name("c", "n1", "a" * 32), directory=str(tmp_path))
+    stale = tmp_path / segment_name("c", "n1", "b" * 32)
+    stale.write_bytes(b"x")
+    other_node = tmp_path / segment_name("c", "n1-x", "c" * 32)
+    other_node.write_bytes(b"x")
+    try:
+        assert remove_stale_segments("c", "n1", str(tmp_path)) == [str(stale)]
+        assert os.path.exists(live.path) and other_node.exists()
+    finally:
+        live.close()
+
+
+def test_recovery_keeps_one_copy_of_a_version_found_twice(tmp_path):
+    from kvpool.storenode.ssd import StoredObject
+
+    segment = SsdSegment(str(tmp_path / "ssd"), 16 * 4096)
+    data = os.urandom(5000)
+    obj = StoredObject(b"k", 3, len(data), checksum(data), 0, len(data), 0)
+    for offset in (0, 8 * 4096):  # a rewrite whose old copy was never cleared
+        segment.write_object(offset, obj, data)
+    store = ObjectStore(StorageTier(DramSegment(4096, "d", directory=str(tmp_path)), 0.9, 0.75),
+                        StorageTier(segment, 0.9, 0.75))
+    try:
+        assert recover(store) == {"ok": 1, "torn": 0, "expired": 0, "duplicate": 1}
+        assert [(e["key"], e["generation"]) for e in store.inventory()] == [("k", 3)]
+        assert store.ssd.used == 2 * 4096 and segment.read_header(8 * 4096) is None
+    finally:
+        for tier in store.tiers:
+            tier.segment.close()
+
+
+def test_allocator_claim_carves_a_given_extent():
+    from kvpool.allocator import ExtentAllocator
+
+    alloc = ExtentAllocator(64 * 1024, alignment=4096)
+    assert alloc.claim(8192, 5000) == 8192
+    assert alloc.free_extents() == [(0, 8192), (16384, 64 * 1024 - 16384)]
+    with pytest.raises(ValueError):
+        alloc.claim(12288, 4096)  # overlaps the claimed extent
+    with pytest.raises(ValueError):
+        alloc.claim(100, 10)  # unaligned
+    assert alloc.claim(0, 8192) == 8192
+    assert alloc.free(8192) == 8192 and alloc.free(0) == 8192
+    assert alloc.free_extents() == [(0, 64 * 1024)]

@@ -1,0 +1,43 @@
+"""`kvpool status` rendering of a Stats reply: one row per tier of each node."""
+
+import re
+
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.status import render_status
+
+MiB = 1 << 20
+
+
+def _stats() -> pb.StatsResponse:
+    return pb.StatsResponse(
+        master_id="m1", address="127.0.0.1:5000", objects=12, bytes=30 * MiB, pending_puts=1,
+        hits=3, misses=1, puts=14, removes=2, reclaimed_puts=0,
+        nodes=[
+            pb.NodeStats(node_id="node-1", address="127.0.0.1:6001", transports=["tcp"], tiers=[
+                pb.TierStats(tier=pb.SSD, capacity=256 * MiB, used=64 * MiB, objects=8, hits=40, misses=2,
+                             promotions=3, evictions=5, watermark="normal"),
+                pb.TierStats(tier=pb.DRAM, capacity=32 * MiB, used=30 * MiB, objects=4, hits=100, misses=7,
+                             demotions=9, watermark="high"),
+            ]),
+            pb.NodeStats(node_id="node-0", address="127.0.0.1:6000", transports=["tcp"], tiers=[
+                pb.TierStats(tier=pb.DRAM, capacity=32 * MiB, used=0, objects=0),
+            ]),
+        ])
+
+
+def test_every_tier_of_every_node_gets_a_row_with_its_counters():
+    text = render_status(_stats())
+    lines = text.splitlines()
+    assert lines[0].startswith("master 127.0.0.1:5000 (m1): 2 nodes, 12 objects")
+    assert "hit rate 75.0%" in lines[1]
+    header = lines[3].split()
+    assert header == ["NODE", "ADDRESS", "TIER", "CAPACITY", "USED", "USED%", "OBJECTS", "HITS", "MISSES",
+                      "DEMOTED", "PROMOTED", "EVICTED", "WATERMARK", "TRANSPORTS"]
+    rows = [line.split() for line in lines[4:]]
+    assert [row[:3] for row in rows] == [["node-0", "127.0.0.1:6000", "DRAM"],  # nodes sorted, DRAM first
+                                         ["node-1", "127.0.0.1:6001", "DRAM"],
+                                         ["node-1", "127.0.0.1:6001", "SSD"]]
+    assert rows[1][3:] == ["32MiB", "30MiB", "93.8", "4", "100", "7", "9", "0", "0", "high", "tcp"]
+    assert rows[2][3:] == ["256MiB", "64MiB", "25.0", "8", "40", "2", "0", "3", "5", "normal", "tcp"]
+    assert rows[0][5] == "0.0" and rows[0][12] == "-"  # no watermark reported yet
+    assert re.search(r"node-0\s+127\.0\.0\.1:6000\s+DRAM\s+32MiB", text)
