@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from kvpool import Client
+from kvpool.errors import KeyNotFoundError
 from kvpool.local_cluster import LocalCluster
 from kvpool.proto import kvpool_pb2
 from kvpool.units import parse_size
@@ -76,15 +77,21 @@ def tier_throughput(client, args, prefixes: int, hot: bool) -> dict:
         return {}
     buffers = list(np.empty((len(chosen), block), dtype=np.uint8))
     before = tier_counters(client)
-    moved, started = 0, time.perf_counter()
-    while time.perf_counter() - started < args.seconds:
-        for key, buf in zip(chosen, buffers):
-            moved += client.get_into(key, buf)
+    live = list(zip(chosen, buffers))
+    moved, lost, started = 0, 0, time.perf_counter()
+    while live and time.perf_counter() - started < args.seconds:
+        for item in list(live):
+            try:
+                moved += client.get_into(*item)
+            except KeyNotFoundError:  # evicted after exists() answered (the master learns it within a report)
+                live.remove(item)
+                lost += 1
     elapsed = time.perf_counter() - started
     after = tier_counters(client)
     served = {t: after[t]["hits"] - before.get(t, {}).get("hits", 0) for t in after}
     total = sum(served.values()) or 1
-    return {"MBps": round(moved / elapsed / 1e6, 1), "served_by": {t: round(n / total, 3) for t, n in served.items()}}
+    return {"blocks": len(chosen), "MBps": round(moved / elapsed / 1e6, 1), "evicted_meanwhile": lost,
+            "served_by": {t: round(n / total, 3) for t, n in served.items()}}
 
 
 def main() -> int:

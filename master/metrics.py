@@ -13,7 +13,7 @@ from .objects import ObjectTable
 # Per node and tier, as the node last reported them (the master only relays them).
 _TIER_GAUGES = (
     ("capacity_bytes", "Tier capacity per node, as registered"),
-    ("used_bytes", "Bytes used per node and tier: last reported, plus puts committed since"),
+    ("used_bytes", "Bytes used per node and tier: last reported, plus puts committed since (at most the capacity)"),
     ("reserved_bytes", "Bytes of puts sent to the node (pending or committed) that its last report cannot "
                        "show yet"),
     ("objects", "Objects per node and tier: last reported, plus puts committed since"),
@@ -60,9 +60,9 @@ class _TableCollector:
                 reported = node.reported.get(tier, {})
                 gauges["capacity_bytes"].add_metric(labels, node.capacity.get(tier, 0))
                 gauges["reserved_bytes"].add_metric(labels, node.reserved(tier))
-                new_objects, new_bytes = node.committed_since_report(tier)
-                gauges["used_bytes"].add_metric(labels, _number(reported, "used") + new_bytes)
-                gauges["objects"].add_metric(labels, _number(reported, "objects") + new_objects)
+                objects, used = node.estimated_use(tier)
+                gauges["used_bytes"].add_metric(labels, used)
+                gauges["objects"].add_metric(labels, objects)
                 gauges["pinned_bytes"].add_metric(labels, _number(reported, "pinned_bytes"))
                 for name, _doc in _TIER_COUNTERS:
                     counters[name].add_metric(labels, _number(reported, name))

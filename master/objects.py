@@ -150,10 +150,15 @@ class NodeState:
     def used(self, tier: str) -> int:
         return int(self.reported.get(tier, {}).get("used", 0))
 
-    def committed_since_report(self, tier: str) -> tuple[int, int]:
-        """(objects, bytes) committed here that the last REPORT could not show yet."""
+    def estimated_use(self, tier: str) -> tuple[int, int]:
+        """(objects, bytes) in a tier: the last REPORT plus puts committed since, so a put
+        shows at once. Bytes are capped at the capacity: the node has been making room
+        (demoting, evicting) since that report too."""
         sizes = [n for _, t, n in self.unreported if t == tier]
-        return len(sizes), sum(sizes)
+        reported = self.reported.get(tier, {})
+        objects = int(reported.get("objects") or 0) + len(sizes)
+        used = self.used(tier) + sum(sizes)
+        return objects, min(used, self.capacity.get(tier, used))
 
     def reserved(self, tier: str) -> int:
         return (sum(n for t, n in self.pending.values() if t == tier)

@@ -102,8 +102,8 @@ def object_info(version: ObjectVersion) -> pb.ObjectInfo:
 
 
 def tier_stats(node: NodeState, name: str) -> pb.TierStats:
-    """One tier of a node: capacity as registered; usage as last reported plus what was
-    committed there since (so a put shows at once); the node's counters as reported."""
+    """One tier of a node: capacity as registered; usage estimated (NodeState.estimated_use);
+    the node's counters as reported."""
     reported = node.reported.get(name, {})
 
     def number(field: str) -> int:
@@ -112,10 +112,10 @@ def tier_stats(node: NodeState, name: str) -> pb.TierStats:
         except (TypeError, ValueError):
             return 0
 
-    new_objects, new_bytes = node.committed_since_report(name)
+    objects, used = node.estimated_use(name)
     return pb.TierStats(
         tier=TIERS.get(name, pb.TIER_UNSPECIFIED), capacity=node.capacity.get(name, 0),
-        used=number("used") + new_bytes, objects=number("objects") + new_objects, hits=number("hits"),
+        used=used, objects=objects, hits=number("hits"),
         misses=number("misses"), demotions=number("demotions"), promotions=number("promotions"),
         evictions=number("evictions"), evicted_bytes=number("evicted_bytes"),
         watermark=str(reported.get("watermark") or ""), pinned_bytes=number("pinned_bytes"))

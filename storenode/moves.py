@@ -62,11 +62,14 @@ class Mover:
         return ok
 
     async def promote(self, rec: ObjectRecord) -> bool:
-        """Copy an SSD-only object into DRAM if there is room below the high watermark (never evicts for it)."""
+        """Copy an SSD-only object into DRAM if a free extent is there (it never evicts for it).
+
+        It may take DRAM over its high watermark: the sweep that follows demotes
+        DRAM's coldest objects, and the promoted one was just read twice, so hot
+        objects end up in DRAM and cold ones on SSD.
+        """
         store, dram = self.store, self.dram
         if not rec.live or rec.dram is not None or rec.ssd is None or rec.promoting:
-            return False
-        if not dram.room_below_high(rec.size):
             return False
         offset = dram.alloc.allocate(rec.size)
         if offset is None:

@@ -41,9 +41,6 @@ class StorageTier:
     def excess(self) -> int:
         return policy.excess(self.used, self.capacity, self.high, self.low)
 
-    def room_below_high(self, length: int) -> bool:
-        return self.used + self.alloc.aligned(length) <= self.high * self.capacity
-
     def stats(self) -> dict:
         return {
             "capacity": self.capacity, "used": self.used, "objects": len(self.members),
