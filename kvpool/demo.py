@@ -31,8 +31,8 @@ def run_demo(master: str, blocks: int = 64, block_size: int = 256 * 1024) -> Non
 
         present = sum(client.batch_exists(keys + ["demo/never-stored"]))
         print(f"demo: {present} of {blocks + 1} keys exist (one was never stored)", flush=True)
+        print(render_status(client.stats()), flush=True)
         removed = client.remove_prefix("demo/")
         print(f"demo: removed {removed} keys by prefix", flush=True)
-        print(render_status(client.stats()), flush=True)
         if wrong:
             raise SystemExit(f"demo: {wrong} blocks came back wrong")
