@@ -13,6 +13,7 @@ so callers only ever see raw values.
 """
 
 import asyncio
+import socket
 
 from kvpool.checksum import checksum
 from kvpool.cluster_layout import DEFAULT_CLUSTER
@@ -70,15 +71,19 @@ class AsyncClient:
 
     async def put(self, key: str, value, overwrite: bool = False, *, tier: str | None = None,
                   pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
-                  compress: bool | None = None) -> None:
+                  compress: bool | None = None, replicas: int | None = None,
+                  min_replicas: int | None = None) -> None:
         """Store `value` under `key`.
 
         tier: "dram" (default) or "ssd", where the node places it first. pin: "soft" (evicted only when
         nothing unpinned is left, for pin_ttl seconds, default 600) or "hard" (never evicted). ttl:
         seconds until it expires. compress: True/False, or None to follow compress_above.
+        replicas: copies on distinct nodes (default: the client's). min_replicas: the put succeeds once
+        this many are written (the master copies the rest later); default all of them.
         """
         raw = validate_key(key)
         choices = put_options.resolve(tier, pin, pin_ttl, ttl)
+        count, needed = put_options.replica_counts(replicas, min_replicas, self._replicas)
         data = readable_view(value)
         raw_size = len(data)
         packed = compression.encode(data, compress, self._compress_above)
@@ -86,24 +91,30 @@ class AsyncClient:
             data = packed
         digest = checksum(data)
         request = pb.PutStartRequest(key=key, size=len(data), checksum=digest, overwrite=overwrite,
-                                     replicas=self._replicas, options=choices.request,
+                                     replicas=count, min_replicas=needed, options=choices.request,
                                      compressed=packed is not None, raw_size=raw_size)
         info = check(await self._master.call("PutStart", request)).object
+        failed: dict = {}
         if info.replicas:
             options = choices.write_options(packed is not None, raw_size)
             try:
-                await self._write_replicas(raw, info, data, digest, options)
+                failed = await self._write_replicas(raw, info, data, digest, options)
+                _check_enough_written(info, failed, needed)
             except BaseException:
                 await self._revoke([(key, info.generation)])
                 raise
-        check(await self._master.call("PutEnd", pb.PutEndRequest(key=key, generation=info.generation)))
+        check(await self._master.call("PutEnd", pb.PutEndRequest(key=key, generation=info.generation,
+                                                                 failed_nodes=list(failed))))
+        _drop_replicas(info, failed)
         self._remember(key, info, len(data), digest, packed is not None, raw_size)
 
     async def batch_put(self, keys, values, overwrite: bool = False, *, tier: str | None = None,
                         pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
-                        compress: bool | None = None) -> None:
+                        compress: bool | None = None, replicas: int | None = None,
+                        min_replicas: int | None = None) -> None:
         """Put every pair (options as put, for every key); raises BatchError naming the keys
         that failed after finishing the rest."""
+        count, needed = put_options.replica_counts(replicas, min_replicas, self._replicas)
         keys = list(keys)
         values = list(values)
         if len(keys) != len(values):
@@ -119,7 +130,7 @@ class AsyncClient:
             return
         request = pb.BatchPutStartRequest(items=[
             pb.PutStartRequest(key=key, size=len(view), checksum=digest, overwrite=overwrite,
-                               replicas=self._replicas, options=choices.request,
+                               replicas=count, min_replicas=needed, options=choices.request,
                                compressed=p is not None, raw_size=raw_size)
             for key, view, digest, p, raw_size in zip(keys, views, digests, packed, raw_sizes)])
         answers = _items(await self._master.call("BatchPutStart", request), len(keys), "BatchPutStart")
@@ -132,7 +143,7 @@ class AsyncClient:
                 started.append((i, answer.object))
         options = [choices.write_options(p is not None, raw_size) for p, raw_size in zip(packed, raw_sizes)]
         try:
-            failed = await self._write_batch(raws, views, digests, options, started)
+            failed, partial = await self._write_batch(raws, views, digests, options, started, needed)
         except BaseException:
             await self._revoke([(keys[i], info.generation) for i, info in started])
             raise
@@ -143,52 +154,71 @@ class AsyncClient:
         written = [(i, info) for i, info in started if i not in failed]
         if written:
             request = pb.BatchPutEndRequest(items=[
-                pb.PutEndRequest(key=keys[i], generation=info.generation) for i, info in written])
+                pb.PutEndRequest(key=keys[i], generation=info.generation, failed_nodes=list(partial.get(i, ())))
+                for i, info in written])
             ends = _items(await self._master.call("BatchPutEnd", request), len(written), "BatchPutEnd")
             for (i, info), end in zip(written, ends):
                 if end.status:
                     errors[keys[i]] = error_for(end.status, end.message)
                 else:
+                    _drop_replicas(info, partial.get(i, {}))
                     self._remember(keys[i], info, len(views[i]), digests[i], packed[i] is not None, raw_sizes[i])
         if errors:
             first_key, first = next(iter(errors.items()))
             raise BatchError(f"{len(errors)} of {len(keys)} puts failed (first: {first_key!r}: {first})", errors)
 
-    async def _write_replicas(self, raw: bytes, info, data: memoryview, digest: int, options) -> None:
+    async def _write_replicas(self, raw: bytes, info, data: memoryview, digest: int, options) -> dict:
+        """Write every replica; node id -> error of each that failed."""
         write = self._transport.write
         replicas = info.replicas
         if len(replicas) == 1:
-            await write(replicas[0].address, raw, info.generation, data, digest, options)
-            return
+            # The placing leader's term goes with the WRITEs: nodes refuse it once a newer leader spoke.
+            await write(replicas[0].address, raw, info.generation, data, digest, options, term=info.term)
+            return {}
         # Every write must be over before a revoke frees the copies, so no early exit.
         outcomes = await asyncio.gather(
-            *(write(r.address, raw, info.generation, data, digest, options) for r in replicas),
+            *(write(r.address, raw, info.generation, data, digest, options, term=info.term) for r in replicas),
             return_exceptions=True)
-        for outcome in outcomes:
+        failed = {}
+        for replica, outcome in zip(replicas, outcomes):
             if outcome is not None:
-                raise outcome
+                if not isinstance(outcome, Exception):
+                    raise outcome  # cancelled: not a node failure
+                failed[replica.node_id] = outcome
+        return failed
 
-    async def _write_batch(self, raws, views, digests, options, started) -> dict:
-        """Write every replica of the started puts, one pipelined stream per node; index -> first error."""
+    async def _write_batch(self, raws, views, digests, options, started, needed: int) -> tuple[dict, dict]:
+        """Write every replica of the started puts, one pipelined stream per node.
+
+        Returns (index -> first error of puts with too few copies written, index -> {node id: error}
+        of puts that succeeded with some copies missing)."""
         groups: dict[str, tuple[list, list]] = {}
         for i, info in started:
             for replica in info.replicas:
                 group = groups.get(replica.address)
                 if group is None:
                     group = groups[replica.address] = ([], [])
-                group[0].append(i)
-                group[1].append(WriteItem(raws[i], info.generation, views[i], digests[i], options[i]))
+                group[0].append((i, replica.node_id))
+                group[1].append(WriteItem(raws[i], info.generation, views[i], digests[i], options[i], info.term))
         if not groups:
-            return {}
+            return {}, {}
         addresses = list(groups)
         outcomes = await asyncio.gather(
             *(self._transport.write_many(address, groups[address][1]) for address in addresses))
-        failed = {}
+        missing: dict[int, dict] = {}
         for address, results in zip(addresses, outcomes):
-            for i, result in zip(groups[address][0], results):
-                if result is not None and i not in failed:
-                    failed[i] = result
-        return failed
+            for (i, node_id), result in zip(groups[address][0], results):
+                if result is not None:
+                    missing.setdefault(i, {})[node_id] = result
+        infos = dict(started)
+        failed, partial = {}, {}
+        for i, errors in missing.items():
+            written = len(infos[i].replicas) - len(errors)
+            if written < (needed or len(infos[i].replicas)):
+                failed[i] = next(iter(errors.values()))
+            else:
+                partial[i] = errors
+        return failed, partial
 
     async def _revoke(self, puts: list) -> None:
         """Best effort: a put the master never hears about again is reclaimed after --put-timeout."""
@@ -208,6 +238,7 @@ class AsyncClient:
         # The client knows what it committed first-hand; don't depend on the echo.
         info.key, info.size, info.checksum = key, size, digest
         info.compressed, info.raw_size = compressed, raw_size
+        _nearest_first(info)
         self._cache.put(key, info)
 
     # -- get
@@ -268,6 +299,7 @@ class AsyncClient:
         if answer.status == Code.NOT_FOUND:
             raise KeyNotFoundError(f"key {key!r} not found")
         info = check(answer).object
+        _nearest_first(info)
         self._cache.put(key, info)
         return info
 
@@ -379,6 +411,7 @@ class AsyncClient:
                 results[i] = None if answer.status == Code.NOT_FOUND else error_for(answer.status, answer.message)
             else:
                 infos[i] = answer.object
+                _nearest_first(answer.object)
                 self._cache.put(keys[i], answer.object)
 
     # -- metadata
@@ -427,6 +460,47 @@ class AsyncClient:
 
     async def stats(self) -> pb.StatsResponse:
         return await self._master.call("Stats", pb.StatsRequest())
+
+    async def drain(self, node_id: str) -> int:
+        """Have the master move every object off a storage node (no new placement there, copies
+        made elsewhere, then its own freed); returns how many objects had a copy there."""
+        return check(await self._master.call("Drain", pb.DrainRequest(node_id=node_id))).objects
+
+
+def _check_enough_written(info, failed: dict, needed: int) -> None:
+    """Raise the first write error when fewer copies than `needed` (0 = all) were written."""
+    if failed and len(info.replicas) - len(failed) < (needed or len(info.replicas)):
+        raise next(iter(failed.values()))
+
+
+def _set_replicas(info, replicas: list) -> None:
+    clones = []
+    for replica in replicas:
+        clone = pb.Replica()
+        clone.CopyFrom(replica)
+        clones.append(clone)
+    del info.replicas[:]
+    info.replicas.extend(clones)
+
+
+def _drop_replicas(info, failed) -> None:
+    """Forget the copies that were never written, so reads do not try them."""
+    if failed:
+        _set_replicas(info, [r for r in info.replicas if r.node_id not in failed])
+
+
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", socket.gethostname()})
+
+
+def _nearest_first(info) -> None:
+    """Order replicas for reading: nodes on this host first (cheapest to reach), the rest as
+    the master listed them. Reads fail over down this list."""
+    replicas = list(info.replicas)
+    if len(replicas) < 2:
+        return
+    ordered = sorted(replicas, key=lambda r: r.address.rpartition(":")[0].strip("[]") not in _LOCAL_HOSTS)
+    if ordered != replicas:
+        _set_replicas(info, ordered)
 
 
 def _items(response, expected: int, method: str):

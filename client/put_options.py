@@ -74,3 +74,16 @@ def hold_seconds(hold) -> float:
     if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not math.isfinite(hold) or hold < 0:
         raise InvalidArgumentError(f"hold must be a number of seconds >= 0, got {hold!r}")
     return float(hold)
+
+
+def replica_counts(replicas, min_replicas, default: int) -> tuple[int, int]:
+    """(copies to write, copies that must succeed; 0 = all) for put's replicas/min_replicas."""
+    count = default if replicas is None else replicas
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
+    if min_replicas is None:
+        return count, 0
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or not 1 <= min_replicas <= count:
+        raise InvalidArgumentError(f"min_replicas must be an integer from 1 to replicas ({count}), "
+                                   f"got {min_replicas!r}")
+    return count, min_replicas

@@ -73,6 +73,7 @@ class Client:
     remove = _blocking(AsyncClient.remove)
     remove_prefix = _blocking(AsyncClient.remove_prefix)
     stats = _blocking(AsyncClient.stats)
+    drain = _blocking(AsyncClient.drain)
 
     def close(self) -> None:
         """Close connections and the loop; later calls raise UnavailableError."""

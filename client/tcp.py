@@ -36,6 +36,7 @@ _OK = Code.OK
 _NOT_FOUND = Code.NOT_FOUND
 _WRITE, _READ, _FREE, _PING = wire.Op.WRITE, wire.Op.READ, wire.Op.FREE, wire.Op.PING
 _HOLD, _REPORT, _INVENTORY = wire.Op.HOLD, wire.Op.REPORT, wire.Op.INVENTORY
+_COPY = wire.Op.COPY
 _FOUND_OR_NOT = (_FREE, _HOLD)  # ops whose NOT_FOUND is an answer (False), not an error
 _JSON_REPLY = (_REPORT, _INVENTORY)
 
@@ -113,6 +114,8 @@ class _Connection:
             parts = [frame, payload]  # header and payload leave in one sendmsg
         else:
             parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum)]
+            if payload is not None:  # COPY: the destination address
+                parts.append(payload)
         await self._submit((request,), parts)
         return await future
 
@@ -124,11 +127,12 @@ class _Connection:
         for index, item in enumerate(items):
             req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
             if op == _WRITE:
-                key, generation, data, checksum, options = item
+                key, generation, data, checksum, options = item[:5]
+                term = item[5] if len(item) > 5 else 0
                 options = options or NO_OPTIONS
                 size = len(data)
                 requests.append(_Request(req_id, op, None, None, batch, index))
-                parts.append(pack(op, req_id, key, generation, 0, size, checksum, options.flags)
+                parts.append(pack(op, req_id, key, generation, term, size, checksum, options.flags)
                              + options.pack(size))
                 parts.append(data)
             else:
@@ -362,9 +366,9 @@ class TcpTransport(Transport):
         if self._connections.get(connection.address) is connection:
             del self._connections[connection.address]
 
-    async def write(self, address, key, generation, data, checksum, options=None) -> None:
+    async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
         connection = await self._connection(address)
-        await connection.request(_WRITE, key, generation, 0, len(data), checksum, payload=data, options=options)
+        await connection.request(_WRITE, key, generation, term, len(data), checksum, payload=data, options=options)
 
     async def read_into(self, address, key, generation, buf) -> int:
         connection = await self._connection(address)
@@ -393,15 +397,24 @@ class TcpTransport(Transport):
         connection = await self._connection(address)
         return await connection.request(_HOLD, key, generation, int(ms), 0)
 
-    async def report(self, address: str) -> dict:
-        return await self._json(address, _REPORT, dict)
+    async def copy(self, address: str, key: bytes, generation: int, destination: str) -> None:
+        """Have the node at `address` write its (key, generation) to the node at `destination`."""
+        target = destination.encode()
+        if len(target) > wire.MAX_COPY_TARGET:
+            raise InvalidArgumentError(f"destination address of {len(target)} bytes")
+        connection = await self._connection(address)
+        await connection.request(_COPY, key, generation, 0, len(target), payload=target)
+
+    async def report(self, address: str, term: int = 0) -> dict:
+        """term: the asking master's leader term; the node then refuses WRITEs of older terms."""
+        return await self._json(address, _REPORT, dict, term)
 
     async def inventory(self, address: str) -> list:
         return await self._json(address, _INVENTORY, list)
 
-    async def _json(self, address: str, op: int, kind: type):
+    async def _json(self, address: str, op: int, kind: type, arg: int = 0):
         connection = await self._connection(address)
-        body = await connection.request(op, b"", 0, 0, 0)
+        body = await connection.request(op, b"", 0, arg, 0)
         try:
             value = json.loads(body)
         except ValueError as exc:

@@ -33,6 +33,7 @@ class WriteItem(NamedTuple):
     data: memoryview  # flat bytes (format "B"): its len() is its byte length
     checksum: int
     options: WriteOptions | None = None
+    term: int = 0  # term of the master that placed the put (the WRITE arg: nodes refuse older terms)
 
 
 class ReadItem(NamedTuple):
@@ -46,8 +47,9 @@ class Transport(ABC):
 
     @abstractmethod
     async def write(self, address: str, key: bytes, generation: int, data: memoryview, checksum: int,
-                    options: WriteOptions | None = None) -> None:
-        """Store `data` as (key, generation); the node verifies `checksum` before keeping it."""
+                    options: WriteOptions | None = None, term: int = 0) -> None:
+        """Store `data` as (key, generation); the node verifies `checksum` before keeping it
+        (and refuses it if a master of a newer term than `term` has spoken to it; 0 = unfenced)."""
 
     @abstractmethod
     async def read_into(self, address: str, key: bytes, generation: int, buf: memoryview) -> int:
@@ -72,8 +74,9 @@ class Transport(ABC):
         False if the node does not hold it."""
 
     @abstractmethod
-    async def report(self, address: str) -> dict:
-        """The node's usage and counters per tier, and what it evicted since the last report."""
+    async def report(self, address: str, term: int = 0) -> dict:
+        """The node's usage and counters per tier, and what it evicted since the last report
+        (term: the asking leader's, remembered by the node to refuse older leaders' WRITEs)."""
 
     @abstractmethod
     async def inventory(self, address: str) -> list:

@@ -1,4 +1,4 @@
-"""The `kvpool` command: up, master, storenode, status, bench."""
+"""The `kvpool` command: up, master, storenode, status, drain, bench."""
 
 import argparse
 import sys
@@ -31,9 +31,9 @@ def cmd_up(args) -> int:
 
     cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,
                            data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
-                           metrics=args.metrics)
+                           metrics=args.metrics, masters=args.masters)
     with cluster:
-        print(f"kvpool ready master={cluster.master_address} etcd={cluster.etcd_endpoint}", flush=True)
+        print(f"kvpool ready master={cluster.leader_address()} etcd={cluster.etcd_endpoint}", flush=True)
         for name, url in cluster.metrics_urls.items():
             print(f"metrics {name} {url}", flush=True)
         if args.demo:
@@ -55,6 +55,32 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_drain(args) -> int:
+    from .netutil import wait_until
+
+    from .errors import KvpoolError
+
+    with _connect(args) as client:
+        try:
+            objects = client.drain(args.node)
+        except KvpoolError as exc:
+            print(f"kvpool drain: {exc}", file=sys.stderr)
+            return 1
+        print(f"draining {args.node}: {objects} objects to copy elsewhere", flush=True)
+        if args.wait:
+            def drained() -> bool:
+                node = next((n for n in client.stats().nodes if n.node_id == args.node), None)
+                return node is None or node.objects == 0
+
+            try:
+                wait_until(drained, args.wait, what=f"node {args.node} to hold no objects")
+            except TimeoutError as exc:
+                print(f"kvpool drain: {exc}", file=sys.stderr)
+                return 1
+            print(f"drained {args.node}", flush=True)
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .bench import run_bench
 
@@ -70,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run etcd, a master and storage nodes on 127.0.0.1 until Ctrl-C")
     up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--masters", type=int, default=1, help="masters to run; one leads, the others stand by")
     up.add_argument("--dram-per-node", type=_size, default="512MiB")
     up.add_argument("--ssd-per-node", type=_size, default="0",
                     help="SSD tier per node, a file under DATA_DIR/node-N/ssd (0: DRAM only)")
@@ -89,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="per node and tier: capacity, use, hits, moves, evictions")
     _add_target(status)
     status.set_defaults(func=cmd_status)
+
+    drain = sub.add_parser("drain", help="move every object off a storage node so it can be taken down")
+    drain.add_argument("node", metavar="NODE", help="node id, as `kvpool status` lists it")
+    _add_target(drain)
+    drain.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                       help="also wait until the node holds no objects (fail after SECONDS)")
+    drain.set_defaults(func=cmd_drain)
 
     bench = sub.add_parser("bench", help="throughput and latency against a running cluster")
     _add_target(bench)

@@ -2,7 +2,10 @@
 
 Every key lives under /kvpool/<cluster>/ so clusters can share one etcd.
   nodes/<node_id>  JSON NodeRecord, attached to the node's lease (gone when the node is)
-  master           JSON {"address": "HOST:PORT", "master_id": ...}, attached to the master's lease
+  master           JSON {"address": "HOST:PORT", "master_id": ...}, attached to the leading master's lease
+                   (created only if absent: it is the election key; its create revision is the term)
+  masters/<id>     same JSON, one per running master (leader and followers), under its lease
+  objects/<key>    the placement record of one committed object (master/placement_record.py)
 """
 
 import json
@@ -27,6 +30,16 @@ def master_key(cluster: str) -> bytes:
     return prefix(cluster) + b"master"
 
 
+def masters_prefix(cluster: str) -> bytes:
+    """Every running master (leader or follower) registers here under its lease."""
+    return prefix(cluster) + b"masters/"
+
+
+def objects_prefix(cluster: str) -> bytes:
+    """The leader's placement record: one entry per committed object."""
+    return prefix(cluster) + b"objects/"
+
+
 @dataclass
 class TierRecord:
     capacity: int
@@ -43,6 +56,7 @@ class NodeRecord:
     tiers: dict = field(default_factory=dict)  # "dram" -> TierRecord
     metrics_port: int = 0
     pid: int = 0
+    zone: str = ""  # failure domain (rack, host, AZ); replicas of an object go to distinct zones first
 
     @property
     def address(self) -> str:

@@ -1,4 +1,4 @@
-"""A whole kvpool cluster as child processes on 127.0.0.1: etcd, a master, N storage nodes.
+"""A whole kvpool cluster as child processes on 127.0.0.1: etcd, M masters (one leads), N storage nodes.
 
 `kvpool up` runs one for people; the end-to-end tests run the same thing, so what
 the tests prove is what a user starts.
@@ -17,7 +17,7 @@ from .cluster_layout import DEFAULT_CLUSTER
 from .etcd_server import EtcdServer
 from .netutil import free_port, wait_until
 
-_READY = re.compile(r"^kvpool-(master|storenode) ready (.*)$", re.M)
+_READY = re.compile(r"^kvpool-(master|storenode) ready (.*)$", re.MULTILINE)
 
 
 @dataclass
@@ -88,8 +88,13 @@ class LocalCluster:
     def __init__(self, nodes: int = 2, dram_per_node: str = "256MiB", data_dir: str | os.PathLike | None = None,
                  master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float = 5,
                  put_timeout: float = 30, metrics: bool = False, host: str = "127.0.0.1",
-                 ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None):
-        """node_args / master_args: extra command-line options for every storage node / the master."""
+                 ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None,
+                 masters: int = 1):
+        """node_args / master_args: extra command-line options for every storage node / every master.
+        masters: how many masters run; the first one started leads at first, the others stand by."""
+        if masters < 1:
+            raise ValueError(f"masters must be at least 1, got {masters}")
+        self.master_count = masters
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="kvpool-")
         self.data_dir = Path(data_dir or self._tmp.name).resolve()
         self.log_dir = self.data_dir / "logs"
@@ -105,12 +110,22 @@ class LocalCluster:
         self.put_timeout = put_timeout
         self.metrics = metrics
         self.etcd: EtcdServer | None = None
-        self.master: Child | None = None
+        self.master: Child | None = None  # the first master (the leader once start() returns)
+        self.masters: list[Child] = []
         self.nodes: list[Child] = []
 
     @property
     def master_address(self) -> str:
         return self.master.info["address"]
+
+    @property
+    def master_addresses(self) -> str:
+        """Every master, comma-separated: what a client given all of them follows leadership with."""
+        return ",".join(m.info["address"] for m in self.masters)
+
+    def leader_address(self) -> str:
+        """The address of the master leading now, as the masters' Stats say."""
+        return self.master_stats().leader or self.master_address
 
     @property
     def etcd_endpoint(self) -> str:
@@ -124,7 +139,7 @@ class LocalCluster:
     @property
     def metrics_urls(self) -> dict:
         return {c.name: f"http://{self.host}:{c.metrics_port}/metrics"
-                for c in [self.master, *self.nodes] if c is not None and c.metrics_port}
+                for c in [*self.masters, *self.nodes] if c is not None and c.metrics_port}
 
     def start(self, timeout: float = 60.0) -> "LocalCluster":
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +147,9 @@ class LocalCluster:
             self.etcd = EtcdServer(self.data_dir / "etcd", host=self.host,
                                    log_path=self.log_dir / "etcd.log").start(timeout)
             self.master = self._master_child().start(timeout)
+            self.masters = [self.master]
+            for index in range(1, self.master_count):
+                self.masters.append(self._master_child(index).start(timeout))
             self.nodes = [self._node_child(i) for i in range(self.node_count)]
             for node in self.nodes:
                 node.start(timeout)
@@ -141,11 +159,21 @@ class LocalCluster:
             raise
         return self
 
-    def _master_child(self) -> Child:
+    def _master_child(self, index: int = 0) -> Child:
+        port = self.master_port if index == 0 and self.master_port else free_port(self.host)
+        name = "master" if index == 0 else f"master-{index}"
         argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
-                "--port", str(self.master_port or free_port(self.host)), "--cluster", self.cluster,
+                "--port", str(port), "--cluster", self.cluster, "--master-id", name,
                 "--put-timeout", str(self.put_timeout), *self.master_args]
-        return self._child("master", argv)
+        return self._child(name, argv)
+
+    def restart_master(self, index: int, timeout: float = 30.0) -> Child:
+        """Start master `index` again (after a stop or kill) on a new port."""
+        self.masters[index].stop()
+        self.masters[index] = self._master_child(index).start(timeout)
+        if index == 0:
+            self.master = self.masters[0]
+        return self.masters[index]
 
     def _node_child(self, index: int) -> Child:
         node_id = f"node-{index}"
@@ -162,13 +190,24 @@ class LocalCluster:
         return self.nodes[index]
 
     def master_stats(self):
-        """The master's Stats reply (a blocking gRPC call, for waiting and tests)."""
+        """The leading master's Stats reply (a blocking gRPC call, for waiting and tests)."""
         import grpc
 
         from .proto import kvpool_pb2, kvpool_pb2_grpc
 
-        with grpc.insecure_channel(self.master_address) as channel:
-            return kvpool_pb2_grpc.MasterStub(channel).Stats(kvpool_pb2.StatsRequest(), timeout=5)
+        alive = [m for m in self.masters if m.alive] or [self.master]
+        stats = None
+        for child in alive:
+            with grpc.insecure_channel(child.info["address"]) as channel:
+                try:
+                    stats = kvpool_pb2_grpc.MasterStub(channel).Stats(kvpool_pb2.StatsRequest(), timeout=5)
+                except grpc.RpcError:
+                    continue
+            if stats.leader in ("", child.info["address"]):
+                return stats
+        if stats is None:
+            raise ConnectionError("no master answered Stats")
+        return stats
 
     def wait_for_nodes(self, count: int, timeout: float = 30.0) -> None:
         """Until the master's membership lists exactly `count` storage nodes."""
@@ -178,7 +217,7 @@ class LocalCluster:
     def stop(self) -> None:
         from .storenode.dram import remove_stale_segments
 
-        for child in [*self.nodes, self.master]:
+        for child in [*self.nodes, *(self.masters or [self.master])]:
             if child is not None:
                 child.stop()
         for node in self.nodes:  # a node that was killed could not unlink its DRAM segment itself

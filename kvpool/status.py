@@ -29,7 +29,9 @@ def render_status(stats) -> str:
     lookups = stats.hits + stats.misses
     hit_rate = f"{100.0 * stats.hits / lookups:.1f}%" if lookups else "-"
     summary = (f"master {stats.address} ({stats.master_id}): {len(stats.nodes)} nodes, {stats.objects} objects, "
-               f"{format_size(stats.bytes)} stored, {stats.pending_puts} puts in progress\n"
+               f"{format_size(stats.bytes)} stored, {stats.pending_puts} puts in progress; "
+               f"leader {stats.leader or 'none elected'} (term {stats.term}), "
+               f"followers: {', '.join(stats.followers) or 'none'}\n"
                f"puts {stats.puts}, removes {stats.removes}, reclaimed puts {stats.reclaimed_puts}, "
                f"lookups: {stats.hits} hits, {stats.misses} misses (hit rate {hit_rate})")
     return summary + "\n\n" + _table(rows)

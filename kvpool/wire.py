@@ -6,6 +6,7 @@ requests, then read the replies in the same order (req_id is echoed to check).
 A batch is such a pipelined run of frames, sent in one sendmsg.
 
 Request:  REQUEST header | key (key_len bytes) | WRITE only: WRITE_OPTIONS, then payload (length bytes)
+          | COPY only: the destination "HOST:PORT" (length bytes)
 Reply:    REPLY header   | payload (length bytes): the value for a READ that
           succeeded, JSON for REPORT and INVENTORY, or a UTF-8 error message
           when status != OK.
@@ -29,7 +30,8 @@ MAGIC = b"KV"
 VERSION = 1
 
 # magic, version, op, req_id, key_len, flags, generation, arg, length, checksum
-# arg: HOLD: milliseconds to hold the object; otherwise 0.
+# arg: HOLD: milliseconds to hold the object; WRITE and REPORT: the leading master's term (0 = none),
+#      so a node refuses WRITEs placed by a master deposed since (NOT_LEADER); otherwise 0.
 REQUEST = struct.Struct("<2sBBIHHQQQQ")
 # After a WRITE's key: ttl_ms (0 = none), soft_pin_ms (0 = not pinned), raw_size (size before compression).
 WRITE_OPTIONS = struct.Struct("<QQQ")
@@ -45,6 +47,15 @@ class Op(IntEnum):
     HOLD = 5       # keep (key, generation) from eviction for `arg` ms (capped by the node)
     REPORT = 6     # reply JSON: per-tier usage and counters, and the objects evicted since the last REPORT
     INVENTORY = 7  # reply JSON: every object the node holds (after a restart: what its SSD kept)
+    # Push (key, generation) to another node: the request's payload (length bytes, at most
+    # MAX_COPY_TARGET) is the destination's UTF-8 "HOST:PORT"; the node WRITEs the object there
+    # with its own checksum and options and replies OK once the destination stored it (else
+    # the destination's error, or NOT_FOUND / STALE when it does not hold that version). Sent
+    # by the master to repair replicas.
+    COPY = 8
+
+
+MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry
 
 
 class WriteFlag(IntFlag):

@@ -3,7 +3,6 @@
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -12,23 +11,26 @@ import sys
 
 import aetcd
 import grpc
+from kvpool.proto import kvpool_pb2_grpc
 
 from kvpool import cluster_layout
-from kvpool.proto import kvpool_pb2_grpc
 from kvpool.process import run_server
 from kvpool.units import parse_size
 
+from . import placement_record, takeover
 from .adoption import Adopter
+from .election import Election
 from .membership import Membership
 from .metrics import MasterMetrics
 from .node_io import NodeIO
 from .node_reports import ReportPoller
 from .objects import ObjectTable
+from .placement_record import Fence, PlacementRecord, RecordCollector
+from .repair import DEFAULT_RATE, Repairer
 from .service import MasterService
 
 log = logging.getLogger("kvpool.master")
 
-LEASE_TTL = 5  # seconds the master's etcd record outlives a master that died without revoking it
 RECLAIM_INTERVAL = 0.5
 ETCD_CONNECT_TIMEOUT = 10.0
 STARTUP_INVENTORY_TIMEOUT = 10.0  # how long serving waits for the nodes' inventories at start
@@ -59,45 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on this port; 0 disables (default 0)")
     p.add_argument("--master-id", default=None, help="name of this master (default: host-pid)")
+    p.add_argument("--repair-rate", type=size, default=DEFAULT_RATE, metavar="SIZE",
+                   help="bytes per second of replica repair copies, e.g. 64MiB (default 256MiB)")
+    p.add_argument("--election-ttl", type=float, default=5.0, metavar="SECONDS",
+                   help="a leader that stops refreshing its etcd lease is replaced after this long (default 5; "
+                        "etcd grants at least 2)")
+    p.add_argument("--compact-interval", type=float, default=placement_record.COMPACT_INTERVAL, metavar="SECONDS",
+                   help="the leader compacts etcd's history this often (default 60)")
     return p
-
-
-class Registration:
-    """The master's record in etcd, under a lease refreshed every ttl/3 and re-created if lost."""
-
-    def __init__(self, etcd: aetcd.Client, key: bytes, value: bytes, ttl: int = LEASE_TTL):
-        self._etcd, self._key, self._value, self._ttl = etcd, key, value, ttl
-        self._lease = None
-        self._task: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        await self._register()
-        self._task = asyncio.get_running_loop().create_task(self._keep_alive(), name="master-lease")
-
-    async def _register(self) -> None:
-        self._lease = await self._etcd.lease(self._ttl)
-        await self._etcd.put(self._key, self._value, lease=self._lease)
-
-    async def _keep_alive(self) -> None:
-        while True:
-            await asyncio.sleep(self._ttl / 3)
-            try:
-                reply = await self._etcd.refresh_lease(self._lease.id)
-                if reply is None or reply.TTL <= 0:  # expired while etcd was unreachable
-                    log.warning("master lease was lost; registering again")
-                    await self._register()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - keep trying while etcd is away
-                log.warning("refreshing the master lease failed: %s", exc)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._lease is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._etcd.revoke_lease(self._lease.id), 3)
 
 
 async def _reclaim_loop(table: ObjectTable, node_io: NodeIO) -> None:
@@ -110,6 +81,66 @@ async def _reclaim_loop(table: ObjectTable, node_io: NodeIO) -> None:
         if expired:
             log.info("dropped %d objects past their ttl", len(expired))
         node_io.submit_frees(table.take_frees())
+
+
+class Leader:
+    """What only the leading master runs, started by take_over(): the node watch, the
+    placement record, and the background loops."""
+
+    def __init__(self, args, etcd: aetcd.Client, election: Election, table: ObjectTable, node_io: NodeIO,
+                 adopter: Adopter):
+        self._args, self._etcd, self._election = args, etcd, election
+        self._table, self._node_io, self._adopter = table, node_io, adopter
+        self.tasks: list[asyncio.Task] = []
+        self.record: PlacementRecord | None = None
+        self._joins: list | None = []  # node instances met before the record was loaded
+
+    def _node_joined(self, node_id: str, instance: str, address: str) -> None:
+        if self._joins is not None:
+            self._joins.append((node_id, instance, address))
+        else:
+            self._adopter.node_joined(node_id, instance, address)
+
+    async def take_over(self) -> None:
+        """Know the nodes, load the placement record, check it against the nodes' inventories."""
+        args, loop = self._args, asyncio.get_running_loop()
+        self._node_io.term = self._election.term  # REPORTs carry it: nodes then refuse older leaders' WRITEs
+        membership = Membership(self._etcd, args.cluster, self._table, self._node_io, on_join=self._node_joined)
+        self.tasks.append(loop.create_task(membership.run(), name="membership"))
+        await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
+        loaded = await placement_record.load(self._etcd, args.cluster, self._table)
+        joins, self._joins = self._joins, None
+        # Inventories are matched only now, against the loaded record; later joins go to the adopter.
+        await asyncio.wait_for(takeover.reconcile(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT),
+                               STARTUP_INVENTORY_TIMEOUT * 2)
+        self.record = PlacementRecord(self._etcd, args.cluster, self._table,
+                                      Fence(self._election.key, self._election.term))
+        self.tasks.append(loop.create_task(self.record.run(), name="placement-record"))
+        await self.record.sync()  # what the check changed is written before anyone is answered
+        self.tasks.append(loop.create_task(_reclaim_loop(self._table, self._node_io), name="reclaim"))
+        self.tasks.append(loop.create_task(ReportPoller(self._table, self._node_io, args.report_interval).run(),
+                                           name="node-reports"))
+        self.tasks.append(loop.create_task(Repairer(self._table, self._node_io, args.repair_rate).run(),
+                                           name="repair"))
+        self.tasks.append(loop.create_task(placement_record.compact_loop(self._etcd, args.cluster,
+                                                                         args.compact_interval),
+                                           name="compaction"))
+        log.info("took over with term %d: %d records, %d objects, %d nodes", self._election.term, loaded,
+                 self._table.object_count, len(self._table.nodes))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 async def serve(args) -> int:
@@ -125,7 +156,6 @@ async def serve(args) -> int:
     node_io = NodeIO()
     adopter = Adopter(table, node_io)
     metrics = MasterMetrics(table)
-    tasks: list[asyncio.Task] = []
     async with aetcd.Client(host=etcd_host, port=etcd_port) as etcd:
         try:
             await asyncio.wait_for(etcd.status(), ETCD_CONNECT_TIMEOUT)
@@ -144,52 +174,75 @@ async def serve(args) -> int:
             print(f"kvpool-master: cannot listen on {args.host}:{args.port}", file=sys.stderr)
             return 1
         address = f"{args.advertise_host or args.host}:{port}"
-        kvpool_pb2_grpc.add_MasterServicer_to_server(MasterService(table, node_io, metrics, master_id, address,
-                                                                   max_hold=args.max_hold),
-                                                     server)
-        registration = Registration(etcd, cluster_layout.master_key(args.cluster),
-                                    json.dumps({"address": address, "master_id": master_id}).encode())
+        election = Election(etcd, args.cluster, master_id, address, args.election_ttl)
+        election.serving = False  # leads and has taken over: the service answers only then
+        election.record = None
+        service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold)
+        service.leadership = election
+        kvpool_pb2_grpc.add_MasterServicer_to_server(service, server)
+        metrics.registry.register(RecordCollector(election))
+        leader = Leader(args, etcd, election, table, node_io, adopter)
+        exit_code = 0
+        campaign: asyncio.Task | None = None
         try:
             node_io.start()
-            membership = Membership(etcd, args.cluster, table, node_io, on_join=adopter.node_joined)
-            tasks.append(loop.create_task(membership.run(), name="membership"))
-            # Know the nodes before serving, so the first put does not see an empty cluster.
-            try:
-                await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
-            except TimeoutError:
-                print(f"kvpool-master: cannot read the node set from etcd at {args.etcd}", file=sys.stderr)
-                return 1
-            # ...and what they hold, so a restarted master serves the objects that survived it.
-            try:
-                await asyncio.wait_for(adopter.idle(), STARTUP_INVENTORY_TIMEOUT)
-            except TimeoutError:
-                log.warning("serving before every node's inventory arrived; the rest is adopted as it comes")
-            await server.start()
-            await registration.start()
-            tasks.append(loop.create_task(_reclaim_loop(table, node_io), name="reclaim"))
-            tasks.append(loop.create_task(ReportPoller(table, node_io, args.report_interval).run(),
-                                          name="node-reports"))
+            await election.start()
+            await server.start()  # followers serve too: Stats, and NOT_LEADER naming the leader
             if args.metrics_port:
                 metrics.serve(args.metrics_port, args.host)
+            # A lone master leads before it says it is ready, so its first client is served at once.
+            if await election.campaign(give_up_after=0):
+                await _lead(leader, election, service, args, etcd)
+            else:
+                campaign = loop.create_task(election.campaign(), name="campaign")
+                log.info("master %s following %s", master_id, election.leader_address or "(none yet)")
             print(f"kvpool-master ready address={address}", flush=True)
             log.info("master %s serving cluster %r on %s", master_id, args.cluster, address)
-            await stop.wait()
+            if campaign is not None:
+                won = loop.create_task(_first_of(stop), name="stop-wait")
+                done, _ = await asyncio.wait([campaign, won], return_when=asyncio.FIRST_COMPLETED)
+                won.cancel()
+                if campaign in done and campaign.result():
+                    await _lead(leader, election, service, args, etcd)
+                campaign = None
+            if election.is_leader:
+                await _first_of(stop, election.lost, leader.record.lost)
+                if not stop.is_set():
+                    # Deposed: the table may be stale. Exiting lets a supervisor start a fresh follower.
+                    election.step_down()
+                    election.serving = False
+                    log.error("leadership lost; exiting")
+                    exit_code = 3
+            else:
+                await stop.wait()
             log.info("stopping")
         finally:
-            await registration.stop()
+            election.serving = False
+            if campaign is not None:
+                campaign.cancel()
+                await asyncio.gather(campaign, return_exceptions=True)
+            if leader.record is not None and exit_code == 0:
+                with contextlib.suppress(Exception):  # what is still queued gets written before resigning
+                    await asyncio.wait_for(leader.record.sync(), 3)
+            await election.resign()
             await server.stop(grace=1.0)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await leader.stop()
             await adopter.close()
             await node_io.close()
             metrics.stop()
-    return 0
+    return exit_code
+
+
+async def _lead(leader: Leader, election: Election, service: MasterService, args, etcd) -> None:
+    await leader.take_over()
+    election.record = leader.record
+    service.records = leader.record
+    election.serving = True
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    for flag in ("put_timeout", "report_interval", "max_hold"):
+    for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "compact_interval"):
         if not getattr(args, flag) > 0:  # also NaN
             print(f"kvpool-master: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
             return 2

@@ -50,6 +50,10 @@ class _TableCollector:
         yield GaugeMetricFamily("kvpool_master_pending_puts", "Puts started and not yet ended",
                                 value=t.pending_count)
         yield GaugeMetricFamily("kvpool_master_nodes", "Registered storage nodes", value=len(t.nodes))
+        yield GaugeMetricFamily("kvpool_master_under_replicated", "Objects with fewer live copies than their target",
+                                value=t.under_replicated())
+        yield GaugeMetricFamily("kvpool_master_draining_nodes", "Storage nodes being drained",
+                                value=sum(1 for n in t.nodes.values() if n.draining))
         gauges = {name: GaugeMetricFamily(f"kvpool_master_tier_{name}", doc, labels=["node", "tier"])
                    for name, doc in _TIER_GAUGES}
         counters = {name: CounterMetricFamily(f"kvpool_master_tier_{name}", doc, labels=["node", "tier"])
@@ -81,7 +85,9 @@ class _TableCollector:
                                  ("evicted_objects", "Objects gone because their last replica was evicted",
                                   c.evicted_objects),
                                  ("adopted_replicas", "Replicas taken back from a node's inventory", c.adopted),
-                                 ("node_reports", "REPORT answers applied", c.reports)):
+                                 ("node_reports", "REPORT answers applied", c.reports),
+                                 ("repairs", "Replicas copied to restore an object's target", c.repairs_done),
+                                 ("repair_bytes", "Bytes copied by repairs", c.repair_bytes)):
             yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)
 
 

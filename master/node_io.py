@@ -47,6 +47,7 @@ class NodeIO:
         self.frees_sent = 0
         self.frees_failed = 0
         self.holds_sent = 0
+        self.term = 0  # the leader's term, sent with every REPORT so nodes fence older leaders' WRITEs
 
     @property
     def transport(self):
@@ -117,7 +118,7 @@ class NodeIO:
         return list(await asyncio.gather(*(one(order) for order in orders)))
 
     async def report(self, address: str, timeout: float) -> dict:
-        report = await asyncio.wait_for(self.transport.report(address), timeout)
+        report = await asyncio.wait_for(self.transport.report(address, self.term), timeout)
         self._recovered(address)
         return report
 

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field, replace
 from kvpool.cluster_layout import NodeRecord
 from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError,
-    ValueTooLargeError,
+    UnavailableError, ValueTooLargeError,
 )
 from kvpool.wire import WriteFlag
 
-from .placement import MostFreeSpace, PlacementPolicy
+from .changes import ChangeTrackingDict
+from .placement import MostFreeSpace, PlacementPolicy, spread_zones
 
 DRAM = "dram"
 SSD = "ssd"
@@ -75,6 +76,7 @@ class ObjectVersion:
     compressed: bool = False
     raw_size: int = 0
     expires_at: float | None = None  # table clock; None = never
+    target_replicas: int = 1  # copies the master keeps; repair restores them after a node is lost
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and self.expires_at <= now
@@ -120,12 +122,15 @@ class Counters:
     evicted_objects: int = 0   # objects removed because their last replica was evicted
     adopted: int = 0           # replicas taken back from a node's inventory
     reports: int = 0
+    repairs_done: int = 0      # replicas copied to a new node to restore an object's target
+    repair_bytes: int = 0
 
 
 @dataclass
 class _Pending:
     version: ObjectVersion
     deadline: float
+    min_replicas: int = 0  # copies PutEnd needs written (0 = every target)
 
 
 class NodeState:
@@ -137,6 +142,8 @@ class NodeState:
         self.address = record.address
         self.transports = list(record.transports)
         self.capacity = {name: tier.capacity for name, tier in record.tiers.items() if tier.capacity > 0}
+        self.zone = record.zone
+        self.draining = False  # no new placement; its objects are copied elsewhere, then freed here
         self.reported: dict[str, dict] = {}  # tier -> that tier's block of the last REPORT
         self.reported_at: float | None = None
         # generation -> key of every version (pending or committed) with a replica here,
@@ -189,11 +196,14 @@ class ObjectTable:
         self._seq = itertools.count(1)  # orders commits against REPORT requests
         self._last_seq = 0
         self.nodes: dict[str, NodeState] = {}
-        self._committed: dict[str, ObjectVersion] = {}
+        # Tracks changed keys so the placement record (placement_record.py) follows every change.
+        self._committed: ChangeTrackingDict = ChangeTrackingDict()
         self._pending: dict[str, _Pending] = {}
         self._bytes = 0  # sum of committed sizes
         self._frees: list[FreeOrder] = []
         self.counters = Counters()
+        # Keys that may have fewer live copies than their target (repair.py checks and clears).
+        self.repair_keys: set[str] = set()
 
     def _new_generation(self) -> int:
         generation = self._next_generation
@@ -210,9 +220,11 @@ class ObjectTable:
             node.address = record.address
             node.transports = list(record.transports)
             node.capacity = {name: t.capacity for name, t in record.tiers.items() if t.capacity > 0}
+            node.zone = record.zone
             return None
         dropped = self.drop_node(record.node_id) if node is not None else None
         self.nodes[record.node_id] = NodeState(record)
+        self.nodes[record.node_id].draining = node is not None and node.draining  # a restart does not undo a drain
         return dropped
 
     def drop_node(self, node_id: str) -> Dropped:
@@ -231,6 +243,8 @@ class ObjectTable:
                 continue
             if self._drop_replica(key, generation, node_id):
                 dropped.removed.append(key)
+            else:
+                self.repair_keys.add(key)  # a lost node is a failure: its copies are made again
         return dropped
 
     def _drop_replica(self, key: str, generation: int, node_id: str) -> bool:
@@ -297,7 +311,15 @@ class ObjectTable:
         if self._drop_replica(key, generation, node.node_id):
             self.counters.evicted_objects += 1
             return True
+        self._accept_loss(key)
         return False
+
+    def _accept_loss(self, key: str) -> None:
+        """A node chose to drop a copy (eviction, not failure): the object keeps one copy fewer
+        rather than being repaired back onto a node that is short of room."""
+        version = self._committed[key]
+        if version.target_replicas > 1:
+            self._committed[key] = replace(version, target_replicas=version.target_replicas - 1)
 
     def drop_replica(self, key: str, generation: int, node_id: str) -> bool:
         """The node said it does not hold (key, generation): forget that replica.
@@ -305,6 +327,8 @@ class ObjectTable:
         removed = self._drop_replica(key, generation, node_id)
         if removed:
             self.counters.evicted_objects += 1
+        elif key in self._committed:
+            self._accept_loss(key)
         return removed
 
     def adopt_inventory(self, node_id: str, instance: str, entries: list) -> Adopted:
@@ -374,10 +398,18 @@ class ObjectTable:
         return largest
 
     def put_start(self, key: str, size: int, checksum: int, overwrite: bool = False, replicas: int = 1,
-                  options: PutOptions = NO_OPTIONS, compressed: bool = False, raw_size: int = 0) -> ObjectVersion:
-        """Choose nodes for a new version of `key`; it stays invisible until put_end."""
+                  options: PutOptions = NO_OPTIONS, compressed: bool = False, raw_size: int = 0,
+                  min_replicas: int = 0) -> ObjectVersion:
+        """Choose nodes for a new version of `key`; it stays invisible until put_end.
+
+        `replicas` distinct nodes (distinct zones first) when that many can hold it, else as
+        many as can; with `min_replicas` > 0, fewer than that many candidates is NO_SPACE."""
         if size < 0:
             raise InvalidArgumentError(f"size must not be negative, got {size}")
+        replicas = max(replicas, 1)
+        if min_replicas < 0 or min_replicas > replicas:
+            raise InvalidArgumentError(f"min_replicas must be between 0 and replicas ({replicas}), "
+                                       f"got {min_replicas}")
         options.validate()
         if not compressed and raw_size not in (0, size):
             raise InvalidArgumentError(f"raw_size {raw_size} differs from size {size} of an uncompressed value")
@@ -390,16 +422,20 @@ class ObjectTable:
         tier = options.tier or DRAM
         placed: tuple[Replica, ...] = ()
         if size > 0:
-            placed = self._place(size, max(replicas, 1), tier)
+            placed = self._place(size, replicas, tier)
+            if len(placed) < min_replicas:
+                raise NoSpaceError(f"only {len(placed)} storage nodes can take {key!r}; "
+                                   f"min_replicas is {min_replicas}")
         now = self._clock()
         version = ObjectVersion(key, size, checksum, self._new_generation(), placed, options=options,
                                 compressed=compressed, raw_size=raw_size if compressed else size,
-                                expires_at=now + options.ttl_seconds if options.ttl_seconds > 0 else None)
+                                expires_at=now + options.ttl_seconds if options.ttl_seconds > 0 else None,
+                                target_replicas=replicas if size > 0 else 0)
         for r in placed:
             node = self.nodes[r.node_id]
             node.versions[version.generation] = key
             node.pending[version.generation] = (tier, size)
-        self._pending[key] = _Pending(version, now + self.put_timeout)
+        self._pending[key] = _Pending(version, now + self.put_timeout, min_replicas)
         return version
 
     def _place(self, size: int, count: int, tier: str) -> tuple[Replica, ...]:
@@ -408,18 +444,37 @@ class ObjectTable:
         limit = self.max_object_size
         if size > limit:
             raise ValueTooLargeError(f"object of {size} bytes exceeds the maximum of {limit}")
-        chosen = self.placement.choose(list(self.nodes.values()), size, count, tier)
+        candidates = [n for n in self.nodes.values() if not n.draining]
+        if not candidates:
+            raise NoSpaceError("every storage node is draining")
+        ranked = self.placement.choose(candidates, size, len(candidates), tier)
+        chosen = spread_zones(ranked, count)
         if not chosen:  # only when every node is smaller than the object
             raise NoSpaceError(f"no storage node can hold {size} bytes")
         return tuple(Replica(n.node_id, n.address, tier, size) for n in chosen)
 
-    def put_end(self, key: str, generation: int) -> ObjectVersion:
-        """Make the pending version visible; frees whatever version it replaces."""
+    def put_end(self, key: str, generation: int, failed_nodes=()) -> ObjectVersion:
+        """Make the pending version visible; frees whatever version it replaces.
+
+        `failed_nodes`: targets the client could not write. The rest are committed if they are at
+        least the put's min_replicas (the object is then repaired up to its target); else the put
+        stays pending for the client to revoke."""
+        failed = set(failed_nodes)
+        if failed:
+            self._check_written(key, generation, failed)
         pending = self._take_pending(key, generation)
+        if failed:
+            lost = replace(pending.version, replicas=tuple(r for r in pending.version.replicas
+                                                           if r.node_id in failed))
+            self._release(lost)  # whatever part of the payload reached them is freed
+            pending.version = replace(pending.version, replicas=tuple(r for r in pending.version.replicas
+                                                                      if r.node_id not in failed))
         version = pending.version
         self._unreserve(version)
         if version.size > 0 and not version.replicas:
             raise KeyNotFoundError(f"{key!r} was evicted by its storage nodes before the put ended")
+        if version.size > 0 and self.live_count(version) < version.target_replicas:
+            self.repair_keys.add(key)
         seq = self._last_seq = next(self._seq)
         for r in version.replicas:
             node = self.nodes.get(r.node_id)
@@ -433,6 +488,20 @@ class ObjectTable:
             self._bytes -= old.size
             self._release(old)
         return version
+
+    def _check_written(self, key: str, generation: int, failed: set) -> None:
+        self._expire_if_due(key)
+        pending = self._pending.get(key)
+        if pending is None or pending.version.generation != generation:
+            return  # _take_pending names the problem
+        targets = {r.node_id for r in pending.version.replicas}
+        unknown = failed - targets
+        if unknown:
+            raise InvalidArgumentError(f"failed_nodes {sorted(unknown)} are not targets of this put")
+        needed = pending.min_replicas or len(targets)
+        if len(targets) - len(failed) < needed:
+            raise UnavailableError(f"only {len(targets) - len(failed)} of {len(targets)} copies of {key!r} "
+                                   f"were written; {needed} needed")
 
     def put_revoke(self, key: str, generation: int) -> None:
         """Abandon a pending put; the previous version (if any) stays."""
@@ -545,6 +614,40 @@ class ObjectTable:
         frees, self._frees = self._frees, []
         return frees
 
+    # ----- the placement record (kept in etcd by placement_record.py) -----
+
+    def take_changed_keys(self, limit: int | None = None) -> list[str]:
+        """Keys whose committed version changed (committed, replaced, removed, re-placed) since the last call."""
+        return self._committed.take_changed(limit)
+
+    @property
+    def has_changes(self) -> bool:
+        return self._committed.has_changes
+
+    def load_record(self, version: ObjectVersion) -> None:
+        """Take in one committed version from the placement record (a new leader's start).
+
+        Replicas on nodes that are not registered are left out (and the record rewritten);
+        a version left with no replica is not loaded (and its record deleted)."""
+        if version.key in self._committed or version.key in self._pending:
+            return
+        replicas = tuple(r for r in version.replicas if r.node_id in self.nodes)
+        self._next_generation = max(self._next_generation, version.generation + 1)
+        if version.size > 0 and not replicas:
+            self._committed.mark(version.key)
+            return
+        if len(replicas) != len(version.replicas):
+            self._committed.mark(version.key)
+            version = replace(version, replicas=replicas)
+        self._committed.tracking = False
+        try:
+            self._committed[version.key] = version
+        finally:
+            self._committed.tracking = True
+        self._bytes += version.size
+        for r in replicas:
+            self.nodes[r.node_id].versions[version.generation] = version.key
+
     # ----- accounting -----
 
     @property
@@ -567,3 +670,66 @@ class ObjectTable:
             if version is not None and version.generation == generation:
                 count += 1
         return count
+
+    # ----- replication: what repair and drain need -----
+
+    def live_count(self, version: ObjectVersion) -> int:
+        """Copies that count towards the target: on registered nodes that are not draining."""
+        return sum(1 for r in version.replicas
+                   if (node := self.nodes.get(r.node_id)) is not None and not node.draining)
+
+    def under_replicated(self) -> int:
+        """Objects with fewer live copies than their target (repair may not find room for all)."""
+        count = 0
+        for key in self.repair_keys:
+            version = self._committed.get(key)
+            if version is not None and self.live_count(version) < version.target_replicas:
+                count += 1
+        return count
+
+    def start_drain(self, node_id: str) -> int:
+        """Stop placing on a node and have repair copy its objects elsewhere; returns how many
+        objects have a copy there."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise KeyNotFoundError(f"no storage node {node_id!r}")
+        node.draining = True
+        keys = [key for generation, key in node.versions.items()
+                if (v := self._committed.get(key)) is not None and v.generation == generation]
+        self.repair_keys.update(keys)
+        for key in keys:
+            self.settle_drain(key)
+        return len(keys)
+
+    def add_replica(self, key: str, generation: int, node_id: str, tier: str) -> bool:
+        """A repair copied (key, generation) to node_id. False (and the copy is freed) when that
+        version is no longer current or the node is gone or restarted."""
+        node = self.nodes.get(node_id)
+        version = self._committed.get(key)
+        if node is None or version is None or version.generation != generation:
+            if node is not None:
+                self._frees.append(FreeOrder(node.address, key.encode(), generation))
+            return False
+        if any(r.node_id == node_id for r in version.replicas):
+            return True
+        self._committed[key] = replace(version, replicas=version.replicas
+                                       + (Replica(node_id, node.address, tier, version.size),))
+        node.versions[generation] = key
+        seq = self._last_seq = next(self._seq)
+        node.unreported.append((seq, tier, version.size))
+        self.counters.repairs_done += 1
+        self.counters.repair_bytes += version.size
+        self.settle_drain(key)
+        return True
+
+    def settle_drain(self, key: str) -> None:
+        """Once an object has its target of copies off draining nodes, free its draining copies."""
+        version = self._committed.get(key)
+        if version is None or self.live_count(version) < version.target_replicas:
+            return
+        leaving = tuple(r for r in version.replicas
+                        if (node := self.nodes.get(r.node_id)) is not None and node.draining)
+        if not leaving:
+            return
+        self._committed[key] = replace(version, replicas=tuple(r for r in version.replicas if r not in leaving))
+        self._release(replace(version, replicas=leaving))

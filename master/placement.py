@@ -40,3 +40,22 @@ class MostFreeSpace:
         fitting = [c for c in candidates if c.largest_tier >= size]
         fitting.sort(key=lambda c: (*(-c.free_bytes(t) for t in order), c.node_id))
         return fitting[:max(count, 0)]
+
+
+def spread_zones(ranked: Sequence[C], count: int, taken: Sequence[str] = ()) -> list[C]:
+    """Up to `count` of `ranked` (best first), taking nodes in zones not yet used (`taken`, then
+    each pick's) before a second node of any zone, so one lost zone costs as few copies as possible.
+    Nodes without a zone (\"\") are each a zone of their own."""
+    used = {z for z in taken if z}
+    chosen: list[C] = []
+    for c in ranked:
+        zone = getattr(c, "zone", "")
+        if len(chosen) < count and (not zone or zone not in used):
+            chosen.append(c)
+            used.add(zone)
+    for c in ranked:
+        if len(chosen) >= count:
+            break
+        if c not in chosen:
+            chosen.append(c)
+    return chosen

@@ -11,7 +11,9 @@ import functools
 import logging
 import time
 
-from kvpool.errors import Code, InvalidArgumentError, KeyNotFoundError, KvpoolError
+import grpc
+
+from kvpool.errors import Code, InvalidArgumentError, KeyNotFoundError, KvpoolError, NotLeaderError
 from kvpool.keys import validate_key
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
@@ -60,6 +62,15 @@ def _error_statuses(response) -> list[str]:
     return [Code(s).name if s in Code._value2member_map_ else str(s) for s in statuses if s != pb.OK]
 
 
+FOLLOWER_RPCS = ("Stats",)  # what a master that does not lead still answers itself
+
+
+async def _not_leader(context, leader: str) -> None:
+    """Abort the call with the NOT_LEADER convention (see the end of kvpool.proto)."""
+    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not leader",
+                        trailing_metadata=(("kvpool-leader", leader),))
+
+
 def _rpc(handler):
     """Adapt a handler(self, request) (plain or async) to grpc.aio, with metrics and FREE dispatch.
 
@@ -69,9 +80,18 @@ def _rpc(handler):
     @functools.wraps(handler)
     async def method(self, request, context):
         started = time.perf_counter()
+        gate = self.leadership
+        if gate is not None and not gate.serving and handler.__name__ not in FOLLOWER_RPCS:
+            await _not_leader(context, gate.leader_address if gate.leader_address != self.address else "")
         response = handler(self, request)
         if hasattr(response, "__await__"):
             response = await response
+        if self.records is not None:
+            try:
+                # Changes are answered only once durable in the placement record (group commit).
+                await self.records.sync()
+            except NotLeaderError:
+                await _not_leader(context, "")
         await self._node_io.free_now(self._table.take_frees(), FREE_WAIT)
         self._metrics.observe(handler.__name__, time.perf_counter() - started, _error_statuses(response))
         return response
@@ -98,6 +118,7 @@ def object_info(version: ObjectVersion) -> pb.ObjectInfo:
         replicas=[pb.Replica(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED),
                              length=r.length) for r in version.replicas],
         compressed=version.compressed, raw_size=version.raw_size, options=options,
+        target_replicas=version.target_replicas,
     )
 
 
@@ -129,6 +150,13 @@ def _validate_prefix(prefix: str) -> None:
 
 
 class MasterService(kvpool_pb2_grpc.MasterServicer):
+    leadership = None  # the master's Election (None: serve unconditionally, as a lone master without etcd)
+    records = None     # the leader's PlacementRecord, once it leads
+
+    @property
+    def term(self) -> int:
+        return self.leadership.term if self.leadership is not None and self.leadership.serving else 0
+
     def __init__(self, table: ObjectTable, node_io: NodeIO, metrics: MasterMetrics, master_id: str,
                  address: str, max_hold: float = 300.0):
         self._table = table
@@ -144,12 +172,15 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         validate_key(req.key)
         options = put_options(req.options) if req.HasField("options") else NO_OPTIONS
         version = self._table.put_start(req.key, req.size, req.checksum, req.overwrite, req.replicas or 1,
-                                        options=options, compressed=req.compressed, raw_size=req.raw_size)
-        return pb.PutStartResponse(status=pb.OK, object=object_info(version))
+                                        options=options, compressed=req.compressed, raw_size=req.raw_size,
+                                        min_replicas=req.min_replicas)
+        info = object_info(version)
+        info.term = self.term  # WRITEs carry it so nodes refuse a deposed leader's placements
+        return pb.PutStartResponse(status=pb.OK, object=info)
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
         validate_key(req.key)
-        self._table.put_end(req.key, req.generation)
+        self._table.put_end(req.key, req.generation, req.failed_nodes)
         return pb.StatusResponse(status=pb.OK)
 
     def _put_revoke(self, req: pb.PutRevokeRequest) -> pb.StatusResponse:
@@ -159,7 +190,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     def _replica_list(self, key: str) -> pb.GetReplicaListResponse:
         validate_key(key)
-        return pb.GetReplicaListResponse(status=pb.OK, object=object_info(self._table.get(key)))
+        info = object_info(self._table.get(key))
+        info.term = self.term  # the placement's authority: the leader answering it
+        return pb.GetReplicaListResponse(status=pb.OK, object=info)
 
     def _hold_ms(self, seconds: float) -> int:
         """Milliseconds to hold for, capped at --max-hold; 0 = no hold asked for."""
@@ -207,6 +240,13 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         validate_key(key)
         self._table.remove(key)
         return pb.RemoveResponse(status=pb.OK, removed=1)
+
+    def _drain(self, node_id: str) -> pb.DrainResponse:
+        if not node_id:
+            raise InvalidArgumentError("node_id must not be empty")
+        objects = self._table.start_drain(node_id)
+        log.info("draining node %s: %d objects to copy elsewhere", node_id, objects)
+        return pb.DrainResponse(status=pb.OK, objects=objects)
 
     def _remove_by_prefix(self, prefix: str) -> pb.RemoveResponse:
         _validate_prefix(prefix)
@@ -267,16 +307,31 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         return _answer(pb.RemoveResponse, self._remove_by_prefix, request.prefix)
 
     @_rpc
+    def Drain(self, request):
+        return _answer(pb.DrainResponse, self._drain, request.node_id)
+
+    @_rpc
     def Stats(self, request):
         t = self._table
         nodes = []
         for node in sorted(t.nodes.values(), key=lambda n: n.node_id):
             tiers = [tier_stats(node, name) for name in sorted(set(node.capacity) | set(node.reported))]
             nodes.append(pb.NodeStats(node_id=node.node_id, address=node.address, tiers=tiers,
-                                      objects=t.objects_on(node.node_id), transports=node.transports))
+                                      objects=t.objects_on(node.node_id), transports=node.transports,
+                                      zone=node.zone, draining=node.draining))
         c = t.counters
         return pb.StatsResponse(
             master_id=self.master_id, address=self.address, nodes=nodes, objects=t.object_count,
             bytes=t.total_bytes, pending_puts=t.pending_count, hits=c.hits, misses=c.misses, puts=c.puts,
             removes=c.removes, reclaimed_puts=c.reclaimed_puts,
+            under_replicated=t.under_replicated(), repairs_done=c.repairs_done, repair_bytes=c.repair_bytes,
+            **self._leadership_stats(),
         )
+
+    def _leadership_stats(self) -> dict:
+        gate = self.leadership
+        if gate is None:
+            return {"leader": self.address, "term": 0}
+        leader = self.address if gate.serving else gate.leader_address
+        return {"leader": leader, "followers": [a for a in gate.members if a != leader],
+                "term": gate.term if gate.serving else gate.leader_term}

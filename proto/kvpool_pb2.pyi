@@ -81,7 +81,7 @@ class PutOptions(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_seconds: _Optional[float] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class ObjectInfo(_message.Message):
-    __slots__ = ("key", "size", "checksum", "generation", "replicas", "compressed", "raw_size", "options")
+    __slots__ = ("key", "size", "checksum", "generation", "replicas", "compressed", "raw_size", "options", "target_replicas", "term")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,8 @@ class ObjectInfo(_message.Message):
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     key: str
     size: int
     checksum: int
@@ -98,10 +100,12 @@ class ObjectInfo(_message.Message):
     compressed: bool
     raw_size: int
     options: PutOptions
-    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., compressed: _Optional[bool] = ..., raw_size: _Optional[int] = ..., options: _Optional[_Union[PutOptions, _Mapping]] = ...) -> None: ...
+    target_replicas: int
+    term: int
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., compressed: _Optional[bool] = ..., raw_size: _Optional[int] = ..., options: _Optional[_Union[PutOptions, _Mapping]] = ..., target_replicas: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("key", "size", "checksum", "overwrite", "replicas", "options", "compressed", "raw_size")
+    __slots__ = ("key", "size", "checksum", "overwrite", "replicas", "options", "compressed", "raw_size", "min_replicas")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +114,7 @@ class PutStartRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     key: str
     size: int
     checksum: int
@@ -118,7 +123,8 @@ class PutStartRequest(_message.Message):
     options: PutOptions
     compressed: bool
     raw_size: int
-    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., overwrite: _Optional[bool] = ..., replicas: _Optional[int] = ..., options: _Optional[_Union[PutOptions, _Mapping]] = ..., compressed: _Optional[bool] = ..., raw_size: _Optional[int] = ...) -> None: ...
+    min_replicas: int
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., overwrite: _Optional[bool] = ..., replicas: _Optional[int] = ..., options: _Optional[_Union[PutOptions, _Mapping]] = ..., compressed: _Optional[bool] = ..., raw_size: _Optional[int] = ..., min_replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
     __slots__ = ("status", "message", "object")
@@ -131,12 +137,14 @@ class PutStartResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., object: _Optional[_Union[ObjectInfo, _Mapping]] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
-    __slots__ = ("key", "generation")
+    __slots__ = ("key", "generation", "failed_nodes")
     KEY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    FAILED_NODES_FIELD_NUMBER: _ClassVar[int]
     key: str
     generation: int
-    def __init__(self, key: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    failed_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., generation: _Optional[int] = ..., failed_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutRevokeRequest(_message.Message):
     __slots__ = ("key", "generation")
@@ -303,21 +311,25 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., watermark: _Optional[str] = ..., pinned_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "tiers", "objects", "transports")
+    __slots__ = ("node_id", "address", "tiers", "objects", "transports", "zone", "draining")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     objects: int
     transports: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ...) -> None: ...
+    zone: str
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts")
+    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes")
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +341,12 @@ class StatsResponse(_message.Message):
     PUTS_FIELD_NUMBER: _ClassVar[int]
     REMOVES_FIELD_NUMBER: _ClassVar[int]
     RECLAIMED_PUTS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    REPAIRS_DONE_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_BYTES_FIELD_NUMBER: _ClassVar[int]
     master_id: str
     address: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
@@ -340,4 +358,26 @@ class StatsResponse(_message.Message):
     puts: int
     removes: int
     reclaimed_puts: int
-    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ...) -> None: ...
+    leader: str
+    followers: _containers.RepeatedScalarFieldContainer[str]
+    term: int
+    under_replicated: int
+    repairs_done: int
+    repair_bytes: int
+    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("status", "message", "objects")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    objects: int
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., objects: _Optional[int] = ...) -> None: ...

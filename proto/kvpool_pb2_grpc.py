@@ -99,6 +99,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/kvpool.Master/Drain',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -182,6 +187,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Stop placing on a node and copy its objects elsewhere, so it can be taken down.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +261,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.StatsRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.StatsResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -602,6 +619,33 @@ class Master:
             '/kvpool.Master/Stats',
             kvpool_dot_proto_dot_kvpool__pb2.StatsRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.Master/Drain',
+            kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-ttl", type=float, default=5.0, metavar="SECONDS",
                    help="etcd lease TTL; the master drops the node this long after it dies")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: none)")
+    p.add_argument("--zone", default="", help="failure domain of this node (rack, host, AZ): the master puts "
+                                              "an object's replicas in distinct zones first (default: none)")
     return p
 
 
@@ -170,7 +172,8 @@ async def _serve(args) -> int:
             metrics_http, _ = start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
         tiers = {tier.name: TierRecord(tier.segment.capacity, tier.segment.path) for tier in store.tiers}
         record = NodeRecord(node_id=node_id, instance=instance, host=args.advertise_host or args.host,
-                            data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid())
+                            data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
+                            zone=args.zone)
         registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl)
         if not await _until_stopped(registration.start(), stopping):
             return 0

@@ -19,6 +19,7 @@ from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
 
+from .copier import Copier
 from .index import ObjectRecord
 from .maintenance import Maintenance
 from .metrics import NodeMetrics
@@ -48,6 +49,8 @@ class DataServer:
         self.maintenance = maintenance
         self.node_id = node_id
         self.metrics = metrics or NodeMetrics()
+        self.copier = Copier(store)
+        self.term = 0  # highest master term seen (WRITE and REPORT arg): older WRITEs are refused
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
@@ -74,6 +77,7 @@ class DataServer:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._listener:
             self._listener.close()
+        await self.copier.close()
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -107,7 +111,7 @@ class _Connection:
         self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
         self._handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read, wire.Op.FREE: self._free,
                           wire.Op.PING: self._ping, wire.Op.HOLD: self._hold, wire.Op.REPORT: self._report,
-                          wire.Op.INVENTORY: self._inventory}
+                          wire.Op.INVENTORY: self._inventory, wire.Op.COPY: self._copy}
 
     async def run(self) -> None:
         self.metrics.connections.inc()
@@ -154,10 +158,16 @@ class _Connection:
 
     # -- requests: each returns whether the connection stays usable
 
-    async def _write(self, op, req_id, key, generation, flags, _arg, length, value_checksum) -> bool:
+    async def _write(self, op, req_id, key, generation, flags, term, length, value_checksum) -> bool:
         await self._fill(_OPTIONS)
         ttl_ms, soft_pin_ms, raw_size = wire.WRITE_OPTIONS.unpack_from(self.buf, self.start)
         self.start += _OPTIONS
+        if term:
+            if term < self.server.term:  # placed by a master that no longer leads
+                await self._refuse(op, req_id, Code.NOT_LEADER,
+                                   f"WRITE placed in term {term}; a master of term {self.server.term} leads", length)
+                return False
+            self.server.term = term
         # On refusal the payload that follows cannot be skipped safely: reply, then hang up.
         if length == 0:
             await self._refuse(op, req_id, Code.INVALID_ARGUMENT, "WRITE of an empty payload", 0)
@@ -317,12 +327,30 @@ class _Connection:
         self._reply_body(op, req_id, self.server.node_id.encode())
         return True
 
-    async def _report(self, op, req_id, *_unused) -> bool:
+    async def _report(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
+        self.server.term = max(self.server.term, term)
         self._reply_body(op, req_id, json.dumps(self.store.report(self.server.node_id)).encode())
         return True
 
     async def _inventory(self, op, req_id, *_unused) -> bool:
         self._reply_body(op, req_id, json.dumps(self.store.inventory()).encode())
+        return True
+
+    async def _copy(self, op, req_id, key, generation, _flags, _arg, length, _checksum) -> bool:
+        if length > wire.MAX_COPY_TARGET:
+            await self._fail(op, req_id, Code.PROTOCOL, f"COPY destination of {length} bytes")
+            return False
+        await self._fill(length)
+        destination = bytes(self.view[self.start:self.start + length]).decode("utf-8", "replace")
+        self.start += length
+        await self._flush()  # the replies before this one need not wait for the copy
+        try:
+            sent = await self.server.copier.copy(key, generation, destination)
+        except KvpoolError as exc:
+            self._error(op, req_id, exc.code, str(exc))
+            return True
+        self.metrics.bytes_out.inc(sent)
+        self.out += wire.pack_reply(op, req_id, Code.OK)
         return True
 
     # -- helpers

@@ -1,0 +1,182 @@
+"""Which master leads a cluster: a campaign on one etcd key, attached to each master's lease.
+
+The leader's key is cluster_layout.master_key (so clients that look the master up
+in etcd find the leader). A master wins by creating it in a transaction that
+succeeds only if the key does not exist; its term is the key's creation revision,
+which etcd makes strictly larger for every later winner. The key lives under the
+winner's lease: a leader that dies stops refreshing it, etcd deletes the key after
+the ttl, and the followers (watching it) campaign again. A clean stop revokes the
+lease, so a follower takes over at once.
+
+Every master, leader or not, also keeps /kvpool/<cluster>/masters/<id> under its
+lease, so Stats can list the followers.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+
+import aetcd
+from aetcd.rtypes import EventKind
+
+from kvpool import cluster_layout
+
+log = logging.getLogger(__name__)
+
+RETRY_DELAY = 0.5
+
+
+class Election:
+    def __init__(self, etcd: aetcd.Client, cluster: str, master_id: str, address: str, ttl: int = 5):
+        self._etcd = etcd
+        self.key = cluster_layout.master_key(cluster)
+        self._members_prefix = cluster_layout.masters_prefix(cluster)
+        self._member_key = self._members_prefix + master_id.encode()
+        self._value = json.dumps({"address": address, "master_id": master_id}).encode()
+        self.address = address
+        self.ttl = max(2, math.ceil(ttl))  # etcd grants whole seconds, at least 2
+        self._lease = None
+        self._refreshed = 0.0  # monotonic time of the last refresh etcd confirmed
+        self._task: asyncio.Task | None = None
+        self.is_leader = False
+        self.term = 0         # this master's term while it leads
+        self.leader_term = 0  # the current leader's term, as last seen
+        self.leader_address = ""  # "" while nobody leads (as far as this master knows)
+        self.members: list[str] = [address]  # addresses of every registered master
+        self.lost = asyncio.Event()  # set when this master led and no longer does
+
+    @property
+    def followers(self) -> list[str]:
+        return sorted(a for a in self.members if a != self.leader_address)
+
+    # ----- lease -----
+
+    async def start(self) -> None:
+        """Take a lease and register as a master of the cluster (leading or not)."""
+        self._lease = await self._etcd.lease(self.ttl)
+        self._refreshed = time.monotonic()
+        await self._etcd.put(self._member_key, self._value, lease=self._lease)
+        await self._read_members()
+        self._task = asyncio.get_running_loop().create_task(self._keep_alive(), name="master-lease")
+
+    async def _read_members(self) -> None:
+        members = []
+        for kv in await self._etcd.get_prefix(self._members_prefix):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                members.append(json.loads(kv.value)["address"])
+        self.members = sorted(set(members) | {self.address})
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                reply = await self._etcd.refresh_lease(self._lease.id)
+                if reply is None or reply.TTL <= 0:
+                    self._lease_expired()
+                    if not self.is_leader and not self.lost.is_set():
+                        # A follower just registers again; it had nothing to lose.
+                        self._lease = await self._etcd.lease(self.ttl)
+                        await self._etcd.put(self._member_key, self._value, lease=self._lease)
+                else:
+                    self._refreshed = time.monotonic()
+                await self._read_members()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - etcd away: a leader that cannot refresh steps down
+                log.warning("refreshing the master lease failed: %s", exc)
+            if self.is_leader and time.monotonic() - self._refreshed > self.ttl:
+                self._lease_expired()
+
+    def _lease_expired(self) -> None:
+        if self.is_leader:
+            log.error("the leader's lease (term %d) expired; this master no longer leads", self.term)
+            self.step_down()
+
+    def step_down(self) -> None:
+        """Stop leading now (the lease expired, or etcd refused a fenced write)."""
+        if self.is_leader:
+            self.is_leader = False
+            self.leader_address = ""
+            self.lost.set()
+
+    # ----- campaign -----
+
+    async def campaign(self, give_up_after: float | None = None) -> bool:
+        """Until this master leads (True), or `give_up_after` seconds passed without winning (False).
+
+        While another master leads, leader_address names it."""
+        loop = asyncio.get_running_loop()
+        deadline = None if give_up_after is None else loop.time() + give_up_after
+        while True:
+            try:
+                if await self._try_win():
+                    return True
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(self._until_vacant(), remaining)
+                except TimeoutError:
+                    return False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - etcd away: try again
+                log.warning("campaign failed (%s: %s); retrying", type(exc).__name__, exc)
+                await asyncio.sleep(RETRY_DELAY)
+
+    async def _try_win(self) -> bool:
+        tx = self._etcd.transactions
+        succeeded, _ = await self._etcd.transaction(
+            compare=[tx.create(self.key) == 0],
+            success=[tx.put(self.key, self._value, lease=self._lease)], failure=[])
+        record = await self._etcd.get(self.key)
+        if record is None:
+            return False  # won and lost at once (lease gone): campaign again
+        if succeeded and record.lease == self._lease.id:
+            self.term = self.leader_term = record.create_revision
+            self.is_leader = True
+            self.leader_address = self.address
+            log.info("leading with term %d", self.term)
+            return True
+        self._note_leader(record.value, record.create_revision)
+        return False
+
+    def _note_leader(self, value: bytes, term: int) -> None:
+        self.leader_term = term
+        try:
+            self.leader_address = json.loads(value)["address"]
+        except (ValueError, KeyError, TypeError):
+            self.leader_address = ""
+
+    async def _until_vacant(self) -> None:
+        """Until the leader's key is deleted (following who holds it meanwhile)."""
+        record = await self._etcd.get(self.key)
+        if record is None:
+            self.leader_address = ""
+            return
+        self._note_leader(record.value, record.create_revision)
+        watch = await self._etcd.watch(self.key, start_revision=record.mod_revision + 1)
+        try:
+            async for event in watch:
+                if event.kind == EventKind.DELETE:
+                    self.leader_address = ""
+                    return
+                self._note_leader(event.kv.value, event.kv.create_revision)
+        finally:
+            with contextlib.suppress(Exception):
+                await watch.cancel()
+
+    # ----- stop -----
+
+    async def resign(self) -> None:
+        """Give the leadership (and this master's registration) up at once."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.is_leader = False
+        if self._lease is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._etcd.revoke_lease(self._lease.id), 3)
