@@ -50,15 +50,19 @@ def load(masters: str, index: int, stop, marks, results) -> None:
                     client.put(key, value_for(key), replicas=2)
                     committed.append(key)
                     row["puts"] += 1
-                except KvpoolError:
+                except KvpoolError as exc:
                     row["put_failed"] += 1
+                    name = f"put {type(exc).__name__}"
+                    row[name] = row.get(name, 0) + 1
             else:
                 key = rng.choice(committed)
                 row["gets"] += 1
                 try:
                     row["wrong"] += client.get(key) != value_for(key)
-                except KvpoolError:
+                except KvpoolError as exc:
                     row["get_failed"] += 1
+                    name = f"get {type(exc).__name__}"
+                    row[name] = row.get(name, 0) + 1
     results.put((index, committed, tally))
 
 
@@ -117,10 +121,9 @@ def main() -> int:
         phases = {}
         for _, _, tally in collected:
             for phase, row in tally.items():
-                total = phases.setdefault({"0": "steady", "1": "after_node_kill", "2": "after_leader_kill"}[phase],
-                                          dict.fromkeys(row, 0))
+                total = phases.setdefault({"0": "steady", "1": "after_node_kill", "2": "after_leader_kill"}[phase], {})
                 for k, v in row.items():
-                    total[k] += v
+                    total[k] = total.get(k, 0) + v
         report["phases"] = phases
         from kvpool import Client
 
