@@ -21,10 +21,15 @@ def etcd_binary() -> str:
 
 
 class EtcdServer:
-    """One etcd member on 127.0.0.1 with its own data dir; `endpoint` is HOST:PORT for clients."""
+    """One etcd member on 127.0.0.1 with its own data dir; `endpoint` is HOST:PORT for clients.
+
+    Alone it is a one-member cluster; etcd_cluster() makes several that form one.
+    """
 
     def __init__(self, data_dir: str | os.PathLike, host: str = "127.0.0.1", client_port: int = 0,
-                 peer_port: int = 0, log_path: str | os.PathLike | None = None):
+                 peer_port: int = 0, log_path: str | os.PathLike | None = None, name: str = "kvpool-etcd"):
+        self.name = name
+        self.initial_cluster = ""  # name=peer-url,... of every member; empty: just this one
         self.data_dir = Path(data_dir)
         self.host = host
         self.client_port = client_port or free_port(host)
@@ -36,21 +41,31 @@ class EtcdServer:
     def endpoint(self) -> str:
         return f"{self.host}:{self.client_port}"
 
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
     def start(self, timeout: float = 20.0) -> "EtcdServer":
+        self.launch()
+        self.wait_healthy(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting: members of one cluster must all be up before any is healthy."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         client_url = f"http://{self.host}:{self.client_port}"
-        peer_url = f"http://{self.host}:{self.peer_port}"
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [etcd_binary(), "--name", "kvpool-etcd", "--data-dir", str(self.data_dir),
+            [etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
              "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-             "--initial-cluster", f"kvpool-etcd={peer_url}", "--log-level", "warn"],
+             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
+             "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}", "--log-level", "warn"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
         wait_until(self._healthy, timeout, what=f"etcd on {self.endpoint} (log: {self.log_path})")
-        return self
 
     def _healthy(self) -> bool:
         if self.proc.poll() is not None:
@@ -75,3 +90,23 @@ class EtcdServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def etcd_cluster(base_dir: str | os.PathLike, members: int = 3, host: str = "127.0.0.1",
+                 timeout: float = 30.0) -> list[EtcdServer]:
+    """`members` etcd processes forming one cluster, started and healthy."""
+    base = Path(base_dir)
+    servers = [EtcdServer(base / f"etcd-{i}" / "data", host=host, log_path=base / f"etcd-{i}.log",
+                          name=f"kvpool-etcd-{i}") for i in range(members)]
+    initial = ",".join(f"{s.name}={s.peer_url}" for s in servers)
+    for server in servers:
+        server.initial_cluster = initial
+        server.launch()
+    try:
+        for server in servers:
+            server.wait_healthy(timeout)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers

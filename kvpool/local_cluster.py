@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cluster_layout import DEFAULT_CLUSTER
-from .etcd_server import EtcdServer
+from .etcd_server import EtcdServer, etcd_cluster
 from .netutil import free_port, wait_until
 
 _READY = re.compile(r"^kvpool-(master|storenode) ready (.*)$", re.MULTILINE)
@@ -89,12 +89,14 @@ class LocalCluster:
                  master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float = 5,
                  put_timeout: float = 30, metrics: bool = False, host: str = "127.0.0.1",
                  ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None,
-                 masters: int = 1):
+                 masters: int = 1, etcd_members: int = 1):
         """node_args / master_args: extra command-line options for every storage node / every master.
-        masters: how many masters run; the first one started leads at first, the others stand by."""
+        masters: how many masters run; the first one started leads at first, the others stand by.
+        etcd_members: size of the etcd cluster (components talk to its first member)."""
         if masters < 1:
             raise ValueError(f"masters must be at least 1, got {masters}")
         self.master_count = masters
+        self.etcd_members = etcd_members
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="kvpool-")
         self.data_dir = Path(data_dir or self._tmp.name).resolve()
         self.log_dir = self.data_dir / "logs"
@@ -110,6 +112,7 @@ class LocalCluster:
         self.put_timeout = put_timeout
         self.metrics = metrics
         self.etcd: EtcdServer | None = None
+        self.etcd_servers: list[EtcdServer] = []
         self.master: Child | None = None  # the first master (the leader once start() returns)
         self.masters: list[Child] = []
         self.nodes: list[Child] = []
@@ -144,8 +147,13 @@ class LocalCluster:
     def start(self, timeout: float = 60.0) -> "LocalCluster":
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.etcd = EtcdServer(self.data_dir / "etcd", host=self.host,
-                                   log_path=self.log_dir / "etcd.log").start(timeout)
+            if self.etcd_members > 1:
+                self.etcd_servers = etcd_cluster(self.data_dir / "etcd", self.etcd_members, self.host, timeout)
+                self.etcd = self.etcd_servers[0]  # every component talks to this member
+            else:
+                self.etcd = EtcdServer(self.data_dir / "etcd", host=self.host,
+                                       log_path=self.log_dir / "etcd.log").start(timeout)
+                self.etcd_servers = [self.etcd]
             self.master = self._master_child().start(timeout)
             self.masters = [self.master]
             for index in range(1, self.master_count):
@@ -222,8 +230,8 @@ class LocalCluster:
                 child.stop()
         for node in self.nodes:  # a node that was killed could not unlink its DRAM segment itself
             remove_stale_segments(self.cluster, node.name)
-        if self.etcd is not None:
-            self.etcd.stop()
+        for server in self.etcd_servers:
+            server.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -33,3 +33,19 @@ def test_reads_continue_through_a_short_etcd_outage(own_cluster):
         assert warm.get("outage/after") == b"etcd is back"
         assert cluster.master.alive and all(node.alive for node in cluster.nodes)
         assert len(cluster.master_stats().nodes) == 2
+
+
+def test_a_three_member_etcd_cluster_survives_losing_a_member(own_cluster):
+    cluster = own_cluster(nodes=2, lease_ttl=2, etcd_members=3)
+    assert len(cluster.etcd_servers) == 3
+    with Client(cluster.master_address) as c:
+        c.put("quorum/before", b"stored with three members")
+        cluster.etcd_servers[2].stop()  # a member the components do not talk to: quorum (2 of 3) remains
+        c.put("quorum/after", b"stored with two members")  # PutEnd needs a durable etcd record
+        assert c.get("quorum/before") == b"stored with three members"
+        assert c.get("quorum/after") == b"stored with two members"
+        # Leases still expire through the surviving quorum: a dead node is noticed.
+        cluster.nodes[1].kill()
+        cluster.wait_for_nodes(1, timeout=15)
+        c.put("quorum/one-node", b"still placing")
+        assert c.get("quorum/one-node") == b"still placing"
