@@ -14,7 +14,8 @@ def _table(rows: list[list[str]]) -> str:
 
 def _tier_row(node, tier) -> list[str]:
     share = 100.0 * tier.used / tier.capacity if tier.capacity else 0.0
-    return [node.node_id, node.address, kvpool_pb2.Tier.Name(tier.tier), format_size(tier.capacity),
+    name = node.node_id + (f"@{node.zone}" if node.zone else "") + (" (draining)" if node.draining else "")
+    return [name, node.address, kvpool_pb2.Tier.Name(tier.tier), format_size(tier.capacity),
             format_size(tier.used), f"{share:.1f}", str(tier.objects), str(tier.hits), str(tier.misses),
             str(tier.demotions), str(tier.promotions), str(tier.evictions), tier.watermark or "-",
             ",".join(node.transports)]
@@ -33,5 +34,7 @@ def render_status(stats) -> str:
                f"leader {stats.leader or 'none elected'} (term {stats.term}), "
                f"followers: {', '.join(stats.followers) or 'none'}\n"
                f"puts {stats.puts}, removes {stats.removes}, reclaimed puts {stats.reclaimed_puts}, "
-               f"lookups: {stats.hits} hits, {stats.misses} misses (hit rate {hit_rate})")
+               f"lookups: {stats.hits} hits, {stats.misses} misses (hit rate {hit_rate})\n"
+               f"replica health: {stats.under_replicated} objects below their copy target; "
+               f"repairs done {stats.repairs_done} ({format_size(stats.repair_bytes)})")
     return summary + "\n\n" + _table(rows)

@@ -30,10 +30,11 @@ def test_every_tier_of_every_node_gets_a_row_with_its_counters():
     lines = text.splitlines()
     assert lines[0].startswith("master 127.0.0.1:5000 (m1): 2 nodes, 12 objects")
     assert "hit rate 75.0%" in lines[1]
-    header = lines[3].split()
+    assert lines[2].startswith("replica health: 0 objects below their copy target")
+    header = lines[4].split()
     assert header == ["NODE", "ADDRESS", "TIER", "CAPACITY", "USED", "USED%", "OBJECTS", "HITS", "MISSES",
                       "DEMOTED", "PROMOTED", "EVICTED", "WATERMARK", "TRANSPORTS"]
-    rows = [line.split() for line in lines[4:]]
+    rows = [line.split() for line in lines[5:]]
     assert [row[:3] for row in rows] == [["node-0", "127.0.0.1:6000", "DRAM"],  # nodes sorted, DRAM first
                                          ["node-1", "127.0.0.1:6001", "DRAM"],
                                          ["node-1", "127.0.0.1:6001", "SSD"]]
