@@ -31,6 +31,8 @@ from .tcp import DEFAULT_CONNECT_TIMEOUT, TcpTransport
 from .transport import ReadItem, Transport, WriteItem
 from .values import bytes_of, fresh_bytes_view, readable_view, writable_view
 
+DEFAULT_READ_TIMEOUT = 5.0
+
 # A replica read that fails like this may mean the placement moved on: ask the master again.
 _REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)
 # What a node says when it no longer has the version the master placed there (evicted, expired).
@@ -43,12 +45,15 @@ class AsyncClient:
     replicas: copies written per put. cache_size: placements remembered (0 = always ask the master).
     compress_above: values larger than this many bytes are lz4-compressed when that makes them
     smaller, unless a put says compress=False (None: only puts with compress=True are compressed).
+    read_timeout: seconds a replica may take to answer a read (plus one second per 100 MB read)
+    before the read moves on to the next replica: a hung node must not hang its readers.
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,
                  cluster: str = DEFAULT_CLUSTER, replicas: int = 1, cache_size: int = DEFAULT_CAPACITY,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 transport: Transport | None = None, compress_above: int | None = None):
+                 transport: Transport | None = None, compress_above: int | None = None,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self._compress_above = compression.check_threshold(compress_above)
@@ -56,6 +61,12 @@ class AsyncClient:
         self._transport = transport or TcpTransport(connect_timeout)
         self._cache = PlacementCache(cache_size)
         self._replicas = replicas
+        if not read_timeout > 0:
+            raise InvalidArgumentError(f"read_timeout must be positive, got {read_timeout!r}")
+        self._read_timeout = read_timeout
+
+    def _deadline_for(self, nbytes: int) -> float:
+        return self._read_timeout + nbytes / 100e6
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -309,7 +320,12 @@ class AsyncClient:
         error = None
         for replica in info.replicas:
             try:
-                digest = await self._transport.read_into(replica.address, raw, info.generation, view)
+                digest = await asyncio.wait_for(
+                    self._transport.read_into(replica.address, raw, info.generation, view),
+                    self._deadline_for(len(view)))
+            except TimeoutError:
+                error = error or UnavailableError(f"node {replica.address} did not answer a read in time")
+                continue
             except KvpoolError as exc:
                 # What a replica said about the data beats "node unreachable".
                 if error is None or isinstance(error, UnavailableError):
@@ -320,6 +336,14 @@ class AsyncClient:
             error = ChecksumMismatchError(
                 f"replica of {raw.decode()!r} on node {replica.node_id} does not match checksum {want:#x}")
         raise error or UnavailableError(f"{raw.decode()!r} has no replica")
+
+    async def _read_many_in_time(self, address: str, items: list) -> list:
+        """read_many, but a node that does not answer in time fails every item (they try their next replica)."""
+        try:
+            return await asyncio.wait_for(self._transport.read_many(address, items),
+                                          self._deadline_for(sum(len(item.buf) for item in items)))
+        except TimeoutError:
+            return [UnavailableError(f"node {address} did not answer a read in time") for _ in items]
 
     async def _read_batch(self, keys: list, dests: list | None) -> list:
         """Per key: the filled view, None if the master does not know it, or its error.
@@ -360,8 +384,8 @@ class AsyncClient:
                 group[0].append((i, r, view))
                 group[1].append(ReadItem(raws[i], info.generation, view))
             addresses = list(groups)
-            outcomes = await asyncio.gather(
-                *(self._transport.read_many(address, groups[address][1]) for address in addresses))
+            outcomes = await asyncio.gather(*(self._read_many_in_time(address, groups[address][1])
+                                              for address in addresses))
             todo = []
             for address, digests in zip(addresses, outcomes):
                 for (i, r, view), outcome in zip(groups[address][0], digests):

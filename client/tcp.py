@@ -251,6 +251,11 @@ class _Connection:
         recv_into, sock = self.loop.sock_recv_into, self.sock
         got = 0
         while got < length:
+            if request.abandoned():
+                # The caller gave up (e.g. timed out and is reading another replica into
+                # the same buffer): the rest must not land there.
+                await self._drain(length - got)
+                return None
             # Chunks small enough to still be in cache when hashed.
             more = await recv_into(sock, buf[got:got + _HASH_CHUNK])
             if not more:

@@ -206,3 +206,25 @@ def test_repair_keeps_to_its_rate(start_cluster):
     assert stats.repair_bytes == lost * MiB
     # Starts are paced at the rate: all but the first copy wait for their share of it.
     assert took >= 0.8 * (lost - 1) * MiB / rate, (took, lost)
+
+
+def test_a_hung_replica_is_skipped_after_the_read_timeout(start_cluster):
+    """A node that stops answering (frozen, as behind a partition) must not hang its readers."""
+    import signal
+
+    cluster = start_cluster(["a", "b"])
+    data = value(7, 200_000)
+    with Client(cluster.master_address, read_timeout=1.0) as c:
+        c.put("hung/k", data, replicas=2)
+        first, second = replicas_of(cluster, "hung/k")
+        # Freeze the copy a reader tries first, so every read meets the hung node.
+        frozen = next(node for node in cluster.nodes if node.info["address"] == first.address)
+        frozen.signal(signal.SIGSTOP)
+        try:
+            for _ in range(3):
+                started = time.monotonic()
+                assert c.get("hung/k") == data  # served by the other copy
+                assert time.monotonic() - started < 4.0
+        finally:
+            frozen.signal(signal.SIGCONT)
+        assert c.get("hung/k") == data
