@@ -34,6 +34,7 @@ _REPLY_SIZE = wire.REPLY.size
 _unpack_reply = wire.REPLY.unpack
 _OK = Code.OK
 _NOT_FOUND = Code.NOT_FOUND
+_CHECKSUM_MISMATCH = Code.CHECKSUM_MISMATCH
 _WRITE, _READ, _FREE, _PING = wire.Op.WRITE, wire.Op.READ, wire.Op.FREE, wire.Op.PING
 _HOLD, _REPORT, _INVENTORY = wire.Op.HOLD, wire.Op.REPORT, wire.Op.INVENTORY
 _COPY = wire.Op.COPY
@@ -220,6 +221,11 @@ class _Connection:
                     result = error_for(status, f"node {self.address}: {message}")
                 pending.popleft()
                 request.settle(result)
+                if op == _WRITE and status not in (_OK, _CHECKSUM_MISMATCH):
+                    # The node could not trust the payload that followed: it hangs up after
+                    # this reply, so the next request must not be sent on this connection.
+                    reason = f"node refused a WRITE ({Code(status).name}) and closes the connection"
+                    return
         except asyncio.CancelledError:
             reason = "connection closed"
             raise
