@@ -102,6 +102,36 @@ class Election:
             self.leader_address = ""
             self.lost.set()
 
+    async def rejoin(self) -> None:
+        """After losing the leadership: clear this master's old claim and register under a fresh
+        lease, so it can campaign again (retried until etcd answers).
+
+        The old lease may outlive the outage (etcd restores leases when it restarts), and with it
+        the leader's key of the lost term, which would block every campaign; that key is deleted
+        only if it is still the one created at the lost term."""
+        old_term, old_lease = self.term, self._lease
+        tx = self._etcd.transactions
+        while True:
+            try:
+                await asyncio.wait_for(self._etcd.transaction(
+                    compare=[tx.create(self.key) == old_term], success=[tx.delete(self.key)], failure=[]),
+                    self.ttl)
+                if old_lease is not None:
+                    with contextlib.suppress(Exception):  # most likely expired already
+                        await asyncio.wait_for(self._etcd.revoke_lease(old_lease.id), self.ttl)
+                lease = await asyncio.wait_for(self._etcd.lease(self.ttl), self.ttl)
+                await asyncio.wait_for(self._etcd.put(self._member_key, self._value, lease=lease), self.ttl)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - etcd away: try again
+                log.warning("registering again failed (%s: %s); retrying", type(exc).__name__, exc)
+                await asyncio.sleep(RETRY_DELAY)
+        self._lease = lease
+        self._refreshed = time.monotonic()
+        self.lost.clear()  # armed again for the next term
+        log.info("registered again; campaigning")
+
     # ----- campaign -----
 
     async def campaign(self, give_up_after: float | None = None) -> bool:

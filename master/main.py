@@ -181,8 +181,7 @@ async def serve(args) -> int:
         service.leadership = election
         kvpool_pb2_grpc.add_MasterServicer_to_server(service, server)
         metrics.registry.register(RecordCollector(election))
-        leader = Leader(args, etcd, election, table, node_io, adopter)
-        exit_code = 0
+        leader: Leader | None = None
         campaign: asyncio.Task | None = None
         try:
             node_io.start()
@@ -192,52 +191,80 @@ async def serve(args) -> int:
                 metrics.serve(args.metrics_port, args.host)
             # A lone master leads before it says it is ready, so its first client is served at once.
             if await election.campaign(give_up_after=0):
-                await _lead(leader, election, service, args, etcd)
+                leader = Leader(args, etcd, election, table, node_io, adopter)
+                await _lead(leader, election, service)
             else:
-                campaign = loop.create_task(election.campaign(), name="campaign")
                 log.info("master %s following %s", master_id, election.leader_address or "(none yet)")
             print(f"kvpool-master ready address={address}", flush=True)
             log.info("master %s serving cluster %r on %s", master_id, args.cluster, address)
-            if campaign is not None:
-                won = loop.create_task(_first_of(stop), name="stop-wait")
-                done, _ = await asyncio.wait([campaign, won], return_when=asyncio.FIRST_COMPLETED)
-                won.cancel()
-                if campaign in done and campaign.result():
-                    await _lead(leader, election, service, args, etcd)
+            while not stop.is_set():
+                if leader is None:
+                    campaign = loop.create_task(election.campaign(), name="campaign")
+                    stopping = loop.create_task(stop.wait(), name="stop-wait")
+                    await asyncio.wait([campaign, stopping], return_when=asyncio.FIRST_COMPLETED)
+                    stopping.cancel()
+                    if not campaign.done():
+                        break  # stopped while following
+                    campaign.result()
+                    campaign = None
+                    leader = Leader(args, etcd, election, table, node_io, adopter)
+                    try:
+                        await _lead(leader, election, service)
+                    except Exception as exc:  # noqa: BLE001 - etcd or the nodes failed the takeover: try again
+                        log.error("taking over failed (%s: %s)", type(exc).__name__, exc)
+                        election.step_down()
+                if election.is_leader:
+                    await _first_of(stop, election.lost, leader.record.lost)
+                if stop.is_set():
+                    break
+                # Deposed: stop the term's work, forget its (possibly stale) table, campaign afresh.
+                election.step_down()
+                await _step_down(leader, election, table, node_io, adopter)
+                leader = None
+                campaign = loop.create_task(election.rejoin(), name="rejoin")
+                stopping = loop.create_task(stop.wait(), name="stop-wait")
+                await asyncio.wait([campaign, stopping], return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if not campaign.done():
+                    break
+                campaign.result()
                 campaign = None
-            if election.is_leader:
-                await _first_of(stop, election.lost, leader.record.lost)
-                if not stop.is_set():
-                    # Deposed: the table may be stale. Exiting lets a supervisor start a fresh follower.
-                    election.step_down()
-                    election.serving = False
-                    log.error("leadership lost; exiting")
-                    exit_code = 3
-            else:
-                await stop.wait()
             log.info("stopping")
         finally:
+            leading = election.is_leader and election.serving
             election.serving = False
             if campaign is not None:
                 campaign.cancel()
                 await asyncio.gather(campaign, return_exceptions=True)
-            if leader.record is not None and exit_code == 0:
+            if leader is not None and leader.record is not None and leading:
                 with contextlib.suppress(Exception):  # what is still queued gets written before resigning
                     await asyncio.wait_for(leader.record.sync(), 3)
             await election.resign()
             await server.stop(grace=1.0)
-            await leader.stop()
+            if leader is not None:
+                await leader.stop()
             await adopter.close()
             await node_io.close()
             metrics.stop()
-    return exit_code
+    return 0
 
 
-async def _lead(leader: Leader, election: Election, service: MasterService, args, etcd) -> None:
+async def _lead(leader: Leader, election: Election, service: MasterService) -> None:
     await leader.take_over()
     election.record = leader.record
     service.records = leader.record
-    election.serving = True
+    election.serving = election.is_leader  # the lease may have expired while taking over
+
+
+async def _step_down(leader: Leader, election: Election, table: ObjectTable, node_io: NodeIO,
+                     adopter: Adopter) -> None:
+    """End a lost term: nothing it started may act for the next one."""
+    election.serving = False  # from now on every RPC but Stats answers NOT_LEADER
+    log.error("leadership of term %d lost; following until this master wins again", election.term)
+    await leader.stop()  # cancels the record writer too: its waiting requests answer NOT_LEADER
+    await adopter.close()
+    node_io.discard_frees()
+    table.reset()
 
 
 def main(argv=None) -> int:

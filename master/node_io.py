@@ -64,6 +64,15 @@ class NodeIO:
         for order in orders:
             self._queue.put_nowait(order)
 
+    def discard_frees(self) -> int:
+        """Drop the FREEs still queued (a deposed leader's decisions); returns how many."""
+        dropped = 0
+        while not self._queue.empty():
+            self._queue.get_nowait()
+            self._queue.task_done()
+            dropped += 1
+        return dropped
+
     async def free_now(self, orders: list[FreeOrder], wait: float) -> None:
         """Send FREEs and wait up to `wait` s for the nodes to confirm them; slower ones
         complete in the background."""

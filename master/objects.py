@@ -205,6 +205,17 @@ class ObjectTable:
         # Keys that may have fewer live copies than their target (repair.py checks and clears).
         self.repair_keys: set[str] = set()
 
+    def reset(self) -> None:
+        """Forget every node, object and pending put (a deposed leader's table may be stale; the next
+        term rebuilds it from the placement record). The generation counter and the counters go on,
+        so no generation is ever handed out twice."""
+        self.nodes = {}
+        self._committed = ChangeTrackingDict()
+        self._pending = {}
+        self._bytes = 0
+        self._frees = []
+        self.repair_keys = set()
+
     def _new_generation(self) -> int:
         generation = self._next_generation
         self._next_generation += 1

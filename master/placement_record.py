@@ -143,12 +143,21 @@ class PlacementRecord:
                         await asyncio.sleep(self._linger)
                     await self._flush()
         except NotLeaderError as exc:
-            self.fenced = exc
+            self._refuse(exc)
             self.lost.set()
-            for _, future in self._waiters:
-                if not future.done():
-                    future.set_exception(exc)
-            self._waiters.clear()
+        except asyncio.CancelledError:
+            # Stopped with its term (stepping down): what still waits must not wait for ever, nor
+            # be told it is durable.
+            self._refuse(NotLeaderError(f"leadership of term {self.fence.term} ended"))
+            raise
+
+    def _refuse(self, exc: NotLeaderError) -> None:
+        """From now on sync() raises `exc`, and so does every sync() waiting now."""
+        self.fenced = exc
+        for _, future in self._waiters:
+            if not future.done():
+                future.set_exception(exc)
+        self._waiters.clear()
 
     async def _flush(self) -> None:
         self._taken += 1

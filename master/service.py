@@ -81,12 +81,15 @@ def _rpc(handler):
     async def method(self, request, context):
         started = time.perf_counter()
         gate = self.leadership
-        if gate is not None and not gate.serving and handler.__name__ not in FOLLOWER_RPCS:
+        follower_rpc = handler.__name__ in FOLLOWER_RPCS
+        if gate is not None and not gate.serving and not follower_rpc:
             await _not_leader(context, gate.leader_address if gate.leader_address != self.address else "")
         response = handler(self, request)
         if hasattr(response, "__await__"):
             response = await response
-        if self.records is not None:
+        # A deposed master keeps its refused record until it leads again: Stats, which changes
+        # nothing, must not wait on it.
+        if self.records is not None and not follower_rpc:
             try:
                 # Changes are answered only once durable in the placement record (group commit).
                 await self.records.sync()

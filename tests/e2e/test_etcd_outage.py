@@ -49,3 +49,38 @@ def test_a_three_member_etcd_cluster_survives_losing_a_member(own_cluster):
         cluster.wait_for_nodes(1, timeout=15)
         c.put("quorum/one-node", b"still placing")
         assert c.get("quorum/one-node") == b"still placing"
+
+
+def test_a_lone_master_that_loses_leadership_follows_and_leads_again(own_cluster):
+    cluster = own_cluster(nodes=2, master_args=["--election-ttl", "2"], lease_ttl=5)
+    address = cluster.master.info["address"]
+    first_term = cluster.master_stats().term
+    values = {f"deposed/{i}": os.urandom(10_000 + i) for i in range(20)}
+    with Client(cluster.master_address) as before:
+        for key, value in values.items():
+            before.put(key, value)
+    cluster.etcd.stop()  # longer than the election ttl: the master can no longer know it leads
+    try:
+        wait_until(lambda: cluster.master_stats().leader == "", timeout=20, interval=0.2,
+                   what="the master to step down while etcd is away")
+        assert cluster.master.alive
+    finally:
+        cluster.etcd.start()
+
+    wait_until(lambda: cluster.master_stats().leader == address, timeout=30, interval=0.2,
+               what="the master to lead again once etcd is back")
+    assert cluster.master_stats().term > first_term
+    with Client(cluster.master_address) as after:
+        def all_readable():
+            try:
+                return after.batch_get(list(values)) == list(values.values())
+            except KvpoolError:
+                return False
+
+        wait_until(all_readable, timeout=20, interval=0.2, what="every object put before the outage to be read")
+        for key, value in values.items():
+            assert after.get(key) == value
+        after.put("deposed/after", b"leading again")
+        assert after.get("deposed/after") == b"leading again"
+    assert cluster.master.alive and all(node.alive for node in cluster.nodes)
+    assert len(cluster.master_stats().nodes) == 2

@@ -459,3 +459,18 @@ def test_default_generation_seeded_from_wall_clock(clock):
     before = time.time_ns()
     t = ObjectTable(clock=clock)
     assert t.put_start("k", 0, 0).generation >= before
+
+
+# ----- stepping down -----
+
+def test_reset_forgets_everything_but_never_reuses_a_generation(table):
+    committed = put(table, "a")
+    table.put_start("b", 100, 1)
+    table.remove("a")  # leaves a FREE and a changed key behind
+    table.reset()
+    assert table.nodes == {} and table.object_count == 0 and table.pending_count == 0
+    assert table.total_bytes == 0 and table.take_frees() == [] and not table.has_changes
+    assert not table.exists("a") and not table.exists("b")
+    table.upsert_node(record("n1"))
+    again = table.put_start("b", 100, 1)  # the pending put of before is gone with the old term
+    assert again.generation > committed.generation + 1
