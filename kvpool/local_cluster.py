@@ -183,13 +183,21 @@ class LocalCluster:
             self.master = self.masters[0]
         return self.masters[index]
 
-    def _node_child(self, index: int) -> Child:
+    def _node_child(self, index: int, host: str | None = None, prefix: tuple = ()) -> Child:
         node_id = f"node-{index}"
-        argv = [sys.executable, "-m", "kvpool.storenode", "--etcd", self.etcd_endpoint, "--host", self.host,
+        argv = [*prefix, sys.executable, "-m", "kvpool.storenode", "--etcd", self.etcd_endpoint,
+                "--host", host or self.host,
                 "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
                 "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl),
                 "--ssd", str(self.ssd_per_node), *self.node_args]
         return self._child(node_id, argv)
+
+    def add_node(self, host: str, prefix: tuple = (), timeout: float = 30.0) -> Child:
+        """Start one more storage node serving on `host`, its command run behind `prefix`
+        (e.g. ("ip", "netns", "exec", NS) to put it in another network namespace)."""
+        node = self._node_child(len(self.nodes), host, prefix).start(timeout)
+        self.nodes.append(node)
+        return node
 
     def restart_node(self, index: int, timeout: float = 30.0) -> Child:
         """Start node `index` again (after a stop or kill) with the same id and data dir."""
