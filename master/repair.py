@@ -12,6 +12,7 @@ by start time) so repair after a node loss does not starve foreground traffic.
 """
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -22,8 +23,8 @@ from .placement import spread_zones
 log = logging.getLogger(__name__)
 
 DEFAULT_RATE = 256 << 20     # bytes per second of copies
-DEFAULT_CONCURRENCY = 4      # copies in flight at once
-TICK = 0.1                   # how often the repair set is looked at
+DEFAULT_CONCURRENCY = 16     # copies in flight at once (pipelined on one connection per source node)
+TICK = 0.1                   # how often the repair set is looked at when no copy finishes
 RETRY_DELAY = 1.0            # a key whose copy failed waits this long before another try
 MIN_COPY_TIMEOUT = 10.0
 SLOWEST_COPY_RATE = 32 << 20  # bytes/s below which a copy is considered stuck
@@ -101,6 +102,7 @@ class Repairer:
         self._throttle = Throttle(rate, lambda: asyncio.get_running_loop().time())
         self._inflight: dict[str, asyncio.Task] = {}
         self._retry_at: dict[str, float] = {}
+        self._copy_done = asyncio.Event()  # a finished copy frees a slot: plan the next one at once
 
     @property
     def transport(self):
@@ -121,7 +123,9 @@ class Repairer:
                 if room > 0 and self._table.repair_keys:
                     for task in plan(self._table, room, self._inflight.keys() | self._retry_at.keys()):
                         self._inflight[task.key] = loop.create_task(self._copy(task), name=f"repair {task.key}")
-                await asyncio.sleep(TICK)
+                self._copy_done.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._copy_done.wait(), TICK)
         finally:
             await self.close()
 
@@ -140,6 +144,7 @@ class Repairer:
             return
         finally:
             self._inflight.pop(task.key, None)
+            self._copy_done.set()
         if self._table.add_replica(task.key, task.generation, task.destination.node_id, task.tier):
             log.debug("repaired %r: copy on %s", task.key, task.destination.node_id)
         self._node_io.submit_frees(self._table.take_frees())
