@@ -4,6 +4,7 @@ record surviving a full restart, fencing of a deposed leader, and group commit."
 import asyncio
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import aetcd
@@ -213,3 +214,53 @@ def test_nodes_refuse_writes_placed_by_an_older_term(own_cluster):
     # The cluster's own (older-term) leader is now refused too: its puts fail, typed.
     with Client(cluster.master_address) as client, pytest.raises(NotLeaderError):
         client.put("from-old-leader", b"x" * 100)
+
+
+def test_the_leader_compacts_etcd_history(own_cluster):
+    import base64
+    import json as jsonlib
+
+    cluster = own_cluster(nodes=1, master_args=["--compact-interval", "0.5"])
+    with Client(cluster.master_address) as client:
+        for i in range(20):
+            client.put(f"compact/{i}", b"x" * 100)  # each PutEnd writes the placement record
+
+    def first_revision_compacted() -> bool:
+        body = jsonlib.dumps({"key": base64.b64encode(b"/").decode(), "revision": 2}).encode()
+        request = urllib.request.Request(f"http://{cluster.etcd_endpoint}/v3/kv/range", data=body, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5):
+                return False  # revision 2 still readable: not compacted yet
+        except urllib.error.HTTPError as exc:
+            return b"compacted" in exc.read()
+
+    wait_until(first_revision_compacted, timeout=15, what="the leader to compact etcd's history")
+
+
+def test_kvpool_up_with_two_masters(tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "kvpool.cli", "up", "--masters", "2", "--nodes", "1",
+                             "--dram-per-node", "32MiB", "--data-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("kvpool ready master="), line + proc.stderr.read()
+        leader = re.search(r"master=(\S+)", line).group(1)
+
+        def status_lists_the_follower():  # the leader learns of followers at its next lease refresh
+            status = subprocess.run([sys.executable, "-m", "kvpool.cli", "status", "--master", leader],
+                                    capture_output=True, text=True, timeout=60)
+            assert status.returncode == 0, status.stderr
+            assert f"leader {leader}" in status.stdout
+            return re.search(r"followers: 127\.0\.0\.1:\d+", status.stdout)
+
+        wait_until(status_lists_the_follower, timeout=20, interval=0.5, what="status to list the follower")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
