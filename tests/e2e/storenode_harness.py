@@ -161,3 +161,18 @@ def closed_by_node(sock: socket.socket) -> bool:
     except TimeoutError:
         return False
 
+
+def inventory_at(address: str) -> dict:
+    """key -> INVENTORY entry of the node serving at HOST:PORT, asked through the client's transport."""
+    import asyncio
+
+    from kvpool.client.tcp import TcpTransport
+
+    async def ask():
+        transport = TcpTransport()
+        try:
+            return await transport.inventory(address)
+        finally:
+            await transport.close()
+
+    return {entry["key"]: entry for entry in asyncio.run(ask())}

@@ -21,6 +21,7 @@ from kvpool.errors import (
 from kvpool.netutil import free_port, wait_until
 from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
 from kvpool.wire import WriteFlag
+from storenode_harness import inventory_at
 
 # Repeating runs of 32-bit token ids: compresses well, like a shared prompt prefix.
 TOKENS = np.tile(np.arange(30_000, 30_256, dtype=np.uint32), 1024).tobytes()  # 1 MiB
@@ -90,17 +91,6 @@ def master_object(cluster, key: str):
         reply = kvpool_pb2_grpc.MasterStub(channel).GetReplicaList(kvpool_pb2.GetReplicaListRequest(key=key))
     assert reply.status == kvpool_pb2.OK, reply.message
     return reply.object
-
-
-def node_inventory(address: str) -> dict:
-    """key -> INVENTORY entry of the node at address."""
-    async def ask():
-        transport = TcpTransport()
-        try:
-            return await transport.inventory(address)
-        finally:
-            await transport.close()
-    return {entry["key"]: entry for entry in asyncio.run(ask())}
 
 
 def missing(client, key) -> bool:
@@ -339,7 +329,7 @@ def test_compressed_values_round_trip_through_every_get(cluster):
         client.put("lz4/tokens", TOKENS, compress=True)
         info = master_object(cluster, "lz4/tokens")
         assert info.compressed and info.raw_size == len(TOKENS) and info.size * 10 < len(TOKENS)
-        entry = node_inventory(info.replicas[0].address)["lz4/tokens"]
+        entry = inventory_at(info.replicas[0].address)["lz4/tokens"]
         assert entry["flags"] & WriteFlag.COMPRESSED and entry["raw_size"] == len(TOKENS)
         assert entry["size"] == info.size  # the node holds the compressed bytes
 
@@ -402,7 +392,7 @@ def test_put_options_reach_the_master_and_the_node(cluster):
 
         inventory = {}
         for node in cluster.nodes:
-            inventory.update(node_inventory(node.fields["address"]))
+            inventory.update(inventory_at(node.fields["address"]))
         assert 0 < inventory["opt/soft"]["ttl_ms"] <= 600_000
         assert inventory["opt/hard"]["flags"] & WriteFlag.HARD_PIN and inventory["opt/hard"]["ttl_ms"] == 0
         assert not inventory["opt/b1"]["flags"] & WriteFlag.HARD_PIN

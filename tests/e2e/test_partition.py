@@ -1,7 +1,6 @@
 """A storage node cut off by a network partition: a node in its own network namespace, joined to the
 rest by a veth pair whose link the test takes down and up again."""
 
-import asyncio
 import os
 import subprocess
 
@@ -9,11 +8,11 @@ import grpc
 import pytest
 
 from kvpool import Client
-from kvpool.client.tcp import TcpTransport
 from kvpool.local_cluster import LocalCluster
 from kvpool.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
+from storenode_harness import inventory_at
 
 # Link-local addresses that exist only on this veth pair, inside this machine.
 HOST, NS_HOST = "169.254.201.1", "169.254.201.2"
@@ -52,17 +51,6 @@ def _placement(cluster, key: str):
     return answer.object
 
 
-def _generations_held(address: str, key: str) -> set:
-    async def inventory():
-        transport = TcpTransport()
-        try:
-            return await transport.inventory(address)
-        finally:
-            await transport.close()
-
-    return {item["generation"] for item in asyncio.run(inventory()) if item["key"] == key}
-
-
 def test_partitioned_node_is_served_around_and_heals_without_split_brain(netns, tmp_path):
     namespace, host_if = netns
     with LocalCluster(nodes=2, host=HOST, lease_ttl=2, dram_per_node="64MiB", data_dir=tmp_path / "cluster") as cluster:
@@ -90,7 +78,7 @@ def test_partitioned_node_is_served_around_and_heals_without_split_brain(netns, 
 
             cluster.wait_for_nodes(3, timeout=30)
             # The healed node's copy of the old version is dropped, never served as current.
-            wait_until(lambda: old_generation not in _generations_held(address, moved), timeout=20,
+            wait_until(lambda: inventory_at(address).get(moved, {}).get("generation") != old_generation, timeout=20,
                        what="the healed node to drop the version overwritten during the partition")
             assert c.get(moved) == b"written while the node was cut off"
             for key in values:
