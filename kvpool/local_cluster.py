@@ -238,8 +238,8 @@ class LocalCluster:
                 child.stop()
         for node in self.nodes:  # a node that was killed could not unlink its DRAM segment itself
             remove_stale_segments(self.cluster, node.name)
-        for server in self.etcd_servers:
-            server.stop()
+        for server in {id(s): s for s in [*self.etcd_servers, self.etcd] if s is not None}.values():
+            server.stop()  # self.etcd too: a caller may have replaced it with a restarted member
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -48,7 +48,11 @@ def test_up_runs_until_sigterm_then_stops_every_child(tmp_path):
         wait_until(lambda: not any(_running(p) for p in pids), timeout=15, what="every child to exit")
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.terminate()  # lets `kvpool up` stop its children; they run in sessions of their own
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def _children(pid: int) -> list[int]:

@@ -263,4 +263,8 @@ def test_kvpool_up_with_two_masters(tmp_path):
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.terminate()  # lets `kvpool up` stop its children; they run in sessions of their own
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
