@@ -105,9 +105,6 @@ class ExtentAllocator:
         if self.capacity:
             self._add_free(0, self.capacity)
 
-    def is_allocated(self, offset: int) -> bool:
-        return offset in self._allocated
-
     @property
     def used(self) -> int:
         return self._used

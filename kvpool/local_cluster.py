@@ -20,6 +20,18 @@ from .netutil import free_port, wait_until
 _READY = re.compile(r"^kvpool-(master|storenode) ready (.*)$", re.MULTILINE)
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 @dataclass
 class Child:
     """One component process; its stdout and stderr go to files under the cluster's log dir."""
@@ -66,16 +78,7 @@ class Child:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
-        if self.proc is None:
-            return None
-        if self.alive:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return None if self.proc is None else stop_process(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL: the process gets no chance to clean up (its etcd lease must expire)."""

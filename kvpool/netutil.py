@@ -22,10 +22,3 @@ def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "c
             raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
         time.sleep(interval)
 
-
-def port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False

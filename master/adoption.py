@@ -60,11 +60,6 @@ class Adopter:
             log.info("node %s inventory: %d replicas taken back, %d objects re-created, %d stale entries freed",
                      node_id, len(outcome.adopted), len(outcome.created), len(outcome.rejected))
 
-    async def idle(self) -> None:
-        """Until every inventory asked for so far was applied (or given up on)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()

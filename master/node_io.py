@@ -44,9 +44,6 @@ class NodeIO:
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # FREEs a request stopped waiting for
         self._failing: set[str] = set()  # addresses whose failure was logged; logged again once they recover
-        self.frees_sent = 0
-        self.frees_failed = 0
-        self.holds_sent = 0
         self.term = 0  # the leader's term, sent with every REPORT so nodes fence older leaders' WRITEs
 
     @property
@@ -98,12 +95,10 @@ class NodeIO:
     async def _free(self, order: FreeOrder) -> None:
         try:
             await asyncio.wait_for(self.transport.free(order.address, order.key, order.generation), FREE_TIMEOUT)
-            self.frees_sent += 1
             self._recovered(order.address)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a lost FREE only delays reclaiming space on the node
-            self.frees_failed += 1
             self.failed(order.address, "FREE", exc)
 
     # ----- requests whose answer the caller needs -----
@@ -115,7 +110,6 @@ class NodeIO:
             try:
                 held = await asyncio.wait_for(
                     self.transport.hold(order.address, order.key, order.generation, order.ms), timeout)
-                self.holds_sent += 1
                 self._recovered(order.address)
                 return held
             except asyncio.CancelledError:

@@ -145,7 +145,6 @@ class NodeState:
         self.zone = record.zone
         self.draining = False  # no new placement; its objects are copied elsewhere, then freed here
         self.reported: dict[str, dict] = {}  # tier -> that tier's block of the last REPORT
-        self.reported_at: float | None = None
         # generation -> key of every version (pending or committed) with a replica here,
         # so dropping the node touches only its own objects.
         self.versions: dict[int, str] = {}
@@ -291,7 +290,6 @@ class ObjectTable:
             return []
         tiers = report.get("tiers") or {}
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
-        node.reported_at = self._clock()
         node.unreported = [u for u in node.unreported if u[0] > mark]
         self.counters.reports += 1
         removed = []

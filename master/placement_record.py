@@ -111,7 +111,6 @@ class PlacementRecord:
         self.lost = asyncio.Event()  # set when etcd refused a transaction: this master no longer leads
         self.txns = 0
         self.ops = 0
-        self.flushes = 0
 
     # ----- for the service -----
 
@@ -175,7 +174,6 @@ class PlacementRecord:
                 ops.append(self._etcd.transactions.put(path, encode(version, table_now, wall_now)))
         chunks = [ops[i:i + self._max_ops] for i in range(0, len(ops), self._max_ops)]
         await asyncio.gather(*(self._commit(chunk) for chunk in chunks))
-        self.flushes += 1
         self._durable = epoch
         still = []
         for want, future in self._waiters:

@@ -27,7 +27,6 @@ class Maintenance:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._promotions: set[asyncio.Task] = set()
-        self.sweeps = 0
 
     def start(self) -> None:
         self.store.on_pressure = self.kick
@@ -71,7 +70,6 @@ class Maintenance:
         self.store.expire_due()
         await self._relieve_dram()
         await self._relieve_ssd()
-        self.sweeps += 1
 
     async def _relieve_dram(self) -> None:
         """Above the high watermark: demote the coldest to SSD (or drop their DRAM copy) down to the low one."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpool.local_cluster import stop_process
 from kvpool.netutil import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,12 +48,7 @@ def test_up_runs_until_sigterm_then_stops_every_child(tmp_path):
         assert proc.wait(30) == 0
         wait_until(lambda: not any(_running(p) for p in pids), timeout=15, what="every child to exit")
     finally:
-        if proc.poll() is None:
-            proc.terminate()  # lets `kvpool up` stop its children; they run in sessions of their own
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_process(proc, 30)  # SIGTERM first: `kvpool up` then stops its children (own sessions)
 
 
 def _children(pid: int) -> list[int]:

@@ -20,6 +20,7 @@ from kvpool.proto import kvpool_pb2_grpc
 from kvpool import Client, cluster_layout
 from kvpool.errors import KvpoolError, NotLeaderError
 from kvpool.etcd_server import EtcdServer
+from kvpool.local_cluster import stop_process
 from kvpool.netutil import wait_until
 
 FAST_ELECTION = ["--election-ttl", "2"]
@@ -262,9 +263,4 @@ def test_kvpool_up_with_two_masters(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
-            proc.terminate()  # lets `kvpool up` stop its children; they run in sessions of their own
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_process(proc, 30)  # SIGTERM first: `kvpool up` then stops its children (own sessions)
