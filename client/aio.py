@@ -13,8 +13,10 @@ so callers only ever see raw values.
 """
 
 import asyncio
+import os
 import socket
 
+from kvpool import transports as transport_names
 from kvpool.checksum import checksum
 from kvpool.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import (
@@ -27,7 +29,8 @@ from kvpool.proto import kvpool_pb2 as pb
 from . import compression, put_options
 from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink, check
 from .placement_cache import DEFAULT_CAPACITY, PlacementCache
-from .tcp import DEFAULT_CONNECT_TIMEOUT, TcpTransport
+from .selector import TransportSelector
+from .tcp import DEFAULT_CONNECT_TIMEOUT
 from .transport import ReadItem, Transport, WriteItem
 from .values import bytes_of, fresh_bytes_view, readable_view, writable_view
 
@@ -47,23 +50,45 @@ class AsyncClient:
     smaller, unless a put says compress=False (None: only puts with compress=True are compressed).
     read_timeout: seconds a replica may take to answer a read (plus one second per 100 MB read)
     before the read moves on to the next replica: a hung node must not hang its readers.
+    transports: which data transports value bytes may take, e.g. "shm,tcp" (default
+    $KVPOOL_TRANSPORTS, else all: shared memory with nodes on this host, UCX, TCP).
+    token: the cluster token nodes ask for before letting this client map their memory
+    (default $KVPOOL_TOKEN).
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,
                  cluster: str = DEFAULT_CLUSTER, replicas: int = 1, cache_size: int = DEFAULT_CAPACITY,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  transport: Transport | None = None, compress_above: int | None = None,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT):
+                 read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
+                 token: str | None = None):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self._compress_above = compression.check_threshold(compress_above)
         self._master = MasterLink(address, etcd, cluster, rpc_timeout)
-        self._transport = transport or TcpTransport(connect_timeout)
+        if transport is None:
+            try:
+                allowed = transport_names.parse(transports if transports is not None
+                                                else os.environ.get(transport_names.ENV))
+            except ValueError as exc:
+                raise InvalidArgumentError(str(exc)) from None
+            token = os.environ.get("KVPOOL_TOKEN", "") if token is None else token
+            transport = TransportSelector(connect_timeout, allowed, token)
+        self._transport = transport
         self._cache = PlacementCache(cache_size)
         self._replicas = replicas
         if not read_timeout > 0:
             raise InvalidArgumentError(f"read_timeout must be positive, got {read_timeout!r}")
         self._read_timeout = read_timeout
+
+    def bytes_by_transport(self) -> dict:
+        """Value bytes moved so far per data transport ("shm", "ucx", "tcp")."""
+        return dict(getattr(self._transport, "moved", {}))
+
+    def transport_for(self, address: str) -> str | None:
+        """The transport value bytes to the node at `address` take now (None before first contact)."""
+        choose = getattr(self._transport, "transport_for", None)
+        return choose(address) if choose else None
 
     def _deadline_for(self, nbytes: int) -> float:
         return self._read_timeout + nbytes / 100e6

@@ -75,6 +75,12 @@ class Client:
     stats = _blocking(AsyncClient.stats)
     drain = _blocking(AsyncClient.drain)
 
+    def bytes_by_transport(self) -> dict:
+        return self._client.bytes_by_transport()
+
+    def transport_for(self, address: str) -> str | None:
+        return self._client.transport_for(address)
+
     def close(self) -> None:
         """Close connections and the loop; later calls raise UnavailableError."""
         try:

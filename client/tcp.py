@@ -17,7 +17,7 @@ import ipaddress
 import json
 import os
 import socket
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from kvpool import wire
 from kvpool.checksum import Digest
@@ -37,9 +37,21 @@ _NOT_FOUND = Code.NOT_FOUND
 _CHECKSUM_MISMATCH = Code.CHECKSUM_MISMATCH
 _WRITE, _READ, _FREE, _PING = wire.Op.WRITE, wire.Op.READ, wire.Op.FREE, wire.Op.PING
 _HOLD, _REPORT, _INVENTORY = wire.Op.HOLD, wire.Op.REPORT, wire.Op.INVENTORY
-_COPY = wire.Op.COPY
+_COPY, _HELLO, _ATTACH = wire.Op.COPY, wire.Op.HELLO, wire.Op.ATTACH
+_LOCATE, _RELEASE, _ALLOCATE, _COMMIT = wire.Op.LOCATE, wire.Op.RELEASE, wire.Op.ALLOCATE, wire.Op.COMMIT
 _FOUND_OR_NOT = (_FREE, _HOLD)  # ops whose NOT_FOUND is an answer (False), not an error
-_JSON_REPLY = (_REPORT, _INVENTORY)
+_JSON_REPLY = (_REPORT, _INVENTORY, _HELLO, _ATTACH)
+_PAYLOAD_REPLY = (_READ, _LOCATE)  # the value's bytes may follow
+_WITH_OPTIONS = (_WRITE, _ALLOCATE)  # WRITE_OPTIONS follow the key
+_MAPPED = wire.ReplyFlag.MAPPED
+
+
+class Location(NamedTuple):
+    """A MAPPED reply: where the object's bytes are in the node's DRAM segment (their size is
+    the one the request gave)."""
+
+    offset: int
+    checksum: int
 
 
 class _Batch:
@@ -60,26 +72,30 @@ class _Batch:
 
 
 class _Request:
-    """A request on the wire waiting for its reply: settles a future, or one slot of a batch."""
+    """A request on the wire waiting for its reply: settles a future, one slot of a batch,
+    or nothing (a request posted without waiting, e.g. RELEASE)."""
 
-    __slots__ = ("req_id", "op", "buf", "future", "batch", "index")
+    __slots__ = ("req_id", "op", "buf", "future", "batch", "index", "held")
 
-    def __init__(self, req_id: int, op: int, buf, future=None, batch=None, index=0):
+    def __init__(self, req_id: int, op: int, buf, future=None, batch=None, index=0, held=None):
         self.req_id = req_id
         self.op = op
-        self.buf = buf  # READ destination
+        self.buf = buf  # READ / LOCATE destination
         self.future = future
         self.batch = batch
         self.index = index
+        self.held = held  # LOCATE / ALLOCATE: (key, generation), released if nobody takes the reply
 
     def abandoned(self) -> bool:
         """Nobody waits any more (cancelled): a READ must then not touch the caller's buffer."""
-        return (self.future if self.batch is None else self.batch.future).done()
+        if self.batch is not None:
+            return self.batch.future.done()
+        return self.future is None or self.future.done()
 
     def settle(self, result) -> None:
         if self.batch is not None:
             self.batch.settle(self.index, result)
-        elif not self.future.done():
+        elif self.future is not None and not self.future.done():
             if isinstance(result, BaseException):
                 self.future.set_exception(result)
             else:
@@ -98,6 +114,9 @@ class _Connection:
         self._send_lock = asyncio.Lock()
         self._header = bytearray(_REPLY_SIZE)
         self._drain_buf: memoryview | None = None
+        self._posting: set[asyncio.Task] = set()
+        self._deferred: list[bytes] = []  # unanswered frames that ride along with the next send
+        self._deferred_flush: asyncio.TimerHandle | None = None
         self.reader = self.loop.create_task(self._read_replies(), name=f"kvpool-reply-reader {address}")
 
     # -- sending
@@ -107,18 +126,43 @@ class _Connection:
         """Send one request and wait for its reply's result (raises its error)."""
         future = self.loop.create_future()
         req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        request = _Request(req_id, op, buf, future)
-        if op == _WRITE:
+        request = _Request(req_id, op, buf, future, held=(key, generation) if op in (_LOCATE, _ALLOCATE) else None)
+        if op in _WITH_OPTIONS:
             options = options or NO_OPTIONS
-            frame = wire.pack_request(op, req_id, key, generation, arg, length, checksum, options.flags) \
-                + options.pack(length)
-            parts = [frame, payload]  # header and payload leave in one sendmsg
+            parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum, options.flags)
+                     + options.pack(length)]
         else:
             parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum)]
-            if payload is not None:  # COPY: the destination address
-                parts.append(payload)
+        if payload is not None:  # WRITE: the value (header and payload leave in one sendmsg); COPY, ATTACH
+            parts.append(payload)
         await self._submit((request,), parts)
         return await future
+
+    def defer(self, op: int, keys: Sequence[tuple], delay: float) -> None:
+        """Like post, but the frames go with this connection's next request, or after `delay`
+        seconds if the event loop runs that long without one (RELEASE of a LOCATE: the lease
+        covers the wait)."""
+        for key, generation in keys:
+            req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            self._deferred.append(wire.pack_request(op, req_id, key, generation))
+        if self._deferred and self._deferred_flush is None:
+            self._deferred_flush = self.loop.call_later(delay, self._flush_deferred)
+
+    def _flush_deferred(self) -> None:
+        self._deferred_flush = None
+        if self._deferred and not self.closed:
+            task = self.loop.create_task(self._submit((), []))
+            self._posting.add(task)
+            task.add_done_callback(self._posting.discard)
+
+    async def post(self, op: int, keys: Sequence[tuple]) -> None:
+        """Send one request the node never answers (wire.UNANSWERED) per (key, generation)."""
+        frames = []
+        for key, generation in keys:
+            req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            frames.append(wire.pack_request(op, req_id, key, generation))
+        if frames:
+            await self._submit((), [b"".join(frames)])
 
     async def batch(self, op: int, items: Sequence) -> list:
         """Pipeline one request per item (WriteItem or ReadItem); per-item results."""
@@ -127,19 +171,26 @@ class _Connection:
         pack = wire.pack_request
         for index, item in enumerate(items):
             req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-            if op == _WRITE:
-                key, generation, data, checksum, options = item[:5]
-                term = item[5] if len(item) > 5 else 0
+            if op in _PAYLOAD_REPLY:  # ReadItems
+                key, generation, buf = item
+                requests.append(_Request(req_id, op, buf, None, batch, index,
+                                         (key, generation) if op == _LOCATE else None))
+                parts.append(pack(op, req_id, key, generation, 0, len(buf)))
+                continue
+            # WriteItems: WRITE sends the payload, ALLOCATE only asks for room, COMMIT says it is filled
+            key, generation, data, checksum, options = item[:5]
+            term = item[5] if len(item) > 5 else 0
+            size = len(data)
+            requests.append(_Request(req_id, op, None, None, batch, index,
+                                     (key, generation) if op == _ALLOCATE else None))
+            if op in _WITH_OPTIONS:
                 options = options or NO_OPTIONS
-                size = len(data)
-                requests.append(_Request(req_id, op, None, None, batch, index))
                 parts.append(pack(op, req_id, key, generation, term, size, checksum, options.flags)
                              + options.pack(size))
-                parts.append(data)
+                if op == _WRITE:
+                    parts.append(data)
             else:
-                key, generation, buf = item
-                requests.append(_Request(req_id, op, buf, None, batch, index))
-                parts.append(pack(op, req_id, key, generation, 0, len(buf)))
+                parts.append(pack(op, req_id, key, generation, 0, size, checksum))
         if op != _WRITE:
             parts = [b"".join(parts)]  # headers only: one small buffer beats many iovecs
         if requests:
@@ -154,6 +205,9 @@ class _Connection:
                     request.settle(UnavailableError(f"node {self.address}: connection closed"))
                 return
             self._pending.extend(requests)
+            if self._deferred:
+                parts = [b"".join(self._deferred), *parts]
+                self._deferred.clear()
             try:
                 await self._send(parts)
             except OSError as exc:
@@ -195,7 +249,7 @@ class _Connection:
         try:
             while True:
                 await self._recv_exactly(header_view)
-                magic, version, op, req_id, status, length, _stored_checksum = _unpack_reply(header)
+                magic, version, op, req_id, status, flags, length, stored_checksum = _unpack_reply(header)
                 if magic != wire.MAGIC or version != wire.VERSION:
                     raise ProtocolError(f"bad reply frame (magic {magic!r}, version {version})")
                 if not pending:
@@ -204,7 +258,14 @@ class _Connection:
                 if request.req_id != req_id or request.op != op:
                     raise ProtocolError(f"reply {req_id} (op {op}) out of order; expected {request.req_id}")
                 if status == _OK:
-                    if op == _READ:
+                    if flags & _MAPPED:
+                        result = Location(length, stored_checksum)
+                        if request.abandoned() and request.held:
+                            # Nobody will copy or fill it: give the node its extent back.
+                            releasing = self.loop.create_task(self.post(_RELEASE, (request.held,)))
+                            self._posting.add(releasing)
+                            releasing.add_done_callback(self._posting.discard)
+                    elif op in _PAYLOAD_REPLY:
                         result = await self._receive_payload(request, length)
                     elif op == _PING:
                         result = (await self._recv_bytes(length)).decode("utf-8", "replace")
@@ -434,6 +495,14 @@ class TcpTransport(Transport):
             raise ProtocolError(f"node {address}: {wire.Op(op).name} reply is a JSON {type(value).__name__}, "
                                 f"expected {kind.__name__}")
         return value
+
+    async def hello(self, address: str) -> dict:
+        """The node's id, instance, host id and the transports it offers (wire.Op.HELLO)."""
+        return await self._json(address, _HELLO, dict)
+
+    async def connection(self, address: str) -> "_Connection":
+        """The open connection to a node (other transports send their control messages on it)."""
+        return await self._connection(address)
 
     async def ping(self, address: str) -> str:
         connection = await self._connection(address)

@@ -1,9 +1,12 @@
-"""The contract every data transport (TCP now; shared memory, UCX later) fulfils.
+"""The contracts of data transports: TCP (always), same-host shared memory, UCX.
 
 A transport moves value bytes between this process and storage nodes, addressed
-as "HOST:PORT" plus the (key, generation) of one stored version; where the node
-keeps the bytes (DRAM or SSD, which extent) is its own business. It knows
-nothing about the master; errors come back as kvpool.errors types.
+as "HOST:PORT" (the node's TCP data address, its identity for every transport)
+plus the (key, generation) of one stored version; where the node keeps the bytes
+(DRAM or SSD, which extent) is its own business. It knows nothing about the
+master; errors come back as kvpool.errors types. UnavailableError or
+ProtocolError from a DataPath means the path failed (the caller may retry the
+transfer on another one); any other error is the node's answer about the data.
 """
 
 from abc import ABC, abstractmethod
@@ -42,8 +45,8 @@ class ReadItem(NamedTuple):
     buf: memoryview  # flat writable bytes, exactly the object's stored size
 
 
-class Transport(ABC):
-    """Data-plane operations against one storage node address each."""
+class DataPath(ABC):
+    """Moving value bytes: what every transport offers."""
 
     @abstractmethod
     async def write(self, address: str, key: bytes, generation: int, data: memoryview, checksum: int,
@@ -63,6 +66,14 @@ class Transport(ABC):
     @abstractmethod
     async def read_many(self, address: str, items: Sequence[ReadItem]) -> list:
         """Pipelined reads from one node: per item the checksum of what arrived, or an exception."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Drop every connection; requests in flight fail with UnavailableError."""
+
+
+class Transport(DataPath):
+    """Data-plane operations against one storage node address each, and the node's other requests."""
 
     @abstractmethod
     async def free(self, address: str, key: bytes, generation: int) -> bool:
@@ -85,7 +96,3 @@ class Transport(ABC):
     @abstractmethod
     async def ping(self, address: str) -> str:
         """The node id serving `address`."""
-
-    @abstractmethod
-    async def close(self) -> None:
-        """Drop every connection; requests in flight fail with UnavailableError."""

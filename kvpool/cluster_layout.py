@@ -52,7 +52,8 @@ class NodeRecord:
     instance: str  # new on every start: a restarted node's old replicas are gone
     host: str
     data_port: int
-    transports: list = field(default_factory=lambda: ["tcp"])
+    transports: list = field(default_factory=lambda: ["tcp"])  # names, best first (kvpool/transports.py)
+    transport_info: dict = field(default_factory=dict)  # name -> what a client needs to use it (as in HELLO)
     tiers: dict = field(default_factory=dict)  # "dram" -> TierRecord
     metrics_port: int = 0
     pid: int = 0

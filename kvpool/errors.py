@@ -22,6 +22,7 @@ class Code(IntEnum):
     INTERNAL = 11
     NOT_LEADER = 12
     PROTOCOL = 13  # data protocol only: a malformed frame
+    FORBIDDEN = 14  # data protocol only: a transport this client may not use (e.g. a wrong cluster token)
 
 
 class KvpoolError(Exception):
@@ -91,6 +92,10 @@ class ProtocolError(KvpoolError):
     code = Code.PROTOCOL
 
 
+class ForbiddenError(KvpoolError, PermissionError):
+    code = Code.FORBIDDEN
+
+
 class BatchError(KvpoolError):
     """Some items of a batch failed; `errors` maps each failed key to its error."""
 
@@ -104,7 +109,7 @@ class BatchError(KvpoolError):
 _BY_CODE = {cls.code: cls for cls in (
     KeyNotFoundError, KeyExistsError, NoSpaceError, ValueTooLargeError, InvalidKeyError,
     InvalidArgumentError, UnavailableError, StaleReplicaError, ChecksumMismatchError,
-    PutExpiredError, InternalError, NotLeaderError, ProtocolError,
+    PutExpiredError, InternalError, NotLeaderError, ProtocolError, ForbiddenError,
 )}
 
 

@@ -35,8 +35,8 @@ VERSION = 1
 REQUEST = struct.Struct("<2sBBIHHQQQQ")
 # After a WRITE's key: ttl_ms (0 = none), soft_pin_ms (0 = not pinned), raw_size (size before compression).
 WRITE_OPTIONS = struct.Struct("<QQQ")
-# magic, version, op, req_id, status, (3 pad), length, checksum
-REPLY = struct.Struct("<2sBBIB3xQQ")
+# magic, version, op, req_id, status, flags (ReplyFlag), (2 pad), length, checksum
+REPLY = struct.Struct("<2sBBIBB2xQQ")
 
 
 class Op(IntEnum):
@@ -53,9 +53,38 @@ class Op(IntEnum):
     # the destination's error, or NOT_FOUND / STALE when it does not hold that version). Sent
     # by the master to repair replicas.
     COPY = 8
+    # Reply JSON: the node id, instance, host id and the transports it offers besides this one
+    # (see kvpool/transports.py), so a client can pick the best path to it.
+    HELLO = 9
+    # Same-host shared memory (client/shm.py). The bytes move through the node's DRAM mapping;
+    # these small messages keep the node the authority on placement and in-flight references.
+    # A reference a connection took is given back when it closes, whatever the client did.
+    ATTACH = 10    # payload: the cluster token (length bytes); reply JSON {"path", "size"} or FORBIDDEN
+    # READ, but a DRAM object is answered MAPPED (`length` is its offset) and pinned until RELEASE
+    # or for LOCATE_LEASE seconds, whichever comes first: a client may send its RELEASEs late,
+    # together with its next requests, and one that never does holds nothing for long.
+    LOCATE = 11
+    RELEASE = 12   # drop the reference LOCATE took on (key, generation); never answered
+    ALLOCATE = 13  # WRITE without the payload: reserve a DRAM extent, answered MAPPED
+    COMMIT = 14    # the ALLOCATEd extent of (key, generation) is filled: verify checksum and keep it
 
 
 MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry
+MAX_TOKEN = 1024  # longest cluster token an ATTACH may carry
+
+LOCATE_LEASE = 2.0  # seconds; a client copying for longer reads over the socket instead
+
+# Requests the node never answers: the client does not wait for them, and a reply
+# would only cost both sides a wake-up.
+UNANSWERED = frozenset({Op.RELEASE})
+
+
+class ReplyFlag(IntFlag):
+    """Reply `flags`."""
+
+    # LOCATE / ALLOCATE: no body; `length` is the offset of the object's bytes in the DRAM
+    # segment (their size is the request's length), `checksum` the object's.
+    MAPPED = 1
 
 
 class WriteFlag(IntFlag):
@@ -75,11 +104,11 @@ def pack_request(op: Op, req_id: int, key: bytes, generation: int = 0, arg: int 
                         generation, arg, length, checksum) + key
 
 
-def pack_reply(op: int, req_id: int, status: int, length: int = 0, checksum: int = 0) -> bytes:
-    return REPLY.pack(MAGIC, VERSION, op, req_id, status, length, checksum)
+def pack_reply(op: int, req_id: int, status: int, length: int = 0, checksum: int = 0, flags: int = 0) -> bytes:
+    return REPLY.pack(MAGIC, VERSION, op, req_id, status, flags, length, checksum)
 
 
 def pack_error(op: int, req_id: int, status: int, message: str) -> bytes:
     """A complete error reply: header plus message."""
     body = message.encode("utf-8", "replace")[:4096]
-    return REPLY.pack(MAGIC, VERSION, op, req_id, status, len(body), 0) + body
+    return REPLY.pack(MAGIC, VERSION, op, req_id, status, 0, len(body), 0) + body

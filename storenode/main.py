@@ -11,6 +11,7 @@ import uuid
 
 from prometheus_client import start_http_server
 
+from kvpool import transports
 from kvpool.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError
 from kvpool.process import run_server
@@ -26,6 +27,7 @@ from .server import DataServer
 from .ssd import SsdSegment
 from .store import ObjectStore
 from .tiers import StorageTier
+from .ucx_server import start_ucx
 
 log = logging.getLogger("kvpool.storenode")
 
@@ -67,6 +69,13 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _transports(text: str) -> tuple[str, ...]:
+    try:
+        return transports.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _size(text: str) -> int:
     try:
         return parse_size(text)
@@ -105,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: none)")
     p.add_argument("--zone", default="", help="failure domain of this node (rack, host, AZ): the master puts "
                                               "an object's replicas in distinct zones first (default: none)")
+    p.add_argument("--transports", type=_transports, default=transports.PREFERENCE, metavar="LIST",
+                   help="data transports to offer besides TCP, e.g. shm,ucx,tcp (default: all of them; "
+                        "TCP is always served)")
+    p.add_argument("--token", default=os.environ.get("KVPOOL_TOKEN", ""),
+                   help="cluster token a same-host client must show to map the DRAM segment "
+                        "(default: $KVPOOL_TOKEN; empty: any process allowed to open the segment file)")
     return p
 
 
@@ -160,20 +175,28 @@ async def _serve(args) -> int:
     maintenance = Maintenance(store)
     metrics = NodeMetrics()
     metrics.track_tiers(store.tiers)
-    server = DataServer(store, maintenance, node_id, metrics)
+    server = DataServer(store, maintenance, node_id, metrics, instance=instance, token=args.token)
+    if transports.SHM in args.transports and dram.segment.path:
+        server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None
     registration = None
+    ucx = None
     try:
         if ssd:
             recover(store)
         maintenance.start()
         _, port = await server.start(args.host, args.port)
+        if transports.UCX in args.transports:
+            ucx = await start_ucx(store, server, args.host)
+            if ucx is not None:
+                server.offers[transports.UCX] = ucx.offer
         if args.metrics_port:
             metrics_http, _ = start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
         tiers = {tier.name: TierRecord(tier.segment.capacity, tier.segment.path) for tier in store.tiers}
         record = NodeRecord(node_id=node_id, instance=instance, host=args.advertise_host or args.host,
                             data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
-                            zone=args.zone)
+                            zone=args.zone, transports=[*server.offers, transports.TCP],
+                            transport_info=server.offers)
         registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl)
         if not await _until_stopped(registration.start(), stopping):
             return 0
@@ -188,6 +211,8 @@ async def _serve(args) -> int:
         if registration:
             await registration.stop()
         await server.stop()
+        if ucx is not None:
+            await ucx.stop()
         await maintenance.stop()
         if metrics_http:
             metrics_http.shutdown()

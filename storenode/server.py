@@ -9,12 +9,13 @@ together before the task waits for more input.
 """
 
 import asyncio
+import hmac
 import json
 import logging
 import socket
 import time
 
-from kvpool import wire
+from kvpool import transports, wire
 from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
@@ -43,11 +44,17 @@ class _Disconnect(Exception):
 
 
 class DataServer:
+    """offers: transport name -> what a client needs to use it, sent in HELLO; "shm" is offered
+    to clients of this host whose ATTACH carries `token` (any token when it is empty)."""
+
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
-                 metrics: NodeMetrics | None = None):
+                 metrics: NodeMetrics | None = None, instance: str = "", token: str = ""):
         self.store = store
         self.maintenance = maintenance
         self.node_id = node_id
+        self.instance = instance
+        self.token = token.encode()
+        self.offers: dict[str, dict] = {}
         self.metrics = metrics or NodeMetrics()
         self.copier = Copier(store)
         self.term = 0  # highest master term seen (WRITE and REPORT arg): older WRITEs are refused
@@ -109,9 +116,20 @@ class _Connection:
         self.start = self.end = 0  # unparsed input is buf[start:end]
         self.out = bytearray()  # replies not sent yet
         self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
+        # Shared memory: set by ATTACH. What this client holds through the mapping, given back
+        # on RELEASE, when a LOCATE's lease ends, or when the connection ends:
+        # (key, generation) -> [(record LOCATEd, lease end)], oldest first, and
+        # (key, generation) -> (reservation, ALLOCATE header fields) not committed yet.
+        self.attached = False
+        self.located: dict[tuple, list[tuple[ObjectRecord, float]]] = {}
+        self.allocated: dict[tuple, tuple] = {}
+        self._lease_timer: asyncio.TimerHandle | None = None
         self._handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read, wire.Op.FREE: self._free,
                           wire.Op.PING: self._ping, wire.Op.HOLD: self._hold, wire.Op.REPORT: self._report,
-                          wire.Op.INVENTORY: self._inventory, wire.Op.COPY: self._copy}
+                          wire.Op.INVENTORY: self._inventory, wire.Op.COPY: self._copy,
+                          wire.Op.HELLO: self._hello, wire.Op.ATTACH: self._attach,
+                          wire.Op.LOCATE: self._locate, wire.Op.RELEASE: self._release,
+                          wire.Op.ALLOCATE: self._allocate, wire.Op.COMMIT: self._commit}
 
     async def run(self) -> None:
         self.metrics.connections.inc()
@@ -127,6 +145,7 @@ class _Connection:
         except Exception:  # a bug must cost one connection, not the node
             log.exception("data connection failed")
         finally:
+            self._give_back()
             self.metrics.connections.dec()
             self.sock.close()
 
@@ -162,12 +181,10 @@ class _Connection:
         await self._fill(_OPTIONS)
         ttl_ms, soft_pin_ms, raw_size = wire.WRITE_OPTIONS.unpack_from(self.buf, self.start)
         self.start += _OPTIONS
-        if term:
-            if term < self.server.term:  # placed by a master that no longer leads
-                await self._refuse(op, req_id, Code.NOT_LEADER,
-                                   f"WRITE placed in term {term}; a master of term {self.server.term} leads", length)
-                return False
-            self.server.term = term
+        if not self._term_current(term):  # placed by a master that no longer leads
+            await self._refuse(op, req_id, Code.NOT_LEADER,
+                               f"WRITE placed in term {term}; a master of term {self.server.term} leads", length)
+            return False
         # On refusal the payload that follows cannot be skipped safely: reply, then hang up.
         if length == 0:
             await self._refuse(op, req_id, Code.INVALID_ARGUMENT, "WRITE of an empty payload", 0)
@@ -198,6 +215,14 @@ class _Connection:
             res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
         self.store.commit(res, rec)
         self.out += wire.pack_reply(op, req_id, Code.OK)
+        return True
+
+    def _term_current(self, term: int) -> bool:
+        """False for a write placed by a master older than one we have heard from (0: unfenced)."""
+        if term:
+            if term < self.server.term:
+                return False
+            self.server.term = term
         return True
 
     async def _receive_to_dram(self, offset: int, length: int) -> int:
@@ -259,6 +284,13 @@ class _Connection:
         return digest.intdigest()
 
     async def _read(self, op, req_id, key, generation, _flags, _arg, length, _checksum) -> bool:
+        rec = self._readable(op, req_id, key, generation, length)
+        if rec is not None:
+            await self._send_object(op, req_id, rec)
+        return True
+
+    def _readable(self, op, req_id, key, generation, length) -> ObjectRecord | None:
+        """The record a READ or LOCATE asks for; None after replying why not."""
         rec, why = self.store.lookup(key, generation)
         if rec is None:
             self.store.count_miss()
@@ -266,10 +298,13 @@ class _Connection:
                 self._error(op, req_id, Code.STALE, f"this node no longer holds generation {generation} of the key")
             else:
                 self._error(op, req_id, Code.NOT_FOUND, f"no generation {generation} of this key here")
-            return True
+            return None
         if length != rec.size:
             self._error(op, req_id, Code.STALE, f"generation {generation} has {rec.size} bytes, not {length}")
-            return True
+            return None
+        return rec
+
+    async def _send_object(self, op, req_id, rec: ObjectRecord) -> None:
         self.out += wire.pack_reply(op, req_id, Code.OK, rec.size, rec.checksum)
         if rec.dram is not None:
             self.store.count_read(rec, from_dram=True)
@@ -279,7 +314,6 @@ class _Connection:
                 self.server.maintenance.promote(rec)
             await self._send_from_ssd(rec)
         self.metrics.bytes_out.inc(rec.size)
-        return True
 
     async def _send_from_dram(self, rec: ObjectRecord) -> None:
         data = self.dram.segment.view(rec.dram, rec.size)
@@ -329,11 +363,11 @@ class _Connection:
 
     async def _report(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
         self.server.term = max(self.server.term, term)
-        self._reply_body(op, req_id, json.dumps(self.store.report(self.server.node_id)).encode())
+        self._reply_json(op, req_id, self.store.report(self.server.node_id))
         return True
 
     async def _inventory(self, op, req_id, *_unused) -> bool:
-        self._reply_body(op, req_id, json.dumps(self.store.inventory()).encode())
+        self._reply_json(op, req_id, self.store.inventory())
         return True
 
     async def _copy(self, op, req_id, key, generation, _flags, _arg, length, _checksum) -> bool:
@@ -353,7 +387,142 @@ class _Connection:
         self.out += wire.pack_reply(op, req_id, Code.OK)
         return True
 
+    async def _hello(self, op, req_id, *_unused) -> bool:
+        server = self.server
+        self._reply_json(op, req_id, {"node_id": server.node_id, "instance": server.instance,
+                                      "host_id": transports.host_id(), "transports": server.offers})
+        return True
+
+    # -- shared memory: the client copies through the mapping, the node keeps the books
+
+    async def _attach(self, op, req_id, _key, _generation, _flags, _arg, length, _checksum) -> bool:
+        if length > wire.MAX_TOKEN:
+            await self._fail(op, req_id, Code.PROTOCOL, f"ATTACH token of {length} bytes")
+            return False
+        await self._fill(length)
+        token = bytes(self.view[self.start:self.start + length])
+        self.start += length
+        offer = self.server.offers.get(transports.SHM)
+        if offer is None:
+            self._error(op, req_id, Code.FORBIDDEN, "this node does not offer shared memory")
+        elif self.server.token and not hmac.compare_digest(token, self.server.token):
+            log.warning("refused a shared-memory ATTACH with a wrong cluster token")
+            self._error(op, req_id, Code.FORBIDDEN, "wrong cluster token for shared memory")
+        else:
+            self.attached = True
+            self._reply_json(op, req_id, {"path": self.dram.segment.path, "size": self.dram.segment.capacity,
+                                          "instance": self.server.instance})
+        return True
+
+    def _check_attached(self, op, req_id) -> bool:
+        if not self.attached:
+            self._error(op, req_id, Code.FORBIDDEN, f"{_OP_NAMES[op].upper()} before a successful ATTACH")
+        return self.attached
+
+    async def _locate(self, op, req_id, key, generation, _flags, _arg, length, _checksum) -> bool:
+        if not self._check_attached(op, req_id):
+            return True
+        rec = self._readable(op, req_id, key, generation, length)
+        if rec is None:
+            return True
+        if rec.dram is None:  # on SSD only: the bytes come over the socket, as for a READ
+            await self._send_object(op, req_id, rec)
+            return True
+        self.store.acquire(rec)  # neither freed nor moved while the client copies
+        self.located.setdefault((key, generation), []).append((rec, time.monotonic() + wire.LOCATE_LEASE))
+        if self._lease_timer is None:
+            self._lease_timer = self.loop.call_later(wire.LOCATE_LEASE, self._end_leases)
+        self.store.count_read(rec, from_dram=True)
+        self.metrics.bytes_out.inc(rec.size)
+        self._reply_location(op, req_id, rec.dram, rec.checksum)
+        return True
+
+    async def _allocate(self, op, req_id, key, generation, flags, term, length, value_checksum) -> bool:
+        await self._fill(_OPTIONS)
+        options = wire.WRITE_OPTIONS.unpack_from(self.buf, self.start)
+        self.start += _OPTIONS
+        if not self._check_attached(op, req_id):
+            return True
+        if not self._term_current(term):
+            self._error(op, req_id, Code.NOT_LEADER,
+                        f"ALLOCATE placed in term {term}; a master of term {self.server.term} leads")
+            return True
+        if length == 0 or (key, generation) in self.allocated:
+            self._error(op, req_id, Code.INVALID_ARGUMENT, "ALLOCATE of an empty or already allocated object")
+            return True
+        try:
+            res = self.store.reserve(key, length, flags, dram_only=True)
+        except KvpoolError as exc:
+            self._error(op, req_id, exc.code, str(exc))
+            return True
+        self.allocated[(key, generation)] = (res, flags, length, value_checksum, options)
+        self._reply_location(op, req_id, res.offset, value_checksum)
+        return True
+
+    async def _commit(self, op, req_id, key, generation, *_unused) -> bool:
+        pending = self.allocated.pop((key, generation), None)
+        if pending is None:
+            self._error(op, req_id, Code.NOT_FOUND, f"no ALLOCATEd generation {generation} of this key")
+            return True
+        res, flags, length, value_checksum, (ttl_ms, soft_pin_ms, raw_size) = pending
+        # The client wrote these bytes itself: check them as a received WRITE is checked.
+        if checksum(self.dram.segment.view(res.offset, length)) != value_checksum:
+            self.store.abort(res)
+            self._error(op, req_id, Code.CHECKSUM_MISMATCH,
+                        f"bytes in the segment differ from checksum {value_checksum:#x}; object not stored")
+            return True
+        rec = self.store.new_record(key, generation, length, value_checksum, flags, raw_size, ttl_ms, soft_pin_ms)
+        self.store.commit(res, rec)
+        self.metrics.bytes_in.inc(length)
+        self.out += wire.pack_reply(op, req_id, Code.OK)
+        return True
+
+    async def _release(self, op, req_id, key, generation, *_unused) -> bool:
+        """Give back a LOCATE's reference, or an ALLOCATE never committed (the writer gave up).
+        Not answered; releasing what is not held is a no-op (e.g. a COMMIT got there first)."""
+        located = self.located.get((key, generation))
+        if located:
+            self.store.release(located.pop(0)[0])
+            if not located:
+                del self.located[(key, generation)]
+        else:
+            pending = self.allocated.pop((key, generation), None)
+            if pending is not None:
+                self.store.abort(pending[0])
+        return True
+
+    def _end_leases(self) -> None:
+        """Release the LOCATEs whose lease is over (their RELEASE is late or will never come)."""
+        self._lease_timer = None
+        now = time.monotonic()
+        for where, located in list(self.located.items()):
+            while located and located[0][1] <= now:
+                self.store.release(located.pop(0)[0])
+            if not located:
+                del self.located[where]
+        if self.located:
+            soonest = min(located[0][1] for located in self.located.values())
+            self._lease_timer = self.loop.call_later(max(0.0, soonest - now), self._end_leases)
+
+    def _give_back(self) -> None:
+        """The connection ended: whatever its client held through the mapping is the node's again."""
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
+        for located in self.located.values():
+            for rec, _lease_end in located:
+                self.store.release(rec)
+        for pending in self.allocated.values():
+            self.store.abort(pending[0])
+        self.located.clear()
+        self.allocated.clear()
+
     # -- helpers
+
+    def _reply_location(self, op: int, req_id: int, offset: int, value_checksum: int) -> None:
+        self.out += wire.pack_reply(op, req_id, Code.OK, offset, value_checksum, wire.ReplyFlag.MAPPED)
+
+    def _reply_json(self, op: int, req_id: int, value) -> None:
+        self._reply_body(op, req_id, json.dumps(value).encode())
 
     def _reply_body(self, op: int, req_id: int, body: bytes) -> None:
         self.out += wire.pack_reply(op, req_id, Code.OK, len(body), checksum(body))

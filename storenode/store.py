@@ -50,9 +50,13 @@ class ObjectStore:
 
     # -- WRITE: reserve an extent, receive into it, then commit (or abort)
 
-    def reserve(self, key: bytes, size: int, flags: int) -> Reservation:
-        """An extent for a new object: preferred tier, then the other, then after evicting; else NoSpaceError."""
-        order = [self.ssd, self.dram] if flags & _PREFER_SSD and self.ssd else self.tiers
+    def reserve(self, key: bytes, size: int, flags: int, dram_only: bool = False) -> Reservation:
+        """An extent for a new object: preferred tier, then the other, then after evicting; else NoSpaceError.
+        dram_only: a writer that fills the extent through the shared mapping."""
+        if dram_only:
+            order = [self.dram]
+        else:
+            order = [self.ssd, self.dram] if flags & _PREFER_SSD and self.ssd else self.tiers
         order = [tier for tier in order if tier.fits_ever(len(key), size)]
         if not order:
             raise ValueTooLargeError(f"{size} bytes do not fit in any tier of this node "

@@ -90,7 +90,8 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def read_reply(sock: socket.socket):
     """(op, req_id, status, checksum, payload) of the next reply."""
-    magic, version, op, req_id, status, length, value_checksum = wire.REPLY.unpack(recv_exact(sock, wire.REPLY.size))
+    header = recv_exact(sock, wire.REPLY.size)
+    magic, version, op, req_id, status, _flags, length, value_checksum = wire.REPLY.unpack(header)
     assert (magic, version) == (wire.MAGIC, wire.VERSION)
     return op, req_id, status, value_checksum, recv_exact(sock, length)
 

@@ -1,0 +1,184 @@
+"""Per storage node, the best data transport both sides allow: shared memory, then UCX, then TCP.
+
+On first contact the client asks the node (HELLO over TCP) what it offers and
+attaches to the first of the allowed transports that works. A transport that
+fails a transfer (UnavailableError, ProtocolError) is set aside for that node
+for DOWN_SECONDS, logged once, and the transfer is retried on the next one: a
+failing fast path costs time, never a transfer. The node's other requests
+(FREE, HOLD, REPORT, ...) always travel over TCP.
+"""
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Sequence
+
+from kvpool import transports
+from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
+
+from .shm import ShmPath
+from .tcp import DEFAULT_CONNECT_TIMEOUT, TcpTransport
+from .transport import DataPath, ReadItem, Transport, WriteItem
+
+log = logging.getLogger(__name__)
+
+DOWN_SECONDS = 30.0  # how long a failed transport is left alone before it is tried again
+_PATH_FAILED = (UnavailableError, ProtocolError)
+
+
+def _make_ucx() -> DataPath | None:
+    try:
+        from .ucx import UcxTransport
+    except ImportError as exc:  # the optional extra kvpool[ucx] is not installed
+        log.info("UCX transport not available: %s", exc)
+        return None
+    return UcxTransport()
+
+
+class TransportSelector(Transport):
+    """allowed: transport names (kvpool.transports), default $KVPOOL_TRANSPORTS or all of them.
+    token: the cluster token shown to nodes before mapping their memory."""
+
+    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, allowed: Sequence[str] | None = None,
+                 token: str = ""):
+        self.allowed = tuple(allowed) if allowed is not None else transports.from_environment()
+        self.tcp = TcpTransport(connect_timeout)
+        self._fast: dict[str, DataPath] = {}
+        if transports.SHM in self.allowed:
+            self._fast[transports.SHM] = ShmPath(self.tcp, token)
+        if transports.UCX in self.allowed:
+            ucx = _make_ucx()
+            if ucx is not None:
+                self._fast[transports.UCX] = ucx
+        self.moved: collections.Counter = collections.Counter()  # transport name -> value bytes moved
+        self._routes: dict[str, tuple[float, list]] = {}  # address -> (rebuild after, [(name, path)])
+        self._routing: dict[str, asyncio.Future] = {}
+        self._down: dict[tuple[str, str], float] = {}  # (address, name) -> left alone until
+
+    # -- choosing
+
+    async def route(self, address: str) -> list:
+        """[(name, path)] to try for `address`, best first."""
+        cached = self._routes.get(address)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        pending = self._routing.get(address)
+        if pending is None:
+            pending = self._routing[address] = asyncio.ensure_future(self._build_route(address))
+            pending.add_done_callback(lambda _: self._routing.pop(address, None))
+        return await asyncio.shield(pending)
+
+    async def _build_route(self, address: str) -> list:
+        now = time.monotonic()
+        wanted = [name for name in self.allowed if self._down.get((address, name), 0) <= now]
+        hello = None
+        if any(name in self._fast for name in wanted):
+            hello = await self.tcp.hello(address)
+        route = []
+        for name in wanted:
+            if name == transports.TCP:
+                route.append((name, self.tcp))
+                continue
+            path = self._fast.get(name)
+            if path is None:
+                continue
+            try:
+                await path.attach(address, hello)
+            except KvpoolError as exc:
+                self._set_aside(address, name, exc, now)
+                continue
+            route.append((name, path))
+        if not route:
+            raise UnavailableError(f"no allowed transport ({','.join(self.allowed)}) reaches node {address}")
+        downs = [until for (where, _), until in self._down.items() if where == address and until > now]
+        self._routes[address] = (min(downs, default=float("inf")), route)
+        return route
+
+    def _set_aside(self, address: str, name: str, exc: Exception, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self._down.get((address, name), 0) <= now:  # once per period
+            log.warning("node %s: not using %s for %.0f s (%s)", address, name, DOWN_SECONDS, exc)
+        self._down[(address, name)] = now + DOWN_SECONDS
+        self._routes.pop(address, None)
+
+    def transport_for(self, address: str) -> str | None:
+        """The transport value bytes to `address` take now (None before first contact)."""
+        cached = self._routes.get(address)
+        return cached[1][0][0] if cached else None
+
+    # -- moving bytes
+
+    async def _one(self, address: str, size: int, call):
+        route = await self.route(address)
+        for position, (name, path) in enumerate(route):
+            try:
+                result = await call(path)
+            except _PATH_FAILED as exc:
+                if position == len(route) - 1:
+                    raise
+                self._set_aside(address, name, exc)
+                continue
+            self.moved[name] += size
+            return result
+        raise AssertionError("unreachable")
+
+    async def _many(self, address: str, items: Sequence, call) -> list:
+        """Per-item results; the items a transport failed as a path are retried on the next one."""
+        try:
+            route = await self.route(address)
+        except KvpoolError as exc:
+            return [type(exc)(str(exc)) for _ in items]
+        results: list = [None] * len(items)
+        todo = list(range(len(items)))
+        for position, (name, path) in enumerate(route):
+            outcomes = await call(path, [items[i] for i in todo])
+            retry = [i for i, outcome in zip(todo, outcomes) if isinstance(outcome, _PATH_FAILED)]
+            for i, outcome in zip(todo, outcomes):
+                results[i] = outcome
+                if not isinstance(outcome, BaseException):
+                    self.moved[name] += _size(items[i])
+            if not retry or position == len(route) - 1:
+                break
+            self._set_aside(address, name, results[retry[0]])
+            todo = retry
+        return results
+
+    async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
+        return await self._one(address, len(data), lambda path: path.write(
+            address, key, generation, data, checksum, options, term))
+
+    async def read_into(self, address, key, generation, buf) -> int:
+        return await self._one(address, len(buf), lambda path: path.read_into(address, key, generation, buf))
+
+    async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
+        return await self._many(address, items, lambda path, some: path.write_many(address, some))
+
+    async def read_many(self, address: str, items: Sequence[ReadItem]) -> list:
+        return await self._many(address, items, lambda path, some: path.read_many(address, some))
+
+    # -- the node's other requests: TCP
+
+    async def free(self, address, key, generation) -> bool:
+        return await self.tcp.free(address, key, generation)
+
+    async def hold(self, address, key, generation, ms) -> bool:
+        return await self.tcp.hold(address, key, generation, ms)
+
+    async def report(self, address, term=0) -> dict:
+        return await self.tcp.report(address, term)
+
+    async def inventory(self, address) -> list:
+        return await self.tcp.inventory(address)
+
+    async def ping(self, address) -> str:
+        return await self.tcp.ping(address)
+
+    async def close(self) -> None:
+        for path in self._fast.values():
+            await path.close()
+        await self.tcp.close()
+
+
+def _size(item) -> int:
+    return len(item.buf) if isinstance(item, ReadItem) else len(item.data)

@@ -1,0 +1,218 @@
+"""Same-host shared memory: value bytes are copied through the node's DRAM mapping.
+
+The node stays the authority: over the TCP connection to it (client/tcp.py)
+the client ATTACHes once (showing the cluster token) and learns which
+/dev/shm file to map; a read LOCATEs (key, generation), which pins the extent
+until RELEASE, copies it out and hashes the copy; a write ALLOCATEs an
+extent, copies the value in and COMMITs, and the node checks the checksum
+before keeping it. Whatever the client still holds when its connection drops
+is given back by the node, so a crashed client leaks nothing.
+
+The segment file is readable only by the node's user (mode 0600): a process
+of another user cannot map it whatever it sends, and with a cluster token set
+a process of the same user must show it first.
+"""
+
+import asyncio
+import json
+import mmap
+import os
+import time
+from typing import Sequence
+
+from kvpool import transports, wire
+from kvpool.checksum import Digest
+from kvpool.errors import ForbiddenError, NoSpaceError, ProtocolError, UnavailableError, ValueTooLargeError
+
+from .tcp import Location, TcpTransport
+from .transport import DataPath, ReadItem, WriteItem
+
+COPY_CHUNK = 256 * 1024  # copy and hash in pieces that are still in cache when hashed
+_RELEASE_DELAY = 0.01  # RELEASEs wait this long for a request to ride with (seconds)
+_SAFE_COPY_SECONDS = wire.LOCATE_LEASE / 2
+_ATTACH, _LOCATE, _RELEASE = wire.Op.ATTACH, wire.Op.LOCATE, wire.Op.RELEASE
+_ALLOCATE, _COMMIT = wire.Op.ALLOCATE, wire.Op.COMMIT
+_PREFER_SSD = wire.WriteFlag.PREFER_SSD
+# ALLOCATE only takes DRAM: a value the node would rather place on SSD goes over the socket.
+_NOT_IN_DRAM = (NoSpaceError, ValueTooLargeError)
+
+
+class _Mapping:
+    """One node's DRAM segment mapped here, and the connection that ATTACHed to it."""
+
+    def __init__(self, path: str, size: int):
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except PermissionError:
+            raise ForbiddenError(f"not allowed to open the node's segment {path}") from None
+        except OSError as exc:  # e.g. not this host's /dev/shm after all
+            raise UnavailableError(f"cannot open the node's segment {path}: {exc}") from None
+        try:
+            if os.fstat(fd).st_size < size:
+                raise UnavailableError(f"segment {path} is smaller than the {size} bytes the node announced")
+            self.mmap = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.path, self.size = path, size
+        self.view = memoryview(self.mmap)
+        self.connection = None
+
+    def extent(self, location: Location, size: int) -> memoryview:
+        if location.offset + size > self.size:
+            raise ProtocolError(f"node placed {size} bytes at {location.offset} in a {self.size}-byte segment")
+        return self.view[location.offset:location.offset + size]
+
+    def close(self) -> None:
+        try:
+            self.view.release()
+            self.mmap.close()
+        except BufferError:  # a copy is still running somewhere: the mapping goes with the process
+            pass
+
+
+def copy_out(source: memoryview, dest: memoryview) -> int:
+    """Copy source into dest, hashing each piece right after it lands; the checksum of dest."""
+    digest = Digest()
+    size = len(source)
+    for start in range(0, size, COPY_CHUNK):
+        end = min(start + COPY_CHUNK, size)
+        dest[start:end] = source[start:end]
+        digest.update(dest[start:end])
+    return digest.intdigest()
+
+
+class ShmPath(DataPath):
+    """Shared memory to the nodes of this host, over the connections of `tcp`."""
+
+    def __init__(self, tcp: TcpTransport, token: str = ""):
+        self.tcp = tcp
+        self.token = token.encode()
+        self._mappings: dict[str, _Mapping] = {}
+        self._attaching: dict[str, asyncio.Lock] = {}
+
+    async def attach(self, address: str, hello: dict) -> None:
+        """Map the node's segment; UnavailableError / ForbiddenError when this client may not."""
+        if transports.SHM not in hello.get("transports", {}):
+            raise UnavailableError(f"node {address} does not offer shared memory")
+        if hello.get("host_id") != transports.host_id():
+            raise UnavailableError(f"node {address} runs on another host")
+        await self._mapping(address)
+
+    async def _mapping(self, address: str) -> _Mapping:
+        connection = await self.tcp.connection(address)
+        mapping = self._mappings.get(address)
+        if mapping is not None and mapping.connection is connection:
+            return mapping
+        lock = self._attaching.setdefault(address, asyncio.Lock())
+        async with lock:
+            connection = await self.tcp.connection(address)
+            mapping = self._mappings.get(address)
+            if mapping is not None and mapping.connection is connection:
+                return mapping
+            # A new connection (first use, or the old one dropped): the node forgot our ATTACH.
+            body = await connection.request(_ATTACH, b"", 0, 0, len(self.token), payload=self.token)
+            try:
+                offer = json.loads(body)
+                path, size = str(offer["path"]), int(offer["size"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ProtocolError(f"node {address}: bad ATTACH reply: {exc}") from None
+            if mapping is None or mapping.path != path or mapping.size != size:
+                if mapping is not None:
+                    mapping.close()  # the node restarted with a new segment
+                    del self._mappings[address]
+                mapping = _Mapping(path, size)
+                self._mappings[address] = mapping
+            mapping.connection = connection
+            return mapping
+
+    async def read_into(self, address, key, generation, buf) -> int:
+        mapping = await self._mapping(address)
+        connection = mapping.connection
+        answer = await connection.request(_LOCATE, key, generation, 0, len(buf), buf=buf)
+        if not isinstance(answer, Location):
+            return answer  # an SSD-only object: its bytes came over the socket, hashed on arrival
+        leased = time.monotonic()
+        try:
+            digest = copy_out(mapping.extent(answer, len(buf)), buf)
+        finally:
+            connection.defer(_RELEASE, ((key, generation),), _RELEASE_DELAY)
+        if time.monotonic() - leased > _SAFE_COPY_SECONDS:
+            # Copied while the pin may have lapsed: the checksum would catch a moved extent,
+            # but reading it over the socket is cheaper than failing the get.
+            return await self.tcp.read_into(address, key, generation, buf)
+        return digest
+
+    async def read_many(self, address: str, items: Sequence[ReadItem]) -> list:
+        mapping = await self._mapping(address)
+        connection = mapping.connection
+        answers = await connection.batch(_LOCATE, items)
+        leased = time.monotonic()
+        located = []
+        try:
+            for i, (item, answer) in enumerate(zip(items, answers)):
+                if isinstance(answer, Location):
+                    located.append((item.key, item.generation))
+                    try:
+                        answers[i] = copy_out(mapping.extent(answer, len(item.buf)), item.buf)
+                    except ProtocolError as exc:
+                        answers[i] = exc
+        finally:
+            connection.defer(_RELEASE, located, _RELEASE_DELAY)
+        if located and time.monotonic() - leased > _SAFE_COPY_SECONDS:
+            return await self.tcp.read_many(address, items)
+        return answers
+
+    async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
+        if options is not None and options.flags & _PREFER_SSD:
+            return await self.tcp.write(address, key, generation, data, checksum, options, term)
+        mapping = await self._mapping(address)
+        connection = mapping.connection
+        try:
+            answer = await connection.request(_ALLOCATE, key, generation, term, len(data), checksum, options=options)
+        except _NOT_IN_DRAM:
+            return await self.tcp.write(address, key, generation, data, checksum, options, term)
+        committed = False
+        try:
+            mapping.extent(answer, len(data))[:] = data
+            await connection.request(_COMMIT, key, generation, 0, len(data), checksum)
+            committed = True
+        finally:
+            if not committed:
+                await connection.post(_RELEASE, ((key, generation),))
+
+    async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
+        results: list = [None] * len(items)
+        mapped, by_socket = [], []
+        for i, item in enumerate(items):
+            (by_socket if item.options and item.options.flags & _PREFER_SSD else mapped).append(i)
+        if mapped:
+            mapping = await self._mapping(address)
+            connection = mapping.connection
+            answers = await connection.batch(_ALLOCATE, [items[i] for i in mapped])
+            filled = []
+            try:
+                for i, answer in zip(mapped, answers):
+                    if isinstance(answer, Location):
+                        filled.append(i)
+                        mapping.extent(answer, len(items[i].data))[:] = items[i].data
+                    elif isinstance(answer, _NOT_IN_DRAM):
+                        by_socket.append(i)
+                    else:
+                        results[i] = answer
+                outcomes = await connection.batch(_COMMIT, [items[i] for i in filled])
+            except BaseException:
+                await connection.post(_RELEASE, [(items[i].key, items[i].generation) for i in filled])
+                raise
+            for i, outcome in zip(filled, outcomes):
+                results[i] = outcome
+        if by_socket:
+            by_socket.sort()
+            outcomes = await self.tcp.write_many(address, [items[i] for i in by_socket])
+            for i, outcome in zip(by_socket, outcomes):
+                results[i] = outcome
+        return results
+
+    async def close(self) -> None:
+        for mapping in self._mappings.values():
+            mapping.close()
+        self._mappings.clear()

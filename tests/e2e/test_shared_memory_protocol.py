@@ -1,0 +1,164 @@
+"""The node's side of the shared-memory path, over raw sockets: ATTACH, LOCATE/RELEASE, ALLOCATE/COMMIT."""
+
+import json
+import mmap
+import os
+import socket
+import stat
+import subprocess
+
+import pytest
+
+from kvpool import wire
+from kvpool.checksum import checksum
+from kvpool.errors import Code
+from kvpool.netutil import wait_until
+from kvpool.wire import Op
+
+from storenode_harness import get, put, read_reply, start_node, write_status
+
+MIB = 1024 * 1024
+TOKEN = b"s3cret-token"
+
+
+@pytest.fixture
+def node(etcd, tmp_path):
+    started = start_node(etcd, tmp_path, dram="4MiB", args=("--token", TOKEN.decode()))
+    yield started
+    started.stop()
+
+
+def attach(sock: socket.socket, token: bytes = TOKEN):
+    sock.sendall(wire.pack_request(Op.ATTACH, 1, b"", length=len(token)) + token)
+    return read_reply(sock)
+
+
+def mapped_reply(sock: socket.socket):
+    """(status, flags, offset, checksum) of a LOCATE / ALLOCATE reply (an error's message is skipped)."""
+    *_, status, flags, length, value_checksum = wire.REPLY.unpack(_recv(sock, wire.REPLY.size))
+    if status != Code.OK:
+        _recv(sock, length)
+    return status, flags, length, value_checksum
+
+
+def locate(sock: socket.socket, key: bytes, generation: int, length: int):
+    sock.sendall(wire.pack_request(Op.LOCATE, 2, key, generation, 0, length))
+    return mapped_reply(sock)
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        data += sock.recv(n - len(data))
+    return data
+
+
+def attached(node) -> tuple[socket.socket, dict]:
+    sock = node.connect()
+    _, _, status, _, body = attach(sock)
+    assert status == Code.OK, body
+    return sock, json.loads(body)
+
+
+def test_attach_needs_the_cluster_token_and_the_segment_is_private(node):
+    with node.connect() as sock:
+        assert locate(sock, b"k", 1, 10)[0] == Code.FORBIDDEN  # before any ATTACH
+        _, _, status, _, message = attach(sock, b"wrong")
+        assert status == Code.FORBIDDEN and b"token" in message
+        assert locate(sock, b"k", 1, 10)[0] == Code.FORBIDDEN
+        _, _, status, _, body = attach(sock)
+        assert status == Code.OK
+    offer = json.loads(body)
+    assert offer["size"] == 4 * MIB and os.path.exists(offer["path"])
+    assert stat.S_IMODE(os.stat(offer["path"]).st_mode) == 0o600  # only the node's user may map it
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_another_user_cannot_map_the_segment(node):
+    sock, offer = attached(node)
+    sock.close()
+    # A shell, not this venv's python, which that user may not be able to run.
+    probe = '( : 3<>"$0" ) 2>/dev/null && echo opened || echo refused'
+    result = subprocess.run(["/bin/sh", "-c", probe, offer["path"]], user=65534, capture_output=True,
+                            text=True, timeout=30)
+    assert result.stdout.strip() == "refused", result.stderr
+
+
+def test_hello_names_the_offered_transports(node):
+    with node.connect() as sock:
+        sock.sendall(wire.pack_request(Op.HELLO, 1, b""))
+        _, _, status, _, body = read_reply(sock)
+    hello = json.loads(body)
+    assert status == Code.OK and hello["node_id"] == node.node_id
+    assert hello["transports"]["shm"]["size"] == 4 * MIB and "path" not in hello["transports"]["shm"]
+
+
+def test_locate_maps_the_bytes_and_pins_them_until_release(node):
+    value = os.urandom(3 * MIB)
+    put(node, b"a", 7, value)
+    sock, offer = attached(node)
+    with sock, open(offer["path"], "r+b") as f, mmap.mmap(f.fileno(), offer["size"]) as segment:
+        status, flags, offset, value_checksum = locate(sock, b"a", 7, len(value))
+        assert status == Code.OK and flags & wire.ReplyFlag.MAPPED and value_checksum == checksum(value)
+        assert segment[offset:offset + len(value)] == value
+        assert locate(sock, b"a", 8, len(value))[0] == Code.STALE  # another generation is never mapped
+        # Freed while pinned: the bytes stay where they are, so nothing else fits yet.
+        with node.connect() as other:
+            other.sendall(wire.pack_request(Op.FREE, 1, b"a", 7))
+            assert read_reply(other)[2] == Code.OK
+        assert write_status(node, b"b", 1, os.urandom(3 * MIB))[0] == Code.NO_SPACE
+        assert segment[offset:offset + len(value)] == value
+        sock.sendall(wire.pack_request(Op.RELEASE, 3, b"a", 7))
+        # RELEASE is never answered: the next reply on this connection is the PING's.
+        sock.sendall(wire.pack_request(Op.PING, 4, b""))
+        op, req_id, status, _, body = read_reply(sock)
+        assert (op, req_id, body.decode()) == (Op.PING, 4, node.node_id)
+    put(node, b"b", 1, os.urandom(3 * MIB))
+
+
+@pytest.mark.parametrize("how", ["connection closed", "lease over"])
+def test_a_pin_never_released_ends_anyway(node, how):
+    put(node, b"a", 7, os.urandom(3 * MIB))
+    sock, _ = attached(node)
+    assert locate(sock, b"a", 7, 3 * MIB)[0] == Code.OK
+    with node.connect() as other:
+        other.sendall(wire.pack_request(Op.FREE, 1, b"a", 7))
+        assert read_reply(other)[2] == Code.OK
+    if how == "connection closed":
+        sock.close()
+    value = os.urandom(3 * MIB)
+    wait_until(lambda: write_status(node, b"b", 1, value)[0] == Code.OK, wire.LOCATE_LEASE + 10,
+               what="the pinned extent freed")
+    sock.close()
+    assert get(node, b"b", 1, len(value)) == (Code.OK, value)
+
+
+def allocate(sock: socket.socket, key: bytes, generation: int, value_checksum: int, length: int):
+    sock.sendall(wire.pack_request(Op.ALLOCATE, 5, key, generation, 0, length, value_checksum)
+                 + wire.WRITE_OPTIONS.pack(0, 0, 0))
+    return mapped_reply(sock)
+
+
+def test_allocate_then_commit_stores_what_the_client_copied_in(node):
+    value, wrong = os.urandom(MIB), os.urandom(MIB)
+    sock, offer = attached(node)
+    with sock, open(offer["path"], "r+b") as f, mmap.mmap(f.fileno(), offer["size"]) as segment:
+        status, flags, offset, _ = allocate(sock, b"good", 3, checksum(value), len(value))
+        assert status == Code.OK and flags & wire.ReplyFlag.MAPPED
+        segment[offset:offset + len(value)] = value
+        sock.sendall(wire.pack_request(Op.COMMIT, 6, b"good", 3))
+        assert read_reply(sock)[2] == Code.OK
+        # Bytes that do not match the checksum given at ALLOCATE are not kept.
+        status, _, offset, _ = allocate(sock, b"bad", 3, checksum(value), len(value))
+        assert status == Code.OK
+        segment[offset:offset + len(wrong)] = wrong
+        sock.sendall(wire.pack_request(Op.COMMIT, 7, b"bad", 3))
+        assert read_reply(sock)[2] == Code.CHECKSUM_MISMATCH
+        sock.sendall(wire.pack_request(Op.COMMIT, 8, b"never-allocated", 3))
+        assert read_reply(sock)[2] == Code.NOT_FOUND
+        # An allocation its writer abandons (connection gone) is given back.
+        assert allocate(sock, b"abandoned", 3, 0, 3 * MIB)[0] == Code.OK
+    assert get(node, b"good", 3, len(value)) == (Code.OK, value)
+    assert get(node, b"bad", 3, len(value))[0] == Code.NOT_FOUND
+    wait_until(lambda: write_status(node, b"later", 1, os.urandom(3 * MIB))[0] == Code.OK, 10,
+               what="the abandoned extent freed")

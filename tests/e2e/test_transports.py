@@ -1,0 +1,111 @@
+"""Every data transport moves values byte-exact; the client picks the best one per node and falls back."""
+
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvpool import Client
+from kvpool.errors import UnavailableError
+
+MIB = 1024 * 1024
+# 0 B to 64 MiB, with sizes that are not multiples of anything.
+SIZES = [0, 1, 7, 4095, 65536 + 3, MIB - 1, 4 * MIB, 16 * MIB + 5, 64 * MIB]
+
+
+def _value(size: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_forced_transport_moves_random_sizes_byte_exact(cluster, transport):
+    sizes = SIZES + [random.Random(transport).randrange(1, 8 * MIB) for _ in range(3)]
+    values = {f"{transport}/one/{i}": _value(size, i) for i, size in enumerate(sizes)}
+    with Client(cluster.master_address, transports=transport) as client:
+        try:
+            for key, value in values.items():
+                client.put(key, value)
+                assert client.get(key) == value
+                buf = bytearray(len(value) + 3)
+                assert client.get_into(key, buf) == len(value) and buf[:len(value)] == value
+            # Batches, both directions; the big values stay out to keep the nodes' DRAM free.
+            batch = {f"{transport}/batch/{i}": _value(random.Random(i).randrange(0, 2 * MIB), 100 + i)
+                     for i in range(24)}
+            client.batch_put(list(batch), list(batch.values()))
+            assert client.batch_get(list(batch)) == list(batch.values())
+            buffers = [bytearray(len(v)) for v in batch.values()]
+            assert client.batch_get_into(list(batch), buffers) == [len(v) for v in batch.values()]
+            assert [bytes(b) for b in buffers] == list(batch.values())
+            moved = client.bytes_by_transport()
+        finally:
+            client.remove_prefix(f"{transport}/")
+    assert set(moved) == {transport}  # forced: nothing went another way
+    assert moved[transport] >= 3 * sum(len(v) for v in values.values())
+
+
+def test_shared_memory_is_chosen_by_default_on_the_same_host(cluster):
+    with Client(cluster.master_address) as client:
+        client.put("default/a", b"x" * MIB)
+        assert client.get("default/a") == b"x" * MIB
+        client.remove("default/a")
+        assert set(client.bytes_by_transport()) == {"shm"}
+        node = cluster.master_stats().nodes[0]
+        assert list(node.transports)[-1] == "tcp" and "shm" in node.transports
+
+
+def test_ssd_objects_travel_beside_shared_memory(own_cluster):
+    running = own_cluster(nodes=1, ssd_per_node="64MiB")
+    values = {f"ssd/{i}": _value(MIB + i, i) for i in range(4)}
+    with Client(running.master_address, transports="shm") as client:
+        client.batch_put(list(values), list(values.values()), tier="ssd")
+        client.put("ssd/one", values["ssd/0"], tier="ssd")
+        assert client.batch_get(list(values)) == list(values.values())
+        assert client.get("ssd/one") == values["ssd/0"]
+        assert set(client.bytes_by_transport()) == {"shm"}
+
+
+def test_a_wrong_token_falls_back_to_tcp_and_forcing_shm_then_fails(own_cluster, caplog):
+    running = own_cluster(nodes=1, node_args=["--token", "right"])
+    value = os.urandom(MIB)
+    with caplog.at_level(logging.WARNING, logger="kvpool.client.selector"):
+        with Client(running.master_address, token="wrong") as client:
+            for i in range(3):
+                client.put(f"t/{i}", value)
+                assert client.get(f"t/{i}") == value
+            assert set(client.bytes_by_transport()) == {"tcp"}
+    refusals = [r for r in caplog.records if "not using shm" in r.getMessage()]
+    assert len(refusals) == 1 and "token" in refusals[0].getMessage()  # logged once, not per transfer
+    with Client(running.master_address, token="wrong", transports="shm") as client:
+        with pytest.raises(UnavailableError, match="no allowed transport"):
+            client.get("t/0")
+    with Client(running.master_address, token="right") as client:
+        assert client.get("t/0") == value
+        assert set(client.bytes_by_transport()) == {"shm"}
+
+
+_CLIENT_SCRIPT = """
+import json, sys
+from kvpool import Client
+with Client(sys.argv[1]) as client:
+    client.put("ns/a", b"v" * 300000)
+    ok = client.get("ns/a") == b"v" * 300000
+    print(json.dumps({"ok": ok, "moved": client.bytes_by_transport()}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_client_that_cannot_see_the_segment_uses_tcp(cluster):
+    # Same host, but its own /dev/shm (as in a container that does not share it).
+    shell = f'mount -t tmpfs tmpfs /dev/shm && exec "{sys.executable}" -c "$0" "$1"'
+    result = subprocess.run(["unshare", "--mount", "--fork", "sh", "-c", shell, _CLIENT_SCRIPT,
+                             cluster.master_address], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome == {"ok": True, "moved": {"tcp": 600000}}
+    assert "not using shm" in result.stderr
