@@ -17,7 +17,6 @@ import os
 import socket
 
 from kvpool import transports as transport_names
-from kvpool.checksum import checksum
 from kvpool.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import (
     BatchError, ChecksumMismatchError, Code, InternalError, InvalidArgumentError, InvalidKeyError,
@@ -32,7 +31,7 @@ from .placement_cache import DEFAULT_CAPACITY, PlacementCache
 from .selector import TransportSelector
 from .tcp import DEFAULT_CONNECT_TIMEOUT
 from .transport import ReadItem, Transport, WriteItem
-from .values import bytes_of, fresh_bytes_view, readable_view, writable_view
+from .values import Parts, bytes_of, checksum_of, fresh_bytes_view, readable_view, value_parts, writable_view
 
 DEFAULT_READ_TIMEOUT = 5.0
 
@@ -125,7 +124,7 @@ class AsyncClient:
         packed = compression.encode(data, compress, self._compress_above)
         if packed is not None:
             data = packed
-        digest = checksum(data)
+        digest = checksum_of(data)
         request = pb.PutStartRequest(key=key, size=len(data), checksum=digest, overwrite=overwrite,
                                      replicas=count, min_replicas=needed, options=choices.request,
                                      compressed=packed is not None, raw_size=raw_size)
@@ -161,7 +160,7 @@ class AsyncClient:
         raw_sizes = [len(view) for view in views]
         packed = [compression.encode(view, compress, self._compress_above) for view in views]
         views = [view if p is None else p for view, p in zip(views, packed)]
-        digests = [checksum(view) for view in views]
+        digests = [checksum_of(view) for view in views]
         if not keys:
             return
         request = pb.BatchPutStartRequest(items=[
@@ -293,13 +292,58 @@ class AsyncClient:
         keys = list(keys)
         return _batch_results(keys, await self._read_batch(keys, None), bytes_of)
 
-    async def batch_get_into(self, keys, buffers) -> list:
-        """Sizes read into each buffer, in key order; None for a key that does not exist."""
+    # -- zero-copy forms: caller buffers, one buffer with offsets, and values made of parts
+
+    async def put_from(self, key: str, buffer, overwrite: bool = False, **options) -> None:
+        """put() of any buffer (bytearray, numpy array, torch CPU tensor, ...): sent from it, never copied."""
+        await self.put(key, buffer, overwrite, **options)
+
+    async def batch_put_from(self, keys, buffers, overwrite: bool = False, *, offsets=None, sizes=None,
+                             **options) -> None:
+        """batch_put() from one buffer per key, or from one buffer and each key's (offset, size)."""
         keys = list(keys)
-        dests = [writable_view(buffer) for buffer in buffers]
+        if offsets is not None:
+            buffers = _slices(readable_view(buffers), keys, offsets, sizes)
+        await self.batch_put(keys, buffers, overwrite, **options)
+
+    async def batch_get_into(self, keys, buffers, *, offsets=None, sizes=None) -> list:
+        """Read each key into its buffer, in key order; None for a key that does not exist.
+
+        buffers: one per key; or, with offsets, ONE buffer that key i lands in at offsets[i] (how KV
+        caches are laid out), with room for sizes[i] bytes (default: up to the next offset, or the end).
+        Returns the sizes read."""
+        keys = list(keys)
+        if offsets is not None:
+            dests = _slices(writable_view(buffers), keys, offsets, sizes)
+        else:
+            dests = [writable_view(buffer) for buffer in buffers]
         if len(dests) != len(keys):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(dests)} buffers")
         return _batch_results(keys, await self._read_batch(keys, dests), len)
+
+    async def put_parts(self, key: str, parts, overwrite: bool = False, **options) -> None:
+        """Store the buffers in `parts` (e.g. one block's K and V of every layer) as one value,
+        in order, sent straight from each."""
+        await self.put(key, value_parts(parts, "parts", writable=False), overwrite, **options)
+
+    async def get_into_parts(self, key: str, parts) -> int:
+        """Scatter the value back into `parts`, whose sizes must add up to its size; returns it."""
+        return len(await self._read_object(key, value_parts(parts, "parts", writable=True)))
+
+    async def batch_put_parts(self, keys, parts_per_key, overwrite: bool = False, **options) -> None:
+        await self.batch_put(keys, [value_parts(p, "parts", writable=False) for p in parts_per_key],
+                             overwrite, **options)
+
+    async def batch_get_into_parts(self, keys, parts_per_key) -> list:
+        """get_into_parts for every key: sizes in key order, None for a key that does not exist."""
+        return await self.batch_get_into(keys, [value_parts(p, "parts", writable=True) for p in parts_per_key])
+
+    def register_buffer(self, buffer) -> None:
+        """Tell the transports a buffer will be used for many transfers (UCX registers its memory
+        once instead of per transfer); a no-op for the others."""
+        register = getattr(self._transport, "register_buffer", None)
+        if register is not None:
+            register(writable_view(buffer))
 
     async def _read_object(self, key: str, dest: memoryview | None) -> memoryview:
         """The value read, verified (and decompressed) into dest, or a new buffer when dest is None."""
@@ -312,8 +356,7 @@ class AsyncClient:
             view = _landing(info, dest)
             if view is None:
                 if not cached or attempt:
-                    raise InvalidArgumentError(f"buffer of {len(dest)} bytes is too small for {key!r} "
-                                               f"({_raw_size(info)} bytes)")
+                    raise _does_not_fit(dest, key, info)
                 # else the cached size may be out of date: ask the master below
             else:
                 if not info.size:
@@ -396,8 +439,7 @@ class AsyncClient:
                     if cached[i] and not refetched[i]:
                         refetch.append(i)  # the cached size may be out of date
                     else:
-                        results[i] = InvalidArgumentError(
-                            f"buffer of {len(dest)} bytes is too small for {keys[i]!r} ({_raw_size(info)} bytes)")
+                        results[i] = _does_not_fit(dest, keys[i], info)
                     continue
                 if not info.size:
                     results[i] = view
@@ -566,17 +608,45 @@ def _batch_results(keys: list, results: list, convert) -> list:
     return [None if r is None else convert(r) for r in results]
 
 
+def _slices(whole: memoryview, keys: list, offsets, sizes) -> list:
+    """Views of `whole` at each key's offset: sizes[i] bytes, or (sizes None) up to the next offset."""
+    offsets = list(offsets)
+    sizes = None if sizes is None else list(sizes)
+    if len(offsets) != len(keys) or (sizes is not None and len(sizes) != len(keys)):
+        raise InvalidArgumentError(f"{len(keys)} keys need as many offsets (and sizes)")
+    if sizes is None:
+        ends = sorted(set(offsets)) + [len(whole)]
+        sizes = [ends[ends.index(offset) + 1] - offset for offset in offsets]
+    views = []
+    for offset, size in zip(offsets, sizes):
+        if offset < 0 or size < 0 or offset + size > len(whole):
+            raise InvalidArgumentError(f"slice [{offset}, {offset + size}) is outside the {len(whole)}-byte buffer")
+        views.append(whole[offset:offset + size])
+    return views
+
+
+def _does_not_fit(dest, key: str, info) -> InvalidArgumentError:
+    if isinstance(dest, Parts):
+        return InvalidArgumentError(f"parts of {len(dest)} bytes in all do not match {key!r} "
+                                    f"({_raw_size(info)} bytes)")
+    return InvalidArgumentError(f"buffer of {len(dest)} bytes is too small for {key!r} ({_raw_size(info)} bytes)")
+
+
 def _raw_size(info) -> int:
     """The size callers see: before compression."""
     return info.raw_size if info.compressed else info.size
 
 
-def _landing(info, dest: memoryview | None) -> memoryview | None:
+def _landing(info, dest: memoryview | Parts | None) -> memoryview | Parts | None:
     """Where the stored bytes are received: dest itself when they fit (a compressed value is
     decompressed out of it afterwards), else a new buffer; None when dest cannot take the value."""
     size = info.size
     if dest is None:
         return fresh_bytes_view(size)
+    if isinstance(dest, Parts):  # parts are a layout: they must add up to the value exactly
+        if len(dest) != _raw_size(info):
+            return None
+        return fresh_bytes_view(size) if info.compressed else dest
     if len(dest) < _raw_size(info):
         return None
     if len(dest) >= size:
@@ -591,6 +661,9 @@ def _decoded(info, view: memoryview, dest: memoryview | None, key: str) -> memor
     value = compression.decode(view, info.raw_size, f"{key!r}")
     if dest is None:
         return memoryview(value)
+    if isinstance(dest, Parts):
+        dest.copy_from(memoryview(value))
+        return dest
     dest[:len(value)] = value
     return dest[:len(value)]
 

@@ -10,6 +10,8 @@ import lz4.block
 
 from kvpool.errors import ChecksumMismatchError, InvalidArgumentError
 
+from .values import Parts
+
 # lz4's LZ4_MAX_INPUT_SIZE: a single block cannot hold more.
 MAX_INPUT = 0x7E000000
 
@@ -40,7 +42,7 @@ def encode(view: memoryview, compress: bool | None, compress_above: int | None) 
         if compress:
             raise InvalidArgumentError(f"a value of {size} bytes is too large to compress (limit {MAX_INPUT})")
         return None
-    packed = lz4.block.compress(view, store_size=False)
+    packed = lz4.block.compress(view.gather() if isinstance(view, Parts) else view, store_size=False)
     if compress is None and len(packed) >= size:
         return None  # incompressible: the policy is there to save bytes, not to spend time
     return memoryview(packed)

@@ -20,6 +20,7 @@ from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
 from .shm import ShmPath
 from .tcp import DEFAULT_CONNECT_TIMEOUT, TcpTransport
 from .transport import DataPath, ReadItem, Transport, WriteItem
+from .values import Parts
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,13 @@ class TransportSelector(Transport):
         self._down[(address, name)] = now + DOWN_SECONDS
         self._routes.pop(address, None)
 
+    def register_buffer(self, view: memoryview) -> None:
+        """Hand a buffer used for many transfers to the transports that register memory (UCX)."""
+        for path in self._fast.values():
+            register = getattr(path, "register_buffer", None)
+            if register is not None:
+                register(view)
+
     def transport_for(self, address: str) -> str | None:
         """The transport value bytes to `address` take now (None before first contact)."""
         cached = self._routes.get(address)
@@ -146,16 +154,36 @@ class TransportSelector(Transport):
 
     async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
         return await self._one(address, len(data), lambda path: path.write(
-            address, key, generation, data, checksum, options, term))
+            address, key, generation, _whole(path, data), checksum, options, term))
 
     async def read_into(self, address, key, generation, buf) -> int:
-        return await self._one(address, len(buf), lambda path: path.read_into(address, key, generation, buf))
+        async def read(path):
+            if path.takes_parts or not isinstance(buf, Parts):
+                return await path.read_into(address, key, generation, buf)
+            staged = memoryview(bytearray(len(buf)))
+            digest = await path.read_into(address, key, generation, staged)
+            buf.copy_from(staged)
+            return digest
+
+        return await self._one(address, len(buf), read)
 
     async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
-        return await self._many(address, items, lambda path, some: path.write_many(address, some))
+        return await self._many(address, items, lambda path, some: path.write_many(
+            address, [item._replace(data=_whole(path, item.data)) for item in some]))
 
     async def read_many(self, address: str, items: Sequence[ReadItem]) -> list:
-        return await self._many(address, items, lambda path, some: path.read_many(address, some))
+        async def read(path, some):
+            if path.takes_parts or not any(isinstance(item.buf, Parts) for item in some):
+                return await path.read_many(address, some)
+            staged = [item._replace(buf=memoryview(bytearray(len(item.buf)))) if isinstance(item.buf, Parts)
+                      else item for item in some]
+            outcomes = await path.read_many(address, staged)
+            for item, stage, outcome in zip(some, staged, outcomes):
+                if stage is not item and not isinstance(outcome, BaseException):
+                    item.buf.copy_from(stage.buf)
+            return outcomes
+
+        return await self._many(address, items, read)
 
     # -- the node's other requests: TCP
 
@@ -178,6 +206,11 @@ class TransportSelector(Transport):
         for path in self._fast.values():
             await path.close()
         await self.tcp.close()
+
+
+def _whole(path: DataPath, data):
+    """The value as `path` takes it: Parts gathered into one buffer for a path that cannot send them."""
+    return data.gather() if isinstance(data, Parts) and not path.takes_parts else data
 
 
 def _size(item) -> int:

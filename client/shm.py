@@ -26,6 +26,7 @@ from kvpool.errors import ForbiddenError, NoSpaceError, ProtocolError, Unavailab
 
 from .tcp import Location, TcpTransport
 from .transport import DataPath, ReadItem, WriteItem
+from .values import Parts
 
 COPY_CHUNK = 256 * 1024  # copy and hash in pieces that are still in cache when hashed
 _RELEASE_DELAY = 0.01  # RELEASEs wait this long for a request to ride with (seconds)
@@ -70,19 +71,33 @@ class _Mapping:
             pass
 
 
-def copy_out(source: memoryview, dest: memoryview) -> int:
-    """Copy source into dest, hashing each piece right after it lands; the checksum of dest."""
+def copy_out(source: memoryview, dest) -> int:
+    """Copy source into dest (a view or Parts), hashing each piece right after it lands;
+    the checksum of what landed."""
     digest = Digest()
-    size = len(source)
-    for start in range(0, size, COPY_CHUNK):
-        end = min(start + COPY_CHUNK, size)
-        dest[start:end] = source[start:end]
-        digest.update(dest[start:end])
+    position = 0
+    for view in dest.views if isinstance(dest, Parts) else (dest,):
+        size = len(view)
+        for start in range(0, size, COPY_CHUNK):
+            end = min(start + COPY_CHUNK, size)
+            view[start:end] = source[position + start:position + end]
+            digest.update(view[start:end])
+        position += size
     return digest.intdigest()
+
+
+def copy_in(extent: memoryview, data) -> None:
+    """Copy a value (a view or Parts) into its extent."""
+    if isinstance(data, Parts):
+        data.copy_to(extent)
+    else:
+        extent[:] = data
 
 
 class ShmPath(DataPath):
     """Shared memory to the nodes of this host, over the connections of `tcp`."""
+
+    takes_parts = True  # sends from and receives into each part
 
     def __init__(self, tcp: TcpTransport, token: str = ""):
         self.tcp = tcp
@@ -173,7 +188,7 @@ class ShmPath(DataPath):
             return await self.tcp.write(address, key, generation, data, checksum, options, term)
         committed = False
         try:
-            mapping.extent(answer, len(data))[:] = data
+            copy_in(mapping.extent(answer, len(data)), data)
             await connection.request(_COMMIT, key, generation, 0, len(data), checksum)
             committed = True
         finally:
@@ -194,7 +209,7 @@ class ShmPath(DataPath):
                 for i, answer in zip(mapped, answers):
                     if isinstance(answer, Location):
                         filled.append(i)
-                        mapping.extent(answer, len(items[i].data))[:] = items[i].data
+                        copy_in(mapping.extent(answer, len(items[i].data)), items[i].data)
                     elif isinstance(answer, _NOT_IN_DRAM):
                         by_socket.append(i)
                     else:

@@ -68,12 +68,21 @@ class Client:
     batch_put = _blocking(AsyncClient.batch_put)
     batch_get = _blocking(AsyncClient.batch_get)
     batch_get_into = _blocking(AsyncClient.batch_get_into)
+    put_from = _blocking(AsyncClient.put_from)
+    batch_put_from = _blocking(AsyncClient.batch_put_from)
+    put_parts = _blocking(AsyncClient.put_parts)
+    get_into_parts = _blocking(AsyncClient.get_into_parts)
+    batch_put_parts = _blocking(AsyncClient.batch_put_parts)
+    batch_get_into_parts = _blocking(AsyncClient.batch_get_into_parts)
     exists = _blocking(AsyncClient.exists)
     batch_exists = _blocking(AsyncClient.batch_exists)
     remove = _blocking(AsyncClient.remove)
     remove_prefix = _blocking(AsyncClient.remove_prefix)
     stats = _blocking(AsyncClient.stats)
     drain = _blocking(AsyncClient.drain)
+
+    def register_buffer(self, buffer) -> None:
+        self._client.register_buffer(buffer)
 
     def bytes_by_transport(self) -> dict:
         return self._client.bytes_by_transport()

@@ -25,6 +25,7 @@ from kvpool.cluster_layout import parse_hostport
 from kvpool.errors import Code, InvalidArgumentError, KvpoolError, ProtocolError, UnavailableError, error_for
 
 from .transport import NO_OPTIONS, ReadItem, Transport, WriteItem, WriteOptions
+from .values import Parts
 
 DEFAULT_CONNECT_TIMEOUT = 3.0
 _IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
@@ -134,7 +135,7 @@ class _Connection:
         else:
             parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum)]
         if payload is not None:  # WRITE: the value (header and payload leave in one sendmsg); COPY, ATTACH
-            parts.append(payload)
+            parts.extend(payload.views if isinstance(payload, Parts) else (payload,))
         await self._submit((request,), parts)
         return await future
 
@@ -188,7 +189,7 @@ class _Connection:
                 parts.append(pack(op, req_id, key, generation, term, size, checksum, options.flags)
                              + options.pack(size))
                 if op == _WRITE:
-                    parts.append(data)
+                    parts.extend(data.views if isinstance(data, Parts) else (data,))
             else:
                 parts.append(pack(op, req_id, key, generation, 0, size, checksum))
         if op != _WRITE:
@@ -316,19 +317,22 @@ class _Connection:
         # checksum costs little beyond the receive instead of a pass after it.
         digest = Digest()
         recv_into, sock = self.loop.sock_recv_into, self.sock
-        got = 0
-        while got < length:
-            if request.abandoned():
-                # The caller gave up (e.g. timed out and is reading another replica into
-                # the same buffer): the rest must not land there.
-                await self._drain(length - got)
-                return None
-            # Chunks small enough to still be in cache when hashed.
-            more = await recv_into(sock, buf[got:got + _HASH_CHUNK])
-            if not more:
-                raise EOFError("connection closed by the node")
-            digest.update(buf[got:got + more])
-            got += more
+        left = length
+        for view in buf.views if isinstance(buf, Parts) else (buf,):
+            got, size = 0, len(view)
+            while got < size:
+                if request.abandoned():
+                    # The caller gave up (e.g. timed out and is reading another replica into
+                    # the same buffer): the rest must not land there.
+                    await self._drain(left)
+                    return None
+                # Chunks small enough to still be in cache when hashed.
+                more = await recv_into(sock, view[got:got + _HASH_CHUNK])
+                if not more:
+                    raise EOFError("connection closed by the node")
+                digest.update(view[got:got + more])
+                got += more
+                left -= more
         return digest.intdigest()
 
     async def _recv_exactly(self, view: memoryview) -> None:
@@ -374,6 +378,8 @@ class _Connection:
 class TcpTransport(Transport):
     """Transport over TCP. Connections open lazily, one per node address, and are shared
     by every coroutine on the event loop that first used them."""
+
+    takes_parts = True  # sends from and receives into each part
 
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT):
         self.connect_timeout = connect_timeout

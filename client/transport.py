@@ -46,7 +46,12 @@ class ReadItem(NamedTuple):
 
 
 class DataPath(ABC):
-    """Moving value bytes: what every transport offers."""
+    """Moving value bytes: what every transport offers.
+
+    Values and destinations are flat byte memoryviews, or client.values.Parts where the
+    transport says takes_parts (others get one contiguous buffer: see client/selector.py)."""
+
+    takes_parts = False
 
     @abstractmethod
     async def write(self, address: str, key: bytes, generation: int, data: memoryview, checksum: int,

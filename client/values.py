@@ -8,6 +8,7 @@ need a copy to become one contiguous extent, so it is refused instead.
 import ctypes
 import sys
 
+from kvpool.checksum import Digest, checksum
 from kvpool.errors import InvalidArgumentError
 
 # get() returns bytes. Receiving into a bytearray and copying it out costs a zero-fill
@@ -20,10 +21,64 @@ _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 _BYTES_DATA_OFFSET = sys.getsizeof(b"") - 1  # header size: where ob_sval starts
 
 
+class Parts:
+    """One value made of several buffers in order, e.g. a KV block's K and V for every layer:
+    gathered into one stored object on a put, scattered back into the same layout on a get,
+    with no copy in between (the transports send from and receive into each part)."""
+
+    __slots__ = ("views", "size")
+
+    def __init__(self, views):
+        self.views = [view for view in views if len(view)]
+        self.size = sum(len(view) for view in self.views)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def gather(self) -> memoryview:
+        """The parts copied into one buffer (for what needs contiguous bytes: compression, UCX)."""
+        whole = memoryview(bytearray(self.size))
+        self.copy_to(whole)
+        return whole
+
+    def copy_to(self, whole: memoryview) -> None:
+        """Copy the parts, in order, into `whole` (len == self.size)."""
+        position = 0
+        for view in self.views:
+            whole[position:position + len(view)] = view
+            position += len(view)
+
+    def copy_from(self, whole: memoryview) -> None:
+        """Fill the parts, in order, from `whole` (len == self.size)."""
+        position = 0
+        for view in self.views:
+            view[:] = whole[position:position + len(view)]
+            position += len(view)
+
+
+def value_parts(buffers, what: str, writable: bool) -> Parts:
+    """A Parts over `buffers` (each anything readable_view / writable_view takes)."""
+    if isinstance(buffers, (bytes, bytearray, memoryview)) or not hasattr(buffers, "__iter__"):
+        raise InvalidArgumentError(f"{what} must be a sequence of buffers")
+    return Parts(writable_view(b) if writable else readable_view(b) for b in buffers)
+
+
+def checksum_of(data) -> int:
+    """The object checksum of a flat view or of Parts (as if they were one buffer)."""
+    if isinstance(data, Parts):
+        digest = Digest()
+        for view in data.views:
+            digest.update(view)
+        return digest.intdigest()
+    return checksum(data)
+
+
 def readable_view(value) -> memoryview:
     """`value` as a 1-D uint8 memoryview (may be read-only)."""
     if type(value) is bytes or type(value) is bytearray:  # the common case, already flat bytes
         return memoryview(value)
+    if isinstance(value, Parts):
+        return value
     return _flat(value, "value")
 
 
@@ -47,6 +102,8 @@ def bytes_of(view: memoryview) -> bytes:
 
 def writable_view(buffer) -> memoryview:
     """`buffer` as a writable 1-D uint8 memoryview, for get_into destinations."""
+    if isinstance(buffer, Parts):
+        return buffer
     view = memoryview(buffer) if type(buffer) is bytearray else _flat(buffer, "buffer")
     if view.readonly:
         raise InvalidArgumentError(f"buffer of type {type(buffer).__name__} is read-only")

@@ -74,7 +74,7 @@ def test_a_wrong_token_falls_back_to_tcp_and_forcing_shm_then_fails(own_cluster,
     running = own_cluster(nodes=1, node_args=["--token", "right"])
     value = os.urandom(MIB)
     with caplog.at_level(logging.WARNING, logger="kvpool.client.selector"):
-        with Client(running.master_address, token="wrong") as client:
+        with Client(running.master_address, token="wrong", transports="shm,tcp") as client:
             for i in range(3):
                 client.put(f"t/{i}", value)
                 assert client.get(f"t/{i}") == value
@@ -92,7 +92,7 @@ def test_a_wrong_token_falls_back_to_tcp_and_forcing_shm_then_fails(own_cluster,
 _CLIENT_SCRIPT = """
 import json, sys
 from kvpool import Client
-with Client(sys.argv[1]) as client:
+with Client(sys.argv[1], transports="shm,tcp") as client:
     client.put("ns/a", b"v" * 300000)
     ok = client.get("ns/a") == b"v" * 300000
     print(json.dumps({"ok": ok, "moved": client.bytes_by_transport()}))
