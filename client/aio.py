@@ -388,9 +388,9 @@ class AsyncClient:
         error = None
         for replica in info.replicas:
             try:
-                digest = await asyncio.wait_for(
-                    self._transport.read_into(replica.address, raw, info.generation, view),
-                    self._deadline_for(len(view)))
+                # asyncio.timeout, unlike wait_for, runs the read in this task: no extra task per get.
+                async with asyncio.timeout(self._deadline_for(len(view))):
+                    digest = await self._transport.read_into(replica.address, raw, info.generation, view)
             except TimeoutError:
                 error = error or UnavailableError(f"node {replica.address} did not answer a read in time")
                 continue
@@ -408,8 +408,8 @@ class AsyncClient:
     async def _read_many_in_time(self, address: str, items: list) -> list:
         """read_many, but a node that does not answer in time fails every item (they try their next replica)."""
         try:
-            return await asyncio.wait_for(self._transport.read_many(address, items),
-                                          self._deadline_for(sum(len(item.buf) for item in items)))
+            async with asyncio.timeout(self._deadline_for(sum(len(item.buf) for item in items))):
+                return await self._transport.read_many(address, items)
         except TimeoutError:
             return [UnavailableError(f"node {address} did not answer a read in time") for _ in items]
 

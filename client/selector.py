@@ -52,7 +52,7 @@ class TransportSelector(Transport):
             ucx = _make_ucx()
             if ucx is not None:
                 self._fast[transports.UCX] = ucx
-        self.moved: collections.Counter = collections.Counter()  # transport name -> value bytes moved
+        self._moved: collections.Counter = collections.Counter()  # transport name -> value bytes moved
         self._routes: dict[str, tuple[float, list]] = {}  # address -> (rebuild after, [(name, path)])
         self._routing: dict[str, asyncio.Future] = {}
         self._down: dict[tuple[str, str], float] = {}  # (address, name) -> left alone until
@@ -103,6 +103,16 @@ class TransportSelector(Transport):
         self._down[(address, name)] = now + DOWN_SECONDS
         self._routes.pop(address, None)
 
+    @property
+    def moved(self) -> dict:
+        """Value bytes moved per transport; what the shm path sent over its TCP connection counts as TCP."""
+        moved = collections.Counter(self._moved)
+        shm = self._fast.get(transports.SHM)
+        if shm is not None and shm.by_socket:
+            moved[transports.SHM] -= shm.by_socket
+            moved[transports.TCP] += shm.by_socket
+        return {name: count for name, count in moved.items() if count > 0}
+
     def register_buffer(self, view: memoryview) -> None:
         """Hand a buffer used for many transfers to the transports that register memory (UCX)."""
         for path in self._fast.values():
@@ -127,7 +137,7 @@ class TransportSelector(Transport):
                     raise
                 self._set_aside(address, name, exc)
                 continue
-            self.moved[name] += size
+            self._moved[name] += size
             return result
         raise AssertionError("unreachable")
 
@@ -145,7 +155,7 @@ class TransportSelector(Transport):
             for i, outcome in zip(todo, outcomes):
                 results[i] = outcome
                 if not isinstance(outcome, BaseException):
-                    self.moved[name] += _size(items[i])
+                    self._moved[name] += _size(items[i])
             if not retry or position == len(route) - 1:
                 break
             self._set_aside(address, name, results[retry[0]])

@@ -28,7 +28,7 @@ from .tcp import Location, TcpTransport
 from .transport import DataPath, ReadItem, WriteItem
 from .values import Parts
 
-COPY_CHUNK = 256 * 1024  # copy and hash in pieces that are still in cache when hashed
+COPY_CHUNK = 512 * 1024  # copy and hash in pieces that are still in cache when hashed
 _RELEASE_DELAY = 0.01  # RELEASEs wait this long for a request to ride with (seconds)
 _SAFE_COPY_SECONDS = wire.LOCATE_LEASE / 2
 _ATTACH, _LOCATE, _RELEASE = wire.Op.ATTACH, wire.Op.LOCATE, wire.Op.RELEASE
@@ -103,6 +103,7 @@ class ShmPath(DataPath):
         self.tcp = tcp
         self.token = token.encode()
         self._mappings: dict[str, _Mapping] = {}
+        self.by_socket = 0  # value bytes this path sent over the TCP connection instead (small, SSD, no room)
         self._attaching: dict[str, asyncio.Lock] = {}
 
     async def attach(self, address: str, hello: dict) -> None:
@@ -145,6 +146,7 @@ class ShmPath(DataPath):
         connection = mapping.connection
         answer = await connection.request(_LOCATE, key, generation, 0, len(buf), buf=buf)
         if not isinstance(answer, Location):
+            self.by_socket += len(buf)
             return answer  # an SSD-only object: its bytes came over the socket, hashed on arrival
         leased = time.monotonic()
         try:
@@ -154,7 +156,7 @@ class ShmPath(DataPath):
         if time.monotonic() - leased > _SAFE_COPY_SECONDS:
             # Copied while the pin may have lapsed: the checksum would catch a moved extent,
             # but reading it over the socket is cheaper than failing the get.
-            return await self.tcp.read_into(address, key, generation, buf)
+            return await self._by_socket(len(buf), self.tcp.read_into(address, key, generation, buf))
         return digest
 
     async def read_many(self, address: str, items: Sequence[ReadItem]) -> list:
@@ -171,21 +173,32 @@ class ShmPath(DataPath):
                         answers[i] = copy_out(mapping.extent(answer, len(item.buf)), item.buf)
                     except ProtocolError as exc:
                         answers[i] = exc
+                elif not isinstance(answer, Exception):
+                    self.by_socket += len(item.buf)
         finally:
             connection.defer(_RELEASE, located, _RELEASE_DELAY)
         if located and time.monotonic() - leased > _SAFE_COPY_SECONDS:
-            return await self.tcp.read_many(address, items)
+            answers = await self.tcp.read_many(address, items)
+            self.by_socket += sum(len(item.buf) for item, a in zip(items, answers) if not isinstance(a, Exception))
         return answers
+
+    async def _by_socket(self, size: int, transfer):
+        """Await a transfer sent over the TCP connection instead, counting its bytes as such."""
+        result = await transfer
+        self.by_socket += size
+        return result
 
     async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
         if options is not None and options.flags & _PREFER_SSD:
-            return await self.tcp.write(address, key, generation, data, checksum, options, term)
+            return await self._by_socket(len(data), self.tcp.write(
+                address, key, generation, data, checksum, options, term))
         mapping = await self._mapping(address)
         connection = mapping.connection
         try:
             answer = await connection.request(_ALLOCATE, key, generation, term, len(data), checksum, options=options)
         except _NOT_IN_DRAM:
-            return await self.tcp.write(address, key, generation, data, checksum, options, term)
+            return await self._by_socket(len(data), self.tcp.write(
+                address, key, generation, data, checksum, options, term))
         committed = False
         try:
             copy_in(mapping.extent(answer, len(data)), data)
@@ -225,6 +238,8 @@ class ShmPath(DataPath):
             outcomes = await self.tcp.write_many(address, [items[i] for i in by_socket])
             for i, outcome in zip(by_socket, outcomes):
                 results[i] = outcome
+                if outcome is None:
+                    self.by_socket += len(items[i].data)
         return results
 
     async def close(self) -> None:

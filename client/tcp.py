@@ -44,7 +44,7 @@ _FOUND_OR_NOT = (_FREE, _HOLD)  # ops whose NOT_FOUND is an answer (False), not 
 _JSON_REPLY = (_REPORT, _INVENTORY, _HELLO, _ATTACH)
 _PAYLOAD_REPLY = (_READ, _LOCATE)  # the value's bytes may follow
 _WITH_OPTIONS = (_WRITE, _ALLOCATE)  # WRITE_OPTIONS follow the key
-_MAPPED = wire.ReplyFlag.MAPPED
+_MAPPED = int(wire.ReplyFlag.MAPPED)  # a plain int: IntFlag arithmetic is slow on the hot path
 
 
 class Location(NamedTuple):

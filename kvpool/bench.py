@@ -1,8 +1,17 @@
 """`kvpool bench`: throughput and latency of a running cluster, against baselines measured in the same run.
 
 Machines here are shared and noisy, so every throughput is also given as a ratio
-of a raw loopback socket stream between two processes, measured just before.
-The last line printed is one JSON object.
+of a raw loopback socket stream between two processes, measured before and
+after the runs. The last line printed is one JSON object.
+
+Each run names the data transport its client was restricted to (shm, ucx,
+tcp); TRANSPORT_ALL runs every one this client can use against the same
+values, one after another, between the same baselines. A run counts only if
+the client's bytes_by_transport() shows that its transport, and no other,
+carried the value bytes: a transport that could not be used is listed under
+"skipped" with the reason, never reported under another name. Rows of TCP and
+UCX runs are ratios of the socket stream; shared memory never touches a
+socket, so its rows are also given as ratios of memcpy.
 
 With compress=True the put and get operations store lz4-compressed values made
 of repeated token-like phrases (as compressible as real prompt prefixes are
@@ -10,7 +19,9 @@ repetitive), throughput counts the bytes callers see, and the report adds the
 compression ratio and the time compressing and decompressing one value takes.
 """
 
+import inspect
 import json
+import logging
 import multiprocessing
 import os
 import socket
@@ -20,7 +31,11 @@ import time
 
 import numpy as np
 
+from . import transports as transport_names
+from .errors import KvpoolError
 from .units import format_size
+
+TRANSPORT_ALL = "all"
 
 _BUDGET = 256 * 1024 * 1024  # bytes of live objects per size, so any cluster of a few hundred MiB can run it
 _STREAM_CHUNK = 4 * 1024 * 1024
@@ -59,7 +74,8 @@ def socket_stream_baseline(total: int = 1 << 30) -> float:
 
 
 def memcpy_baseline(size: int = 256 * 1024 * 1024, rounds: int = 4) -> float:
-    src = np.frombuffer(os.urandom(size), dtype=np.uint8)
+    """Bytes/s of numpy copyto between two buffers far larger than the caches."""
+    src = np.full(size, 0x5A, dtype=np.uint8)  # a copy's speed does not depend on the bytes
     dst = np.empty_like(src)
     np.copyto(dst, src)  # fault the pages in before timing
     started = time.perf_counter()
@@ -129,14 +145,48 @@ def compression_cost(value: bytes, rounds: int = 5) -> dict:
             "compress_MBps": round(size / best_c / 1e6, 1), "decompress_MBps": round(size / best_d / 1e6, 1)}
 
 
-def _size_ops(client, size: int, batch: int, seconds: float, compress: bool = False):
+class Workload:
+    """Keys and values every run writes and reads: the same bytes whichever transport carries them."""
+
+    LATENCY_SIZE = 64 * 1024
+
+    def __init__(self, sizes: list[int], batch: int, compress: bool = False):
+        self.sizes = list(sizes)
+        self.compress = compress
+        self.values = {size: token_like_value(size) if compress else os.urandom(size) for size in self.sizes}
+        self.counts = {size: max(1, min(batch, _BUDGET // max(size, 1))) for size in self.sizes}
+        self.latency_value = os.urandom(self.LATENCY_SIZE)
+
+    def keys(self, size: int) -> list[str]:
+        return [f"bench/{size}/{i}" for i in range(self.counts[size])]
+
+
+_OPS = ("put", "get", "get_into", "batch_put", "batch_get_into")
+_ZERO_COPY_OPS = ("batch_get_into_offsets", "batch_get_into_parts")
+_BATCH_OPS = ("batch_put", "batch_get_into", *_ZERO_COPY_OPS)
+PARTS = 4  # the parts form scatters each value into this many equal pieces (say K and V of two layers)
+
+
+def zero_copy_forms(client) -> list[str]:
+    """Which of the one-buffer-with-offsets and parts forms of batch_get_into this client has."""
+    forms = []
+    if "offsets" in inspect.signature(client.batch_get_into).parameters:
+        forms.append("batch_get_into_offsets")
+    if callable(getattr(client, "batch_get_into_parts", None)):
+        forms.append("batch_get_into_parts")
+    return forms
+
+
+def _size_ops(client, workload: Workload, size: int, seconds: float):
     """Yield (op name, bytes/s) for every operation at one value size."""
-    count = max(1, min(batch, _BUDGET // max(size, 1)))
-    keys = [f"bench/{size}/{i}" for i in range(count)]
-    value = token_like_value(size) if compress else os.urandom(size)
-    options = {"compress": True} if compress else {}
+    count = workload.counts[size]
+    keys = workload.keys(size)
+    value = workload.values[size]
+    options = {"compress": True} if workload.compress else {}
     out = np.empty(size, dtype=np.uint8)
     big = np.empty(size * count, dtype=np.uint8)
+    out.fill(0)  # fault the pages in now: the first op timed should not pay for a fresh buffer's pages
+    big.fill(0)
     slots = [big[i * size:(i + 1) * size] for i in range(count)]
     turn = iter(range(1 << 62))
 
@@ -160,18 +210,31 @@ def _size_ops(client, size: int, batch: int, seconds: float, compress: bool = Fa
     def batch_get_into():
         return sum(client.batch_get_into(keys, slots))
 
+    offsets = [i * size for i in range(count)]
+
+    def batch_get_into_offsets():  # one buffer, each key at its offset: how KV caches are laid out
+        return sum(client.batch_get_into(keys, big, offsets=offsets))
+
+    piece = size // PARTS
+    parts = [[slot[j * piece:(j + 1) * piece] for j in range(PARTS - 1)] + [slot[(PARTS - 1) * piece:]]
+             for slot in slots]
+
+    def batch_get_into_parts():
+        return sum(client.batch_get_into_parts(keys, parts))
+
+    ops = {"put": put, "get": get, "get_into": get_into, "batch_put": batch_put, "batch_get_into": batch_get_into,
+           "batch_get_into_offsets": batch_get_into_offsets, "batch_get_into_parts": batch_get_into_parts}
     client.batch_put(keys, [value] * count, overwrite=True, **options)
-    for name, op in (("put", put), ("get", get), ("get_into", get_into), ("batch_put", batch_put),
-                     ("batch_get_into", batch_get_into)):
-        moved, elapsed = _timed(seconds, op)
+    for name in (*_OPS, *zero_copy_forms(client)):
+        moved, elapsed = _timed(seconds, ops[name])
         yield name, moved / elapsed
     client.remove_prefix(f"bench/{size}/")
 
 
-def get_latency(client, size: int = 64 * 1024, samples: int = 2000) -> dict:
+def get_latency(client, value: bytes, samples: int = 2000) -> dict:
     """Per-call latency of get with a warm placement cache, in microseconds."""
     keys = [f"bench/latency/{i}" for i in range(64)]
-    client.batch_put(keys, [os.urandom(size)] * len(keys), overwrite=True)
+    client.batch_put(keys, [value] * len(keys), overwrite=True)
     for k in keys:
         client.get(k)  # warm the placement cache and the connections
     times = []
@@ -181,35 +244,196 @@ def get_latency(client, size: int = 64 * 1024, samples: int = 2000) -> dict:
         times.append((time.perf_counter() - started) * 1e6)
     client.remove_prefix("bench/latency/")
     times.sort()
-    return {"size": size, "samples": samples, "p50_us": round(statistics.median(times), 1),
+    return {"size": len(value), "samples": samples, "p50_us": round(statistics.median(times), 1),
             "p99_us": round(times[int(len(times) * 0.99) - 1], 1)}
 
 
-def run_bench(client, sizes: list[int], batch: int = 64, seconds: float = 1.5, compress: bool = False) -> dict:
-    progress = _Progress(total=3 + 5 * len(sizes) + 1)
-    # The socket baseline is taken before and after the cluster runs and averaged, so a
-    # passing load on the machine moves baseline and results alike.
+class Skipped(Exception):
+    """A transport's run that cannot be reported: why."""
+
+
+def _carrier(moved: dict, wanted: str | None) -> str:
+    """The name of a run: `wanted` if it, and no other transport, carried the value bytes (else Skipped)."""
+    used = {name: n for name, n in moved.items() if n}
+    if wanted is None:  # the client's own choice: named after what it used, e.g. "shm+tcp" for a mix
+        if not used:
+            raise Skipped("no value bytes went over any transport")
+        return "+".join(name for name in transport_names.PREFERENCE if name in used)
+    others = {name: n for name, n in used.items() if name != wanted}
+    if not used.get(wanted) or others:
+        raise Skipped(f"asked for {wanted} but value bytes went over {used or 'no transport'}")
+    return wanted
+
+
+def _probe(client, wanted: str | None) -> None:
+    """One small put and get, so a transport that cannot carry bytes is found before it is timed."""
+    value = os.urandom(4096)
+    client.put("bench/probe", value, overwrite=True)
+    if client.get("bench/probe") != value:
+        raise Skipped("the probe read back different bytes")
+    client.remove("bench/probe")
+    _carrier(client.bytes_by_transport(), wanted)
+
+
+def _measure(connect, wanted: str | None, workload: Workload, seconds: float, progress: "_Progress") -> dict:
+    """One transport's run: {"transport", "rows", "get_latency", "bytes_by_transport", "client_warnings"};
+    Skipped if its client cannot be made, cannot carry bytes, or lets any other transport carry them."""
+    label = wanted or "default"
+    with _ClientWarnings() as warnings:
+        try:
+            run = _measure_with(connect, wanted, label, workload, seconds, progress)
+        except Skipped as exc:
+            if warnings.lines:  # the selector says why a transport was set aside
+                raise Skipped(f"{exc} (client log: {'; '.join(warnings.lines)})") from None
+            raise
+    run["client_warnings"] = warnings.lines
+    return run
+
+
+def _measure_with(connect, wanted: str | None, label: str, workload: Workload, seconds: float,
+                  progress: "_Progress") -> dict:
+    try:
+        client = connect(wanted)
+    except Exception as exc:  # noqa: BLE001 - one transport's broken client must not end the others' runs
+        raise Skipped(f"no client: {type(exc).__name__}: {exc}") from None
+    with client:
+        try:
+            _probe(client, wanted)
+            progress.step(f"{label} probe")
+            progress.total += len(zero_copy_forms(client)) * len(workload.sizes)
+            rows = []
+            for size in workload.sizes:
+                for name, bps in _size_ops(client, workload, size, seconds):
+                    rows.append((name, size, bps))
+                    progress.step(f"{label} {name} {format_size(size)}")
+            latency = get_latency(client, workload.latency_value)
+            progress.step(f"{label} 64KiB get latency")
+        except KvpoolError as exc:
+            try:
+                client.remove_prefix("bench/")
+            except KvpoolError:
+                pass
+            raise Skipped(f"{type(exc).__name__}: {exc}") from None
+        moved = client.bytes_by_transport()
+    return {"transport": _carrier(moved, wanted), "rows": rows, "get_latency": latency,
+            "bytes_by_transport": moved}
+
+
+class _ClientWarnings(logging.Handler):
+    """Collects the client's warnings while a run lasts."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+        self.logger = logging.getLogger("kvpool.client")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> "_ClientWarnings":
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self)
+
+
+def requested_transports(choice: str | None) -> list[str | None]:
+    """The runs --transport asks for: [None] (the client's own choice), one name, or every name."""
+    if choice is None:
+        return [None]
+    if choice == TRANSPORT_ALL:
+        return list(transport_names.PREFERENCE)
+    if choice not in transport_names.PREFERENCE:
+        raise ValueError(f"unknown transport {choice!r}; choose from "
+                         f"{', '.join(transport_names.PREFERENCE)} or {TRANSPORT_ALL}")
+    return [choice]
+
+
+# The issue's aims: (transport, op, size, batch or None, baseline, aim ratio).
+_RATIO_AIMS = (
+    ("tcp", "get_into", 4 << 20, None, "socket", 0.75),
+    ("tcp", "batch_get_into", 1 << 20, 64, "socket", 0.75),
+    ("shm", "get_into", 4 << 20, None, "memcpy", 0.40),
+)
+_P50_AIM_US = 300.0
+
+
+def _targets(results: list[dict], runs: dict, skipped: dict) -> dict:
+    """Each aim of the issue: the figure measured, its aim and whether it met it (null: not measured)."""
+    targets = {}
+    for transport, op, size, batch, baseline, aim in _RATIO_AIMS:
+        row = next((r for r in results if (r["transport"], r["op"], r["size"]) == (transport, op, size)), None)
+        count = f"{row['batch'] if row else batch} x " if batch else ""
+        name = f"{transport} {op} {count}{format_size(size)} / {baseline}"
+        if row is None:
+            why = skipped.get(transport, "not run" if transport not in runs else f"size {format_size(size)} not run")
+            targets[name] = {"ratio": None, "aim": aim, "met": None, "note": why}
+        else:
+            ratio = row[f"ratio_to_{baseline}"]
+            targets[name] = {"ratio": ratio, "aim": aim, "met": ratio >= aim}
+    for transport, run in runs.items():
+        p50 = run["get_latency"]["p50_us"]
+        targets[f"{transport} get 64KiB p50 (warm placement cache)"] = {
+            "p50_us": p50, "aim_us": _P50_AIM_US, "met": p50 < _P50_AIM_US}
+    return targets
+
+
+def _row(transport: str, name: str, size: int, bps: float, count: int, socket_bps: float, memcpy_bps: float) -> dict:
+    row = {"transport": transport, "op": name, "size": size}
+    if name in _BATCH_OPS:
+        row["batch"] = count
+    if name == "batch_get_into_parts":
+        row["parts"] = PARTS
+    row["MBps"] = round(bps / 1e6, 1)
+    row["ratio_to_socket"] = round(bps / socket_bps, 3)
+    if transport == transport_names.SHM:
+        row["ratio_to_memcpy"] = round(bps / memcpy_bps, 3)
+    return row
+
+
+def run_bench(connect, transports: list[str | None], sizes: list[int], batch: int = 64, seconds: float = 1.5,
+              compress: bool = False) -> dict:
+    """Benchmark each of `transports` (None: whatever the client picks) on the same workload.
+
+    connect(transport name or None) -> a Client restricted to that transport. Prints the human
+    lines on stderr, then the JSON report on stdout."""
+    workload = Workload(sizes, batch, compress)
+    progress = _Progress(total=4 + len(transports) * (2 + len(_OPS) * len(sizes)))
+    # Baselines are taken before and after the cluster runs and averaged, so a passing
+    # load on the machine moves baselines and results alike.
     socket_before = socket_stream_baseline()
     progress.step("socket baseline")
-    memcpy_bps = memcpy_baseline()
+    memcpy_before = memcpy_baseline()
     progress.step("memcpy baseline")
-    measured = []
-    for size in sizes:
-        for name, bps in _size_ops(client, size, batch, seconds, compress):
-            measured.append((name, size, bps))
-            progress.step(f"{name} {format_size(size)}")
-    latency = get_latency(client)
-    progress.step("64KiB get latency")
+    measured, skipped = [], {}
+    for wanted in transports:
+        try:
+            measured.append(_measure(connect, wanted, workload, seconds, progress))
+        except Skipped as exc:
+            skipped[wanted or "default"] = str(exc)
     socket_after = socket_stream_baseline()
     progress.step("socket baseline again")
+    memcpy_after = memcpy_baseline()
+    progress.step("memcpy baseline again")
     progress.close()
     socket_bps = (socket_before + socket_after) / 2
-    results = [{"op": name, "size": size, "MBps": round(bps / 1e6, 1), "ratio_to_socket": round(bps / socket_bps, 3)}
-               for name, size, bps in measured]
-    report = {"baseline": {"socket_stream_MBps": round(socket_bps / 1e6, 1),
+    memcpy_bps = (memcpy_before + memcpy_after) / 2
+    results, runs = [], {}
+    for run in measured:
+        name = run["transport"]
+        runs[name] = {"get_latency": run["get_latency"], "bytes_by_transport": run["bytes_by_transport"],
+                      "client_warnings": run["client_warnings"]}
+        results.extend(_row(name, op, size, bps, workload.counts[size], socket_bps, memcpy_bps)
+                       for op, size, bps in run["rows"])
+    report = {"settings": {"transports": [t or "default" for t in transports], "sizes": sizes, "batch": batch,
+                           "seconds": seconds, "compress": compress},
+              "baseline": {"socket_stream_MBps": round(socket_bps / 1e6, 1),
                            "socket_stream_runs_MBps": [round(socket_before / 1e6, 1), round(socket_after / 1e6, 1)],
-                           "memcpy_MBps": round(memcpy_bps / 1e6, 1)},
-              "results": results, "get_latency": latency}
+                           "memcpy_MBps": round(memcpy_bps / 1e6, 1),
+                           "memcpy_runs_MBps": [round(memcpy_before / 1e6, 1), round(memcpy_after / 1e6, 1)]},
+              "transports": runs, "skipped": skipped, "results": results,
+              "targets": _targets(results, runs, skipped)}
     if compress:
         costs = [compression_cost(token_like_value(size)) for size in sizes]
         report["compression"] = {"codec": "lz4.block", "data": "token-like phrases", "sizes": costs}
@@ -217,8 +441,36 @@ def run_bench(client, sizes: list[int], batch: int = 64, seconds: float = 1.5, c
             print(f"compress {format_size(cost['size']):>7}: ratio {cost['ratio']:.2f}, "
                   f"compress {cost['compress_us']:.0f} us, decompress {cost['decompress_us']:.0f} us",
                   file=sys.stderr)
-    for row in results:
-        print(f"{row['op']:<15} {format_size(row['size']):>7} {row['MBps']:>9.1f} MB/s  "
-              f"{row['ratio_to_socket']:.2f}x socket", file=sys.stderr)
+    _print_human(report)
     print(json.dumps(report), flush=True)
     return report
+
+
+def _print_human(report: dict) -> None:
+    out = sys.stderr
+    base = report["baseline"]
+    print(f"baselines: socket stream {base['socket_stream_MBps']:.0f} MB/s, memcpy {base['memcpy_MBps']:.0f} MB/s",
+          file=out)
+    for row in report["results"]:
+        op = f"{row['op']} {row['batch']} x" if "batch" in row else row["op"]
+        line = f"{row['transport']:<4} {op:<28} {format_size(row['size']):>7} {row['MBps']:>9.1f} MB/s  "
+        if "ratio_to_memcpy" in row:
+            line += f"{row['ratio_to_memcpy']:.2f}x memcpy  "
+        print(line + f"{row['ratio_to_socket']:.2f}x socket", file=out)
+    for name, run in report["transports"].items():
+        latency = run["get_latency"]
+        print(f"{name:<4} get {format_size(latency['size'])} p50 {latency['p50_us']:.0f} us, "
+              f"p99 {latency['p99_us']:.0f} us", file=out)
+        for warning in run["client_warnings"]:
+            print(f"{name:<4} client warning: {warning}", file=out)
+    for name, why in report["skipped"].items():
+        print(f"{name:<4} skipped: {why}", file=out)
+    for name, target in report["targets"].items():
+        if target["met"] is None:
+            verdict = f"not measured ({target['note']})"
+        elif "ratio" in target:
+            verdict = f"{target['ratio']:.2f} (aim >= {target['aim']:.2f}): {'met' if target['met'] else 'NOT met'}"
+        else:
+            verdict = (f"{target['p50_us']:.0f} us (aim < {target['aim_us']:.0f} us): "
+                       f"{'met' if target['met'] else 'NOT met'}")
+        print(f"target {name}: {verdict}", file=out)

@@ -82,12 +82,20 @@ def cmd_drain(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_bench
+    from .bench import requested_transports, run_bench
+    from .client import Client
 
-    with _connect(args) as client:
-        run_bench(client, sizes=[parse_size(s) for s in args.sizes.split(",")], batch=args.batch,
-                  seconds=args.seconds, compress=args.compress)
-    return 0
+    if not args.master and not args.etcd:
+        raise SystemExit("give --master HOST:PORT or --etcd HOST:PORT")
+
+    def connect(transport: str | None):
+        # A client per run, so each run's bytes_by_transport() covers only that run.
+        return Client(args.master, etcd=args.etcd, cluster=args.cluster, transports=transport)
+
+    report = run_bench(connect, requested_transports(args.transport),
+                       sizes=[parse_size(s) for s in args.sizes.split(",")], batch=args.batch,
+                       seconds=args.seconds, compress=args.compress)
+    return 0 if report["results"] else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=1.5, help="time per operation and size")
     bench.add_argument("--compress", action="store_true",
                        help="put compressible token-like values with lz4; report ratio and codec time")
+    from .transports import PREFERENCE  # light; bench itself (numpy) loads only when it runs
+
+    bench.add_argument("--transport", choices=[*PREFERENCE, "all"],
+                       help="restrict the client to one data transport, or run each one this client can use "
+                            "(all) on the same values, one after another; default: the client's own choice")
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -64,17 +64,61 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def test_bench_prints_ratios_against_the_socket_baseline(cluster):
-    result = subprocess.run([*KVPOOL, "bench", "--master", cluster.master_address, "--sizes", "64KiB,1MiB",
-                             "--batch", "8", "--seconds", "0.3"], capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["baseline"]["socket_stream_MBps"] > 0
-    ops = {(r["op"], r["size"]) for r in report["results"]}
-    for op in ("put", "get", "get_into", "batch_put", "batch_get_into"):
-        assert (op, 65536) in ops and (op, 1 << 20) in ops
-    assert all(r["MBps"] > 0 and r["ratio_to_socket"] > 0 for r in report["results"])
-    assert 0 < report["get_latency"]["p50_us"] <= report["get_latency"]["p99_us"]
+BASE_OPS = {"put", "get", "get_into", "batch_put", "batch_get_into"}
+
+
+def _bench(*args: str, env: dict | None = None) -> tuple[int, dict, str]:
+    result = subprocess.run([*KVPOOL, "bench", *args], capture_output=True, text=True, timeout=180, env=env)
+    return result.returncode, json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_bench_all_transports_on_the_same_values_each_under_its_own_name(cluster):
+    code, report, stderr = _bench("--master", cluster.master_address, "--transport", "all",
+                                  "--sizes", "1MiB", "--batch", "8", "--seconds", "0.1")
+    assert code == 0, stderr[-3000:]
+    assert report["baseline"]["socket_stream_MBps"] > 0 and report["baseline"]["memcpy_MBps"] > 0
+    runs = report["transports"]
+    assert {"shm", "tcp"} <= set(runs), report["skipped"]  # the nodes run on this host
+    assert "ucx" in runs or "ucx" in report["skipped"]  # never silently left out
+    for name, run in runs.items():
+        assert set(run["bytes_by_transport"]) == {name} and run["bytes_by_transport"][name] > 0
+        assert 0 < run["get_latency"]["p50_us"] <= run["get_latency"]["p99_us"]
+        ops = {(r["op"], r["size"]) for r in report["results"] if r["transport"] == name}
+        assert {(op, 1 << 20) for op in BASE_OPS} <= ops
+    for row in report["results"]:
+        assert row["MBps"] > 0 and row["ratio_to_socket"] > 0
+        assert ("ratio_to_memcpy" in row) == (row["transport"] == "shm")  # shm never touches a socket
+    aim = report["targets"]["tcp batch_get_into 8 x 1MiB / socket"]
+    assert aim["met"] == (aim["ratio"] >= 0.75)
+    assert report["targets"]["shm get_into 4MiB / memcpy"]["met"] is None  # 4MiB was not run
+    assert report["targets"]["shm get 64KiB p50 (warm placement cache)"]["p50_us"] > 0
+    assert "target tcp batch_get_into 8 x 1MiB / socket" in stderr
+
+
+def test_bench_names_a_default_run_after_the_transport_that_carried_its_bytes(cluster):
+    env = {**os.environ, "KVPOOL_TRANSPORTS": "tcp"}
+    code, report, stderr = _bench("--master", cluster.master_address, "--sizes", "64KiB", "--batch", "4",
+                                  "--seconds", "0.1", env=env)
+    assert code == 0, stderr[-3000:]
+    assert list(report["transports"]) == ["tcp"] and report["skipped"] == {}
+    assert {r["transport"] for r in report["results"]} == {"tcp"}
+
+
+def test_bench_refuses_an_unknown_transport(cluster):
+    result = subprocess.run([*KVPOOL, "bench", "--master", cluster.master_address, "--transport", "rdma"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "invalid choice: 'rdma'" in result.stderr
+
+
+def test_bench_never_reports_bytes_of_another_transport_under_the_name_asked_for():
+    from kvpool.bench import Skipped, _carrier
+
+    assert _carrier({"shm": 10, "tcp": 0}, "shm") == "shm"
+    assert _carrier({"tcp": 10}, None) == "tcp"
+    assert _carrier({"tcp": 1, "shm": 1}, None) == "shm+tcp"  # a default run that used both says so
+    for moved, wanted in (({"tcp": 10}, "ucx"), ({"ucx": 5, "tcp": 10}, "ucx"), ({}, "shm"), ({}, None)):
+        with pytest.raises(Skipped):
+            _carrier(moved, wanted)
 
 
 def test_compose_file_is_valid():
@@ -101,7 +145,7 @@ def test_compose_topology_as_processes(own_cluster):
                              "--batch", "12", "--seconds", "0.3"], capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert {r["op"] for r in report["results"]} == {"put", "get", "get_into", "batch_put", "batch_get_into"}
+    assert BASE_OPS <= {r["op"] for r in report["results"]}
 
 
 @pytest.mark.parametrize("component", ["master", "storenode"])

@@ -45,8 +45,8 @@ def test_forced_transport_moves_random_sizes_byte_exact(cluster, transport):
             moved = client.bytes_by_transport()
         finally:
             client.remove_prefix(f"{transport}/")
-    assert set(moved) == {transport}  # forced: nothing went another way
-    assert moved[transport] >= 3 * sum(len(v) for v in values.values())
+    # Forced: nothing went another way. Every value went out once and came back twice.
+    assert moved == {transport: 3 * sum(len(v) for v in [*values.values(), *batch.values()])}
 
 
 def test_shared_memory_is_chosen_by_default_on_the_same_host(cluster):
@@ -65,9 +65,12 @@ def test_ssd_objects_travel_beside_shared_memory(own_cluster):
     with Client(running.master_address, transports="shm") as client:
         client.batch_put(list(values), list(values.values()), tier="ssd")
         client.put("ssd/one", values["ssd/0"], tier="ssd")
+        client.put("dram/one", values["ssd/0"])
         assert client.batch_get(list(values)) == list(values.values())
-        assert client.get("ssd/one") == values["ssd/0"]
-        assert set(client.bytes_by_transport()) == {"shm"}
+        assert client.get("ssd/one") == values["ssd/0"] and client.get("dram/one") == values["ssd/0"]
+        # SSD objects travel on the shm path's TCP connection, and are counted as such.
+        ssd_bytes = 2 * (sum(len(v) for v in values.values()) + len(values["ssd/0"]))
+        assert client.bytes_by_transport() == {"tcp": ssd_bytes, "shm": 2 * len(values["ssd/0"])}
 
 
 def test_a_wrong_token_falls_back_to_tcp_and_forcing_shm_then_fails(own_cluster, caplog):
