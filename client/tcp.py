@@ -30,7 +30,7 @@ from .values import Parts
 DEFAULT_CONNECT_TIMEOUT = 3.0
 _IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
 _DRAIN_BYTES = 64 * 1024
-_HASH_CHUNK = 512 * 1024
+_HASH_CHUNK = 128 * 1024  # received and hashed while still in cache (measured: faster than 512 KiB)
 _REPLY_SIZE = wire.REPLY.size
 _unpack_reply = wire.REPLY.unpack
 _OK = Code.OK

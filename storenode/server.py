@@ -322,8 +322,9 @@ class _Connection:
             return
         self.store.acquire(rec)
         try:
-            await self._flush()
-            await self.loop.sock_sendall(self.sock, data)
+            # The replies so far and this payload leave in one sendmsg while the socket takes them.
+            out, self.out = self.out, bytearray()
+            await self._send_all(out, data)
         finally:
             self.store.release(rec)
 
@@ -575,6 +576,17 @@ class _Connection:
             if not got:
                 raise _Disconnect
             self.end += got
+
+    async def _send_all(self, head: bytearray, data: memoryview) -> None:
+        try:
+            sent = self.sock.sendmsg((head, data))
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(head):
+            await self.loop.sock_sendall(self.sock, memoryview(head)[sent:])
+            sent = len(head)
+        if sent - len(head) < len(data):
+            await self.loop.sock_sendall(self.sock, data[sent - len(head):])
 
     async def _flush(self) -> None:
         if self.out:
