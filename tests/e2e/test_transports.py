@@ -112,3 +112,43 @@ def test_a_client_that_cannot_see_the_segment_uses_tcp(cluster):
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome == {"ok": True, "moved": {"tcp": 600000}}
     assert "not using shm" in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ss"), reason="needs root and ss to kill sockets")
+def test_killing_the_shared_memory_path_mid_transfer_falls_back_without_losing_it(cluster, caplog):
+    import signal
+    import threading
+
+    from kvpool.netutil import wait_until
+
+    victim = cluster.nodes[0]
+    node = victim.info["address"]
+    values = {f"kill/{i}": _value(MIB + i, 500 + i) for i in range(24)}
+    with Client(cluster.master_address, transports="shm,tcp") as client:
+        client.batch_put(list(values), list(values.values()))
+        mine = [k for k in values if client._client._cache.get(k).replicas[0].address == node]
+        assert mine, "some values must live on the node whose connection is killed"
+        buffers = [bytearray(len(values[k])) for k in mine]
+        assert client.batch_get_into(mine, buffers) and client.bytes_by_transport().keys() == {"shm"}
+        connection = client._client._transport.tcp._connections[node]
+        outcome = []
+        with caplog.at_level(logging.WARNING, logger="kvpool.client.selector"):
+            victim.signal(signal.SIGSTOP)  # the node cannot answer: the next batch stays in flight
+            try:
+                for buf in buffers:
+                    buf[:] = bytes(len(buf))
+                thread = threading.Thread(target=lambda: outcome.append(client.batch_get_into(mine, buffers)))
+                thread.start()
+                wait_until(lambda: connection._pending, 10, what="LOCATEs in flight")
+                port = node.rpartition(":")[2]
+                subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", f":{port}"], check=True,
+                               capture_output=True)
+            finally:
+                victim.signal(signal.SIGCONT)
+            thread.join(60)
+        assert outcome == [[len(values[k]) for k in mine]]
+        assert all(bytes(b) == values[k] for b, k in zip(buffers, mine))  # nothing lost or corrupted
+        moved = client.bytes_by_transport()
+        client.remove_prefix("kill/")
+    assert moved.get("tcp") == sum(len(values[k]) for k in mine)  # the killed batch went over TCP
+    assert any("not using shm" in r.getMessage() for r in caplog.records)
