@@ -128,12 +128,12 @@ class TransportSelector(Transport):
     # -- moving bytes
 
     async def _one(self, address: str, size: int, call):
-        route = await self.route(address)
-        for position, (name, path) in enumerate(route):
+        order = _fallback_order(await self.route(address))
+        for position, (name, path) in enumerate(order):
             try:
                 result = await call(path)
             except _PATH_FAILED as exc:
-                if position == len(route) - 1:
+                if name == transports.TCP or position == len(order) - 1:
                     raise
                 self._set_aside(address, name, exc)
                 continue
@@ -149,14 +149,15 @@ class TransportSelector(Transport):
             return [type(exc)(str(exc)) for _ in items]
         results: list = [None] * len(items)
         todo = list(range(len(items)))
-        for position, (name, path) in enumerate(route):
+        order = _fallback_order(route)
+        for position, (name, path) in enumerate(order):
             outcomes = await call(path, [items[i] for i in todo])
             retry = [i for i, outcome in zip(todo, outcomes) if isinstance(outcome, _PATH_FAILED)]
             for i, outcome in zip(todo, outcomes):
                 results[i] = outcome
                 if not isinstance(outcome, BaseException):
                     self._moved[name] += _size(items[i])
-            if not retry or position == len(route) - 1:
+            if not retry or name == transports.TCP or position == len(order) - 1:
                 break
             self._set_aside(address, name, results[retry[0]])
             todo = retry
@@ -216,6 +217,13 @@ class TransportSelector(Transport):
         for path in self._fast.values():
             await path.close()
         await self.tcp.close()
+
+
+def _fallback_order(route: list) -> list:
+    """The best path first; if it fails, TCP next when allowed: it fails fast when the node itself
+    is gone, where another fast path (UCX notices a dead peer only by a timeout) would hang."""
+    tcp = [entry for entry in route if entry[0] == transports.TCP]
+    return route[:1] + tcp + [entry for entry in route[1:] if entry[0] != transports.TCP]
 
 
 def _whole(path: DataPath, data):
