@@ -29,12 +29,12 @@ _PATH_FAILED = (UnavailableError, ProtocolError)
 
 
 def _make_ucx() -> DataPath | None:
-    try:
-        from .ucx import UcxTransport
-    except ImportError as exc:  # the optional extra kvpool[ucx] is not installed
-        log.info("UCX transport not available: %s", exc)
+    from . import ucx
+
+    if not ucx.available():  # the optional extra kvpool[ucx] is not installed
+        log.info("UCX transport not available: install kvpool[ucx]")
         return None
-    return UcxTransport()
+    return ucx.UcxTransport()
 
 
 class TransportSelector(Transport):

@@ -23,6 +23,7 @@ from typing import Sequence
 from kvpool import transports, wire
 from kvpool.checksum import Digest
 from kvpool.errors import ForbiddenError, NoSpaceError, ProtocolError, UnavailableError, ValueTooLargeError
+from kvpool.prefault import prefault_in_background
 
 from .tcp import Location, TcpTransport
 from .transport import DataPath, ReadItem, WriteItem
@@ -55,6 +56,8 @@ class _Mapping:
         finally:
             os.close(fd)
         self.path, self.size = path, size
+        # Pages fault in once per process: map them all meanwhile, off this thread.
+        self.prefaulting = prefault_in_background(self.mmap, path)
         self.view = memoryview(self.mmap)
         self.connection = None
 
@@ -64,6 +67,7 @@ class _Mapping:
         return self.view[location.offset:location.offset + size]
 
     def close(self) -> None:
+        self.prefaulting.join()
         try:
             self.view.release()
             self.mmap.close()

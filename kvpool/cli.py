@@ -31,7 +31,8 @@ def cmd_up(args) -> int:
 
     cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,
                            data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
-                           metrics=args.metrics, masters=args.masters)
+                           metrics=args.metrics, masters=args.masters,
+                           node_args=["--transports", args.transports] if args.transports else None)
     with cluster:
         print(f"kvpool ready master={cluster.leader_address()} etcd={cluster.etcd_endpoint}", flush=True)
         for name, url in cluster.metrics_urls.items():
@@ -113,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--master-port", type=int, default=0, help="0 picks a free port")
     up.add_argument("--cluster", default=DEFAULT_CLUSTER)
     up.add_argument("--metrics", action="store_true", help="serve Prometheus metrics from every component")
+    up.add_argument("--transports", metavar="LIST", default=None,
+                    help="data transports the storage nodes offer, e.g. shm,ucx,tcp (default: shm,tcp)")
     up.add_argument("--demo", action="store_true", help="run a short workload once the cluster is up")
     up.add_argument("--exit-after-demo", action="store_true", help="stop the cluster when the demo ends")
     up.set_defaults(func=cmd_up)

@@ -7,6 +7,8 @@ import mmap
 import os
 import re
 
+from kvpool.prefault import prefault
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
@@ -74,6 +76,7 @@ class DramSegment:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while we live: see remove_stale_segments
             os.posix_fallocate(fd, 0, self.capacity)
             mapping = mmap.mmap(fd, self.capacity)
+            prefault(mapping)  # first writes into fresh extents would fault page by page
         except BaseException:
             os.unlink(path)
             os.close(fd)

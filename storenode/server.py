@@ -372,12 +372,10 @@ class _Connection:
         return True
 
     async def _copy(self, op, req_id, key, generation, _flags, _arg, length, _checksum) -> bool:
-        if length > wire.MAX_COPY_TARGET:
-            await self._fail(op, req_id, Code.PROTOCOL, f"COPY destination of {length} bytes")
+        target = await self._small_payload(op, req_id, length, wire.MAX_COPY_TARGET, "COPY destination")
+        if target is None:
             return False
-        await self._fill(length)
-        destination = bytes(self.view[self.start:self.start + length]).decode("utf-8", "replace")
-        self.start += length
+        destination = target.decode("utf-8", "replace")
         await self._flush()  # the replies before this one need not wait for the copy
         try:
             sent = await self.server.copier.copy(key, generation, destination)
@@ -397,12 +395,9 @@ class _Connection:
     # -- shared memory: the client copies through the mapping, the node keeps the books
 
     async def _attach(self, op, req_id, _key, _generation, _flags, _arg, length, _checksum) -> bool:
-        if length > wire.MAX_TOKEN:
-            await self._fail(op, req_id, Code.PROTOCOL, f"ATTACH token of {length} bytes")
+        token = await self._small_payload(op, req_id, length, wire.MAX_TOKEN, "ATTACH token")
+        if token is None:
             return False
-        await self._fill(length)
-        token = bytes(self.view[self.start:self.start + length])
-        self.start += length
         offer = self.server.offers.get(transports.SHM)
         if offer is None:
             self._error(op, req_id, Code.FORBIDDEN, "this node does not offer shared memory")
@@ -518,6 +513,17 @@ class _Connection:
         self.allocated.clear()
 
     # -- helpers
+
+    async def _small_payload(self, op: int, req_id: int, length: int, limit: int, what: str) -> bytes | None:
+        """The request's payload when it is at most `limit` bytes; else None after an error reply
+        (the connection must then close: the payload cannot be skipped)."""
+        if length > limit:
+            await self._fail(op, req_id, Code.PROTOCOL, f"{what} of {length} bytes")
+            return None
+        await self._fill(length)
+        payload = bytes(self.view[self.start:self.start + length])
+        self.start += length
+        return payload
 
     def _reply_location(self, op: int, req_id: int, offset: int, value_checksum: int) -> None:
         self.out += wire.pack_reply(op, req_id, Code.OK, offset, value_checksum, wire.ReplyFlag.MAPPED)
