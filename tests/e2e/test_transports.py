@@ -23,11 +23,11 @@ def _value(size: int, seed: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_forced_transport_moves_random_sizes_byte_exact(cluster, transport):
+def _round_trips(master_address: str, transport: str) -> None:
+    """Values of random sizes, 0 B to 64 MiB, one by one and in batches, both ways, only over `transport`."""
     sizes = SIZES + [random.Random(transport).randrange(1, 8 * MIB) for _ in range(3)]
     values = {f"{transport}/one/{i}": _value(size, i) for i, size in enumerate(sizes)}
-    with Client(cluster.master_address, transports=transport) as client:
+    with Client(master_address, transports=transport) as client:
         try:
             for key, value in values.items():
                 client.put(key, value)
@@ -47,6 +47,17 @@ def test_forced_transport_moves_random_sizes_byte_exact(cluster, transport):
             client.remove_prefix(f"{transport}/")
     # Forced: nothing went another way. Every value went out once and came back twice.
     assert moved == {transport: 3 * sum(len(v) for v in [*values.values(), *batch.values()])}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_forced_transport_moves_random_sizes_byte_exact(cluster, transport):
+    _round_trips(cluster.master_address, transport)
+
+
+def test_forced_ucx_moves_random_sizes_byte_exact(own_cluster):
+    pytest.importorskip("ucxx")
+    running = own_cluster(nodes=2, dram_per_node="192MiB", node_args=["--transports", "shm,ucx,tcp"])
+    _round_trips(running.master_address, "ucx")
 
 
 def test_shared_memory_is_chosen_by_default_on_the_same_host(cluster):
