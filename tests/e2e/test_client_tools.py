@@ -15,7 +15,8 @@ def test_bench_with_compression_reports_ratio_and_codec_time(cluster):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert {(r["op"], r["size"]) for r in report["results"]} == {
-        (op, size) for op in ("put", "get", "get_into", "batch_put", "batch_get_into")
+        (op, size) for op in ("put", "get", "get_into", "batch_put", "batch_get_into", "batch_get_into_offsets",
+                              "batch_get_into_parts")
         for size in (65536, 1 << 20)}
     assert all(r["MBps"] > 0 for r in report["results"])
     costs = report["compression"]["sizes"]
