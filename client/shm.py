@@ -23,7 +23,6 @@ from typing import Sequence
 from kvpool import transports, wire
 from kvpool.checksum import Digest
 from kvpool.errors import ForbiddenError, NoSpaceError, ProtocolError, UnavailableError, ValueTooLargeError
-from kvpool.prefault import prefault_in_background
 
 from .tcp import Location, TcpTransport
 from .transport import DataPath, ReadItem, WriteItem
@@ -56,8 +55,8 @@ class _Mapping:
         finally:
             os.close(fd)
         self.path, self.size = path, size
-        # Pages fault in once per process: map them all meanwhile, off this thread.
-        self.prefaulting = prefault_in_background(self.mmap, path)
+        # Not prefaulted (unlike the node's own mapping): page tables for a whole large segment in
+        # every client would cost memory and start-up time; a page faults in once, on first use.
         self.view = memoryview(self.mmap)
         self.connection = None
 
@@ -67,7 +66,6 @@ class _Mapping:
         return self.view[location.offset:location.offset + size]
 
     def close(self) -> None:
-        self.prefaulting.join()
         try:
             self.view.release()
             self.mmap.close()

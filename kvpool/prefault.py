@@ -3,14 +3,12 @@
 A first touch of each 4 KiB page of a /dev/shm mapping costs a fault (about
 2 ms per 4 MiB on the VMs measured, several times the copy itself), once per
 process. madvise(MADV_POPULATE_WRITE) (Linux 5.14+) maps them all in one call;
-it is made through ctypes, which releases the GIL, so a client can run it in a
-background thread. On older kernels it fails and pages fault in as before.
+on older kernels it fails and pages fault in as before.
 """
 
 import ctypes
 import logging
 import mmap
-import threading
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +28,3 @@ def prefault(mapping: mmap.mmap) -> bool:
         return True
     finally:
         del window
-
-
-def prefault_in_background(mapping: mmap.mmap, name: str) -> threading.Thread:
-    thread = threading.Thread(target=prefault, args=(mapping,), name=f"kvpool-prefault {name}", daemon=True)
-    thread.start()
-    return thread
