@@ -157,7 +157,7 @@ class _Connection:
             task.add_done_callback(self._posting.discard)
 
     async def post(self, op: int, keys: Sequence[tuple]) -> None:
-        """Send one request the node never answers (wire.UNANSWERED) per (key, generation)."""
+        """Send one request the node never answers (RELEASE) per (key, generation)."""
         frames = []
         for key, generation in keys:
             req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF

@@ -74,9 +74,6 @@ MAX_TOKEN = 1024  # longest cluster token an ATTACH may carry
 
 LOCATE_LEASE = 2.0  # seconds; a client copying for longer reads over the socket instead
 
-# Requests the node never answers: the client does not wait for them, and a reply
-# would only cost both sides a wake-up.
-UNANSWERED = frozenset({Op.RELEASE})
 
 
 class ReplyFlag(IntFlag):
