@@ -66,3 +66,37 @@ def test_block_parts_are_views_not_copies():
         block_parts(layers, BLOCKS)
     blocks_first = [layer.transpose(0, 1).contiguous() for layer in layers]  # (num_blocks, 2, ...)
     assert all(torch.equal(a, b) for a, b in zip(block_parts(blocks_first, 9, kv_first=False), parts))
+
+
+def test_a_router_sees_blocks_stored_and_removed(cluster):
+    import asyncio
+
+    from kvpool.connectors import REMOVED, STORED, block_events
+
+    namespace = BlockNamespace("router-test", "bfloat16", "vllm-nhd", BLOCK_SIZE)
+    hashes = block_hashes(list(range(3 * BLOCK_SIZE)), BLOCK_SIZE)
+    noise = BlockNamespace("router-other", "bfloat16", "vllm-nhd", BLOCK_SIZE)
+    with Client(cluster.master_address) as client:
+        store = KVBlockStore(client, namespace)
+        store.save(hashes[:1], [0], caches(seed=4))  # there before the router subscribes
+
+        async def follow():
+            seen = []
+            stream = block_events(cluster.etcd_endpoint, namespace)
+            async with asyncio.timeout(30):
+                async for event in stream:
+                    seen.append(event)
+                    if len(seen) == 1:  # the snapshot: now change things
+                        await asyncio.to_thread(store.save, hashes, [0, 1, 2], caches(seed=4))
+                        await asyncio.to_thread(KVBlockStore(client, noise).save, hashes, [0, 1, 2],
+                                                caches(seed=4))
+                        await asyncio.to_thread(client.remove, namespace.key(hashes[0]))
+                    if len(seen) == 4:
+                        await stream.aclose()
+                        return seen
+
+        seen = asyncio.run(follow())
+        client.remove_prefix("kv/router-")
+    assert seen[0] == (STORED, hashes[0])
+    assert sorted(seen[1:3]) == sorted([(STORED, hashes[1]), (STORED, hashes[2])])
+    assert seen[3] == (REMOVED, hashes[0])  # and nothing of the other namespace
