@@ -29,7 +29,7 @@ from kvpool.errors import ForbiddenError, NoSpaceError, ProtocolError, Unavailab
 
 from .tcp import Location, TcpTransport
 from .transport import DataPath, ReadItem, WriteItem
-from .values import Parts
+from .values import Parts, pieces
 
 COPY_CHUNK = 512 * 1024  # copy and hash in pieces that are still in cache when hashed
 PARALLEL_HASH_MIN = 1024 * 1024  # below this a hand-off to the hash thread costs more than it saves
@@ -82,7 +82,7 @@ def copy_out(source: memoryview, dest) -> int:
     the checksum of what landed."""
     digest = Digest()
     position = 0
-    for view in dest.views if isinstance(dest, Parts) else (dest,):
+    for view in pieces(dest):
         size = len(view)
         for start in range(0, size, COPY_CHUNK):
             end = min(start + COPY_CHUNK, size)
@@ -114,7 +114,7 @@ class _Copier:
         hashing = self._hasher.submit(checksum, source)
         try:
             position = 0
-            for view in dest.views if isinstance(dest, Parts) else (dest,):
+            for view in pieces(dest):
                 # numpy copies without the GIL, so the hash thread runs meanwhile.
                 numpy.copyto(numpy.frombuffer(view, numpy.uint8),
                              numpy.frombuffer(source[position:position + len(view)], numpy.uint8))
@@ -146,7 +146,7 @@ class ShmPath(DataPath):
         self.token = token.encode()
         self._mappings: dict[str, _Mapping] = {}
         self.copier = _Copier()
-        self.by_socket = 0  # value bytes this path sent over the TCP connection instead (small, SSD, no room)
+        self.by_socket = 0  # value bytes this path sent over the TCP connection instead (SSD, no room in DRAM)
         self._attaching: dict[str, asyncio.Lock] = {}
 
     async def attach(self, address: str, hello: dict) -> None:

@@ -25,7 +25,7 @@ from kvpool.cluster_layout import parse_hostport
 from kvpool.errors import Code, InvalidArgumentError, KvpoolError, ProtocolError, UnavailableError, error_for
 
 from .transport import NO_OPTIONS, ReadItem, Transport, WriteItem, WriteOptions
-from .values import Parts
+from .values import pieces
 
 DEFAULT_CONNECT_TIMEOUT = 3.0
 _IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
@@ -73,8 +73,7 @@ class _Batch:
 
 
 class _Request:
-    """A request on the wire waiting for its reply: settles a future, one slot of a batch,
-    or nothing (a request posted without waiting, e.g. RELEASE)."""
+    """A request on the wire waiting for its reply: settles a future, or one slot of a batch."""
 
     __slots__ = ("req_id", "op", "buf", "future", "batch", "index", "held")
 
@@ -89,14 +88,12 @@ class _Request:
 
     def abandoned(self) -> bool:
         """Nobody waits any more (cancelled): a READ must then not touch the caller's buffer."""
-        if self.batch is not None:
-            return self.batch.future.done()
-        return self.future is None or self.future.done()
+        return (self.future if self.batch is None else self.batch.future).done()
 
     def settle(self, result) -> None:
         if self.batch is not None:
             self.batch.settle(self.index, result)
-        elif self.future is not None and not self.future.done():
+        elif not self.future.done():
             if isinstance(result, BaseException):
                 self.future.set_exception(result)
             else:
@@ -135,7 +132,7 @@ class _Connection:
         else:
             parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum)]
         if payload is not None:  # WRITE: the value (header and payload leave in one sendmsg); COPY, ATTACH
-            parts.extend(payload.views if isinstance(payload, Parts) else (payload,))
+            parts.extend(pieces(payload))
         await self._submit((request,), parts)
         return await future
 
@@ -143,9 +140,7 @@ class _Connection:
         """Like post, but the frames go with this connection's next request, or after `delay`
         seconds if the event loop runs that long without one (RELEASE of a LOCATE: the lease
         covers the wait)."""
-        for key, generation in keys:
-            req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-            self._deferred.append(wire.pack_request(op, req_id, key, generation))
+        self._deferred.extend(self._unanswered(op, keys))
         if self._deferred and self._deferred_flush is None:
             self._deferred_flush = self.loop.call_later(delay, self._flush_deferred)
 
@@ -158,12 +153,16 @@ class _Connection:
 
     async def post(self, op: int, keys: Sequence[tuple]) -> None:
         """Send one request the node never answers (RELEASE) per (key, generation)."""
+        frames = self._unanswered(op, keys)
+        if frames:
+            await self._submit((), [b"".join(frames)])
+
+    def _unanswered(self, op: int, keys: Sequence[tuple]) -> list[bytes]:
         frames = []
         for key, generation in keys:
             req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
             frames.append(wire.pack_request(op, req_id, key, generation))
-        if frames:
-            await self._submit((), [b"".join(frames)])
+        return frames
 
     async def batch(self, op: int, items: Sequence) -> list:
         """Pipeline one request per item (WriteItem or ReadItem); per-item results."""
@@ -189,7 +188,7 @@ class _Connection:
                 parts.append(pack(op, req_id, key, generation, term, size, checksum, options.flags)
                              + options.pack(size))
                 if op == _WRITE:
-                    parts.extend(data.views if isinstance(data, Parts) else (data,))
+                    parts.extend(pieces(data))
             else:
                 parts.append(pack(op, req_id, key, generation, 0, size, checksum))
         if op != _WRITE:
@@ -263,9 +262,7 @@ class _Connection:
                         result = Location(length, stored_checksum)
                         if request.abandoned() and request.held:
                             # Nobody will copy or fill it: give the node its extent back.
-                            releasing = self.loop.create_task(self.post(_RELEASE, (request.held,)))
-                            self._posting.add(releasing)
-                            releasing.add_done_callback(self._posting.discard)
+                            self.defer(_RELEASE, (request.held,), 0)
                     elif op in _PAYLOAD_REPLY:
                         result = await self._receive_payload(request, length)
                     elif op == _PING:
@@ -318,7 +315,7 @@ class _Connection:
         digest = Digest()
         recv_into, sock = self.loop.sock_recv_into, self.sock
         left = length
-        for view in buf.views if isinstance(buf, Parts) else (buf,):
+        for view in pieces(buf):
             got, size = 0, len(view)
             while got < size:
                 if request.abandoned():

@@ -56,6 +56,11 @@ class Parts:
             position += len(view)
 
 
+def pieces(value) -> list | tuple:
+    """The flat views a value or destination consists of, in order: its parts, or itself."""
+    return value.views if isinstance(value, Parts) else (value,)
+
+
 def value_parts(buffers, what: str, writable: bool) -> Parts:
     """A Parts over `buffers` (each anything readable_view / writable_view takes)."""
     if isinstance(buffers, (bytes, bytearray, memoryview)) or not hasattr(buffers, "__iter__"):
