@@ -49,6 +49,15 @@ def table(clock):
     return t
 
 
+def one_copy_and_two(table):
+    """A second node, "both" on the two nodes and "only" on one: (both, only, only's node, the other node)."""
+    table.upsert_node(record("n2", port=7001))
+    both = put(table, "both", replicas=2)
+    only = put(table, "only")
+    only_node = only.replicas[0].node_id
+    return both, only, only_node, "n2" if only_node == "n1" else "n1"
+
+
 def put(table, key, size=100, **kw):
     v = table.put_start(key, size, 1, **kw)
     return table.put_end(key, v.generation)
@@ -268,11 +277,7 @@ def test_replicas_go_to_distinct_nodes_most_free_first(table):
 # ----- evictions reported by nodes -----
 
 def test_evicted_list_drops_replicas_and_objects_left_without_one(table):
-    table.upsert_node(record("n2", port=7001))
-    both = put(table, "both", replicas=2)
-    only = put(table, "only")
-    only_node = only.replicas[0].node_id
-    other = "n2" if only_node == "n1" else "n1"
+    both, only, only_node, other = one_copy_and_two(table)
     evicted = [("only", only.generation), ("both", both.generation), ("both", both.generation + 999),
                ("unknown", 5), ("garbage",)]
     removed = table.apply_report(only_node, "i1", report(evicted=evicted), table.report_mark())
@@ -411,11 +416,7 @@ def test_inventory_of_a_superseded_instance_is_ignored(table):
 # ----- node loss -----
 
 def test_drop_node_removes_objects_whose_only_replica_was_there(table):
-    table.upsert_node(record("n2", port=7001))
-    both = put(table, "both", replicas=2)
-    only = put(table, "only")
-    only_node = only.replicas[0].node_id
-    other = "n2" if only_node == "n1" else "n1"
+    both, only, only_node, other = one_copy_and_two(table)
     pending = table.put_start("pending", 100, 0, replicas=2)
 
     dropped = table.drop_node(only_node)
