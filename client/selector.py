@@ -76,14 +76,15 @@ class TransportSelector(Transport):
         hello = None
         if any(name in self._fast for name in wanted):
             hello = await self.tcp.hello(address)
+        offered = hello.get("transports") if isinstance(hello, dict) else None
         route = []
         for name in wanted:
             if name == transports.TCP:
                 route.append((name, self.tcp))
                 continue
             path = self._fast.get(name)
-            if path is None:
-                continue
+            if path is None or (isinstance(offered, dict) and name not in offered):
+                continue  # not offered by this node: nothing failed, nothing to report
             try:
                 await path.attach(address, hello)
             except KvpoolError as exc:

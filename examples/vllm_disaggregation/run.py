@@ -1,0 +1,171 @@
+"""Prefill/decode disaggregation and prefix reuse with real vLLM engines and kvpool, on a CPU.
+
+    python3 examples/vllm_disaggregation/run.py [--master HOST:PORT] [--json-only]
+
+Builds vLLM's CPU venv on first use (examples/engine_venvs.py), makes a small random-weight Llama model, starts a
+local kvpool cluster (unless --master names one), then runs three vLLM engines one after another, each in its
+own process:
+  baseline  no kvpool: every prompt computed; its tokens are the reference
+  prefill   kv_producer: computes prompts A and C and saves their KV blocks to kvpool, then exits
+  decode    kv_consumer, started after prefill is gone: prompt B (the system prompt of A with another question:
+            prefix reuse), then A and C (a whole prefill handed over): loads the stored blocks instead of
+            computing them, and generates greedily
+and prints one JSON line: tokens identical to the baseline, prompt tokens loaded vs computed (vLLM's own counts),
+the time to first token with and without the loaded KV, and the bytes kvpool moved per request.
+Exits 1 if any token differs or nothing was loaded.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BLOCK = 128             # the vLLM CPU engine's block size, in tokens
+SYSTEM_PROMPT = 4 * BLOCK
+NEW_TOKENS = 16
+
+
+def prompts() -> dict[str, list[int]]:
+    """Token ids from a fixed generator: A and B share a 512-token system prompt, C shares nothing; W warms an
+    engine up (and, once stored, the decode engine's connections to kvpool) before anything is timed."""
+    import random
+    rng = random.Random(7)
+    system = [rng.randrange(1, 1000) for _ in range(SYSTEM_PROMPT)]
+    return {"A": system + [rng.randrange(1, 1000) for _ in range(100)],
+            "B": system + [rng.randrange(1, 1000) for _ in range(80)],
+            "C": [rng.randrange(1, 1000) for _ in range(3 * BLOCK + 20)],
+            "W": [rng.randrange(1, 1000) for _ in range(BLOCK + 10)]}
+
+
+ROLES = {  # role -> (kv_role, prompts in the order the engine serves them)
+    "baseline": (None, ["A", "B", "C"]),
+    "prefill": ("kv_producer", ["A", "C"]),
+    "decode": ("kv_consumer", ["B", "A", "C"]),
+}
+
+
+def make_model(directory: Path) -> None:
+    """A small Llama (8 layers, 22 M parameters) with random weights, saved where vLLM loads it from (nothing
+    is downloaded). Big enough that a prefill costs what it saves: with a much smaller model, computing the
+    prompt is as cheap as fetching its KV."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.1, eos_token_id=None)  # a wide init, or the model repeats one token
+    LlamaForCausalLM(config).save_pretrained(directory)
+
+
+def run_engine(role: str, model: str, master: str | None) -> dict:
+    """One vLLM engine serving its role's prompts one at a time; returns what each request did."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    kv_role, order = ROLES[role]
+    transfer = None
+    if kv_role:
+        transfer = KVTransferConfig(kv_connector="KVPoolConnector", kv_connector_module_path="kvpool.connectors.vllm",
+                                    kv_role=kv_role, kv_load_failure_policy="recompute",
+                                    kv_connector_extra_config={"master": master, "model_id": "tiny-llama-example"})
+    # No local prefix cache, so every reuse in this demo goes through kvpool.
+    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=1024, enforce_eager=True,
+              enable_prefix_caching=False, disable_log_stats=False, kv_transfer_config=transfer, seed=0)
+    greedy = SamplingParams(temperature=0, ignore_eos=True, detokenize=False, max_tokens=NEW_TOKENS)
+    table = prompts()
+    llm.generate([TokensPrompt(prompt_token_ids=table["W"])], greedy, use_tqdm=False)
+    served = {}
+    for name in order:
+        [out] = llm.generate([TokensPrompt(prompt_token_ids=table[name])], greedy, use_tqdm=False)
+        served[name] = {"tokens": list(out.outputs[0].token_ids), "prompt_tokens": len(table[name]),
+                        "cached_tokens": out.num_cached_tokens or 0,
+                        "ttft_s": out.metrics.first_token_latency if out.metrics else None,
+                        "kvpool": (out.kv_transfer_params or {}).get("kvpool", {})}
+    metrics = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:external_prefix_cache")}
+    return {"role": role, "requests": served, "metrics": metrics}
+
+
+def engine_process(role: str, model: Path, master: str | None, python: str, quiet: bool) -> dict:
+    """Run one engine in a new process (vLLM logs to stdout, so its result comes back in a file)."""
+    result = model.parent / f"{role}.json"
+    subprocess.run([python, __file__, "--engine", role, "--model", str(model), "--out", str(result)]
+                   + (["--master", master] if master else []),
+                   stdout=subprocess.DEVNULL if quiet else sys.stderr, check=True)
+    return json.loads(result.read_text())
+
+
+def start_cluster(python: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    """A local kvpool cluster (`kvpool up`): etcd, a master and two storage nodes; returns it and the master."""
+    cluster = subprocess.Popen([python, "-m", "kvpool.cli", "up", "--nodes", "2", "--dram-per-node", "256MiB",
+                                "--data-dir", str(workdir / "kvpool")], stdout=subprocess.PIPE, text=True)
+    line = cluster.stdout.readline()
+    if not line.startswith("kvpool ready"):
+        cluster.kill()
+        raise SystemExit(f"kvpool up did not start: {line!r}")
+    return cluster, dict(word.split("=", 1) for word in line.split()[2:])["master"]
+
+
+def summarize(runs: dict) -> dict:
+    base, decode = runs["baseline"]["requests"], runs["decode"]["requests"]
+    identical = {name: base[name]["tokens"] == decode[name]["tokens"] for name in decode}
+    loaded = sum(r["cached_tokens"] for r in decode.values())
+    prompt = sum(r["prompt_tokens"] for r in decode.values())
+    ttft_base = sum(base[name]["ttft_s"] for name in decode)
+    ttft_loaded = sum(r["ttft_s"] for r in decode.values())
+    return {
+        "tokens_identical": all(identical.values()), "requests_compared": len(identical), "identical": identical,
+        "prompt_tokens": prompt, "prompt_tokens_loaded": loaded, "prompt_tokens_computed": prompt - loaded,
+        "prefix_reuse_B": {"prompt_tokens": decode["B"]["prompt_tokens"], "loaded": decode["B"]["cached_tokens"]},
+        "vllm_external_prefix_cache": runs["decode"]["metrics"],
+        "ttft_ms_computed": {n: round(base[n]["ttft_s"] * 1e3, 2) for n in decode},
+        "ttft_ms_loaded": {n: round(r["ttft_s"] * 1e3, 2) for n, r in decode.items()},
+        "ttft_ratio_loaded_vs_computed": round(ttft_loaded / ttft_base, 3),
+        "bytes_saved_per_request": {n: r["kvpool"].get("bytes_saved", 0)
+                                    for n, r in runs["prefill"]["requests"].items()},
+        "bytes_loaded_per_request": {n: r["kvpool"].get("bytes_loaded", 0) for n, r in decode.items()},
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--master", help="an existing kvpool master HOST:PORT (default: start a local cluster)")
+    parser.add_argument("--json-only", action="store_true", help="print only the summary line")
+    parser.add_argument("--engine", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.engine:
+        Path(args.out).write_text(json.dumps(run_engine(args.engine, args.model, args.master)))
+        return 0
+
+    sys.path.insert(0, str(HERE.parent))
+    from engine_venvs import ensure
+    python = str(ensure("vllm"))
+    with tempfile.TemporaryDirectory(prefix="kvpool-vllm-") as tmp:
+        workdir = Path(tmp)
+        subprocess.run([python, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); import run; "
+                        f"run.make_model(__import__('pathlib').Path({str(workdir / 'model')!r}))"], check=True)
+        cluster, master = (None, args.master) if args.master else start_cluster(python, workdir)
+        try:
+            runs = {}
+            for role in ("baseline", "prefill", "decode"):
+                if not args.json_only:
+                    print(f"-- {role} engine", file=sys.stderr, flush=True)
+                runs[role] = engine_process(role, workdir / "model", master, python, args.json_only)
+        finally:
+            if cluster:
+                cluster.terminate()
+                cluster.wait(timeout=30)
+    summary = summarize(runs)
+    print(json.dumps(summary), flush=True)
+    return 0 if summary["tokens_identical"] and summary["prompt_tokens_loaded"] > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The engine connectors, run against the engines themselves.
+
+Each engine lives in its own venv (examples/engine_venvs.py builds it on first use, a few minutes each, then
+reuses it), so these tests drive it from outside: the LMCache and SGLang tests run the in_<engine>.py files with
+the engine venv's pytest (they use this suite's fixtures, real clusters included), and the vLLM test runs the
+prefill/decode example end to end against a cluster of this module.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "examples"))
+
+from engine_venvs import ensure  # noqa: E402
+
+BUILD_AND_RUN = 1800  # seconds: building an engine venv from nothing is most of it
+
+
+def run_inside(engine: str, test_file: str):
+    python = ensure(engine)
+    run = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert run.returncode == 0, run.stdout[-6000:]
+    assert " passed" in run.stdout.splitlines()[-1] and "skipped" not in run.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_AND_RUN)
+def test_lmcache_remote_backend_through_lmcache_own_backends():
+    run_inside("lmcache", "tests/engines/in_lmcache.py")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_AND_RUN)
+def test_sglang_hicache_storage_through_sglang_own_pools():
+    run_inside("sglang", "tests/engines/in_sglang.py")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_AND_RUN)
+def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
+    """Three vLLM processes (baseline, prefill, decode): decode loads what prefill stored, including the
+    system prompt another request computed, and its greedy tokens equal the baseline's."""
+    ensure("vllm")
+    run = subprocess.run([sys.executable, "examples/vllm_disaggregation/run.py", "--master",
+                          cluster.master_address, "--json-only"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["tokens_identical"] and summary["requests_compared"] == 3
+    block = 128
+    # Every full block before each prompt's last token came from kvpool: 4 + 4 + 3 blocks.
+    assert summary["prompt_tokens_loaded"] == 11 * block
+    assert summary["prefix_reuse_B"] == {"prompt_tokens": 592, "loaded": 4 * block}
+    assert summary["vllm_external_prefix_cache"]["vllm:external_prefix_cache_hits"] >= 11 * block
+    loaded = summary["bytes_loaded_per_request"]
+    per_block = loaded["C"] // 3
+    assert per_block > 0 and loaded == {"B": 4 * per_block, "A": 4 * per_block, "C": 3 * per_block}
+    assert summary["bytes_saved_per_request"] == {"A": 4 * per_block, "C": 3 * per_block}
