@@ -35,6 +35,8 @@ from kvpool.errors import (
     BatchError, InvalidArgumentError, KeyExistsError, KeyNotFoundError, KvpoolError, UnavailableError,
 )
 
+from .client_settings import client_settings
+
 logger = init_logger(__name__)
 
 DEFAULT_KEY_PREFIX = "lmcache/"
@@ -51,16 +53,6 @@ def plugin_options(config) -> dict:
                                    f"found {len(names)}: {names}")
     prefix = f"remote_storage_plugin.{names[0]}."
     return {key[len(prefix):]: value for key, value in extra.items() if key.startswith(prefix)}
-
-
-def client_from(options: dict) -> AsyncClient:
-    master, etcd = options.get("master"), options.get("etcd")
-    if (master is None) == (etcd is None):
-        raise InvalidArgumentError('the kvpool plug-in needs "master": "HOST:PORT" or "etcd": "HOST:PORT" '
-                                   "(one of them) under remote_storage_plugin.<name>.")
-    settings = {name: str(options[name]) for name in ("cluster", "transports", "token") if options.get(name)}
-    return AsyncClient(None if master is None else str(master), etcd=None if etcd is None else str(etcd),
-                       **settings)
 
 
 def chunk_bytes(memory_obj: MemoryObj) -> memoryview:
@@ -80,7 +72,7 @@ class KvpoolConnector(RemoteConnector):
             raise InvalidArgumentError(f"hold_seconds must be a number, got {options['hold_seconds']!r}") from None
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
-        self.client = client_from(options)
+        self.client = AsyncClient(**client_settings(options, "under remote_storage_plugin.<name>."))
         self.closed = False
         self._warned: set[str] = set()
 

@@ -41,6 +41,7 @@ from kvpool.errors import BatchError, InvalidArgumentError, InvalidKeyError, Key
 from kvpool.keys import validate_key
 
 from .block_keys import BlockNamespace
+from .client_settings import client_settings
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +49,6 @@ DEFAULT_HOLD_SECONDS = 30.0
 # Host pool layouts whose pages SGLang's own page-buffer metadata describes as views of one kv_buffer.
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
-
-
-def client_from(extra: dict) -> Client:
-    master, etcd = extra.get("master"), extra.get("etcd")
-    if (master is None) == (etcd is None):
-        raise InvalidArgumentError('the kvpool HiCache backend needs "master": "HOST:PORT" or "etcd": "HOST:PORT" '
-                                   "(one of them) in --hicache-storage-backend-extra-config")
-    options = {name: str(extra[name]) for name in ("cluster", "transports", "token") if extra.get(name)}
-    return Client(None if master is None else str(master), etcd=None if etcd is None else str(etcd), **options)
 
 
 def namespaces_for(config: HiCacheStorageConfig, host_pool, split_factor: int) -> list[BlockNamespace]:
@@ -99,7 +91,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._object_sizes: list[int] = []
         self._page_bytes = 0
         self._logged: set = set()
-        self.client = client_from(extra)
+        self.client = Client(**client_settings(extra, "in --hicache-storage-backend-extra-config"))
 
     # -- the host memory pool
 
@@ -284,22 +276,20 @@ class KvpoolHiCacheStorage(HiCacheStorage):
     # -- HiCacheStorage: zero-copy interface (extra config "interface_v1": 1)
 
     def batch_get_v1(self, keys, host_indices, extra_info=None) -> list[bool]:
-        self._require_pool()
-        keys = list(keys)
-        if not keys:
-            return []
-        names = [name for key in keys for name in self._page_keys(key)]
-        parts = [p for page in self._pool_parts(host_indices, len(keys)) for p in page]
-        return self._get(names, parts, len(keys))
+        return self._pages_in_pool(self._get, keys, host_indices)
 
     def batch_set_v1(self, keys, host_indices, extra_info=None) -> list[bool]:
+        return self._pages_in_pool(self._put, keys, host_indices)
+
+    def _pages_in_pool(self, move, keys, host_indices) -> list[bool]:
+        """Move pages between kvpool and the host pool's slots at host_indices, one flag per page."""
         self._require_pool()
         keys = list(keys)
         if not keys:
             return []
         names = [name for key in keys for name in self._page_keys(key)]
         parts = [p for page in self._pool_parts(host_indices, len(keys)) for p in page]
-        return self._put(names, parts, len(keys))
+        return move(names, parts, len(keys))
 
     # -- HiCacheStorage: flat pages
 

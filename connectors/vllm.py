@@ -35,6 +35,7 @@ from kvpool.errors import KvpoolError
 
 from .block_keys import BlockNamespace, block_hashes
 from .block_store import KVBlockStore
+from .client_settings import client_settings
 from .paged_layout import block_parts
 
 log = logging.getLogger(__name__)
@@ -81,16 +82,6 @@ class _PromptState:
     moved: KVPoolWorkerMetadata = field(default_factory=KVPoolWorkerMetadata)  # reported back by the workers
 
 
-def client_from(extra: dict) -> Client:
-    """A kvpool Client from the connector's extra config."""
-    options = {name: extra[name] for name in ("transports", "token") if name in extra}
-    if "master" in extra:
-        return Client(extra["master"], **options)
-    if "etcd" in extra:
-        return Client(etcd=extra["etcd"], cluster=extra.get("cluster", "default"), **options)
-    raise ValueError('kv_connector_extra_config needs "master": "HOST:PORT" or "etcd": "HOST:PORT"')
-
-
 def namespace_for(vllm_config, kv_cache_config, rank: int) -> BlockNamespace:
     """Everything that shapes a block's bytes, so that only an engine with the same model, dtype, cache layout,
     block size and sharding ever loads a block another one saved."""
@@ -130,7 +121,7 @@ class KVPoolConnector(KVConnectorBase_V1):
         self._loads = transfer.is_kv_consumer
         self._hold = float(extra.get("hold_seconds", 30))
         self._block_size = vllm_config.cache_config.block_size
-        self._client = client_from(extra)
+        self._client = Client(**client_settings(extra, "in kv_connector_extra_config"))
         parallel = vllm_config.parallel_config
         self._world = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
         if role == KVConnectorRole.SCHEDULER:

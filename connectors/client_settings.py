@@ -1,0 +1,15 @@
+"""Where the kvpool cluster is, read from an engine's connector options (every engine's config carries the same
+keys: "master" or "etcd" (+ "cluster"), "transports", "token")."""
+
+from kvpool.errors import InvalidArgumentError
+
+
+def client_settings(options: dict, where: str) -> dict:
+    """Keyword arguments for kvpool.Client / AsyncClient; `where` names the engine setting, for the error."""
+    master, etcd = options.get("master"), options.get("etcd")
+    if (master is None) == (etcd is None):
+        raise InvalidArgumentError(f'kvpool needs "master": "HOST:PORT" or "etcd": "HOST:PORT" (one of them) {where}')
+    settings = {name: str(options[name]) for name in ("cluster", "transports", "token") if options.get(name)}
+    if master is not None:
+        return {"address": str(master), **settings}
+    return {"etcd": str(etcd), **settings}
