@@ -125,6 +125,7 @@ def summarize(runs: dict) -> dict:
         "vllm_external_prefix_cache": runs["decode"]["metrics"],
         "ttft_ms_computed": {n: round(base[n]["ttft_s"] * 1e3, 2) for n in decode},
         "ttft_ms_loaded": {n: round(r["ttft_s"] * 1e3, 2) for n, r in decode.items()},
+        "ttft_ms_prefill_saving": {n: round(r["ttft_s"] * 1e3, 2) for n, r in runs["prefill"]["requests"].items()},
         "ttft_ratio_loaded_vs_computed": round(ttft_loaded / ttft_base, 3),
         "bytes_saved_per_request": {n: r["kvpool"].get("bytes_saved", 0)
                                     for n, r in runs["prefill"]["requests"].items()},
