@@ -57,7 +57,8 @@ class KVPoolConnectorMetadata(KVConnectorMetadata):
 
 @dataclass
 class KVPoolWorkerMetadata(KVConnectorWorkerMetadata):
-    """What the workers moved this step, per request: blocks_loaded, bytes_loaded, blocks_saved, bytes_saved."""
+    """What the workers moved this step, per request: blocks_loaded, bytes_loaded, blocks_failed (found but not
+    loadable: recomputed), blocks_saved, bytes_saved."""
     moved: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def add(self, request_id: str, counts: dict[str, int]):
@@ -210,7 +211,8 @@ class KVPoolConnector(KVConnectorBase_V1):
         state = self._requests.pop(request.request_id, None)
         if state is None:
             return False, None
-        return False, {"kvpool": state.moved.moved.get(request.request_id, {})}
+        moved = state.moved.moved.get(request.request_id, {})
+        return False, {"kvpool": {"namespace": self._stores[0].namespace.prefix(), **moved}}
 
     def _state(self, request) -> _PromptState | None:
         """The request's tracked state, made on first sight; None for requests whose tokens do not name their
@@ -254,7 +256,8 @@ class KVPoolConnector(KVConnectorBase_V1):
                             load.request_id, exc)
                 loaded = 0
             self._load_errors.update(load.block_ids[loaded:])
-            self._moved.add(load.request_id, {"blocks_loaded": loaded, "bytes_loaded": loaded * self._block_bytes})
+            self._moved.add(load.request_id, {"blocks_loaded": loaded, "bytes_loaded": loaded * self._block_bytes,
+                                              "blocks_failed": len(load.hashes) - loaded})
             log.info("kvpool: loaded %d of %d blocks (%d tokens) for request %s", loaded, len(load.hashes),
                      loaded * self._block_size, load.request_id)
 

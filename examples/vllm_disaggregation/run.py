@@ -9,7 +9,8 @@ own process:
   prefill   kv_producer: computes prompts A and C and saves their KV blocks to kvpool, then exits
   decode    kv_consumer, started after prefill is gone: prompt B (the system prompt of A with another question:
             prefix reuse), then A and C (a whole prefill handed over): loads the stored blocks instead of
-            computing them, and generates greedily
+            computing them, and generates greedily; then D, whose blocks were replaced by junk just before:
+            found, not loadable, so computed
 and prints one JSON line: tokens identical to the baseline, prompt tokens loaded vs computed (vLLM's own counts),
 the time to first token with and without the loaded KV, and the bytes kvpool moved per request.
 Exits 1 if any token differs or nothing was loaded.
@@ -38,14 +39,36 @@ def prompts() -> dict[str, list[int]]:
     return {"A": system + [rng.randrange(1, 1000) for _ in range(100)],
             "B": system + [rng.randrange(1, 1000) for _ in range(80)],
             "C": [rng.randrange(1, 1000) for _ in range(3 * BLOCK + 20)],
+            "D": [rng.randrange(1, 1000) for _ in range(2 * BLOCK + 30)],
             "W": [rng.randrange(1, 1000) for _ in range(BLOCK + 10)]}
 
 
 ROLES = {  # role -> (kv_role, prompts in the order the engine serves them)
-    "baseline": (None, ["A", "B", "C"]),
+    "baseline": (None, ["A", "B", "C", "D"]),
     "prefill": ("kv_producer", ["A", "C"]),
-    "decode": ("kv_consumer", ["B", "A", "C"]),
+    "decode": ("kv_consumer", ["B", "A", "C", "D"]),  # D's blocks are damaged first (damage_blocks)
 }
+
+
+def damaged_blocks(master: str, namespace: str, tokens: list[int]):
+    """While in use, something that is not a KV block sits under the keys of the prompt's full blocks: a lookup
+    finds them, the load cannot use them, and the engine must compute the prompt instead."""
+    from contextlib import contextmanager
+
+    from kvpool import Client
+    from kvpool.connectors import block_hashes
+
+    @contextmanager
+    def planted():
+        keys = [namespace + block_hash for block_hash in block_hashes(tokens, BLOCK)]
+        with Client(master) as client:
+            client.batch_put(keys, [b"not a KV block"] * len(keys), overwrite=True)
+            try:
+                yield
+            finally:
+                for key in keys:
+                    client.remove(key)
+    return planted()
 
 
 def make_model(directory: Path) -> None:
@@ -79,10 +102,14 @@ def run_engine(role: str, model: str, master: str | None) -> dict:
               enable_prefix_caching=False, disable_log_stats=False, kv_transfer_config=transfer, seed=0)
     greedy = SamplingParams(temperature=0, ignore_eos=True, detokenize=False, max_tokens=NEW_TOKENS)
     table = prompts()
-    llm.generate([TokensPrompt(prompt_token_ids=table["W"])], greedy, use_tqdm=False)
+    [warm] = llm.generate([TokensPrompt(prompt_token_ids=table["W"])], greedy, use_tqdm=False)
     served = {}
     for name in order:
-        [out] = llm.generate([TokensPrompt(prompt_token_ids=table[name])], greedy, use_tqdm=False)
+        if name == "D" and kv_role:
+            with damaged_blocks(master, warm.kv_transfer_params["kvpool"]["namespace"], table["D"]):
+                [out] = llm.generate([TokensPrompt(prompt_token_ids=table[name])], greedy, use_tqdm=False)
+        else:
+            [out] = llm.generate([TokensPrompt(prompt_token_ids=table[name])], greedy, use_tqdm=False)
         served[name] = {"tokens": list(out.outputs[0].token_ids), "prompt_tokens": len(table[name]),
                         "cached_tokens": out.num_cached_tokens or 0,
                         "ttft_s": out.metrics.first_token_latency if out.metrics else None,
@@ -114,22 +141,26 @@ def start_cluster(python: str, workdir: Path) -> tuple[subprocess.Popen, str]:
 def summarize(runs: dict) -> dict:
     base, decode = runs["baseline"]["requests"], runs["decode"]["requests"]
     identical = {name: base[name]["tokens"] == decode[name]["tokens"] for name in decode}
-    loaded = sum(r["cached_tokens"] for r in decode.values())
-    prompt = sum(r["prompt_tokens"] for r in decode.values())
-    ttft_base = sum(base[name]["ttft_s"] for name in decode)
-    ttft_loaded = sum(r["ttft_s"] for r in decode.values())
+    handed = [name for name in decode if name != "D"]  # D is the damaged one: computed, so not in the sums
+    loaded = sum(decode[n]["cached_tokens"] for n in handed)
+    prompt = sum(decode[n]["prompt_tokens"] for n in handed)
+    ttft_base = sum(base[n]["ttft_s"] for n in handed)
+    ttft_loaded = sum(decode[n]["ttft_s"] for n in handed)
     return {
         "tokens_identical": all(identical.values()), "requests_compared": len(identical), "identical": identical,
         "prompt_tokens": prompt, "prompt_tokens_loaded": loaded, "prompt_tokens_computed": prompt - loaded,
         "prefix_reuse_B": {"prompt_tokens": decode["B"]["prompt_tokens"], "loaded": decode["B"]["cached_tokens"]},
+        "damaged_D": {"prompt_tokens": decode["D"]["prompt_tokens"],
+                      "blocks_failed": decode["D"]["kvpool"].get("blocks_failed", 0),
+                      "bytes_loaded": decode["D"]["kvpool"].get("bytes_loaded", 0)},
         "vllm_external_prefix_cache": runs["decode"]["metrics"],
-        "ttft_ms_computed": {n: round(base[n]["ttft_s"] * 1e3, 2) for n in decode},
-        "ttft_ms_loaded": {n: round(r["ttft_s"] * 1e3, 2) for n, r in decode.items()},
+        "ttft_ms_computed": {n: round(base[n]["ttft_s"] * 1e3, 2) for n in handed},
+        "ttft_ms_loaded": {n: round(decode[n]["ttft_s"] * 1e3, 2) for n in handed},
         "ttft_ms_prefill_saving": {n: round(r["ttft_s"] * 1e3, 2) for n, r in runs["prefill"]["requests"].items()},
         "ttft_ratio_loaded_vs_computed": round(ttft_loaded / ttft_base, 3),
         "bytes_saved_per_request": {n: r["kvpool"].get("bytes_saved", 0)
                                     for n, r in runs["prefill"]["requests"].items()},
-        "bytes_loaded_per_request": {n: r["kvpool"].get("bytes_loaded", 0) for n, r in decode.items()},
+        "bytes_loaded_per_request": {n: decode[n]["kvpool"].get("bytes_loaded", 0) for n in handed},
     }
 
 

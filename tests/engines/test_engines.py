@@ -45,14 +45,17 @@ def test_sglang_hicache_storage_through_sglang_own_pools():
 @pytest.mark.timeout(BUILD_AND_RUN)
 def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
     """Three vLLM processes (baseline, prefill, decode): decode loads what prefill stored, including the
-    system prompt another request computed, and its greedy tokens equal the baseline's."""
+    system prompt another request computed, computes a prompt whose stored blocks are junk, and its greedy
+    tokens equal the baseline's."""
     ensure("vllm")
     run = subprocess.run([sys.executable, "examples/vllm_disaggregation/run.py", "--master",
                           cluster.master_address, "--json-only"], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
-    assert summary["tokens_identical"] and summary["requests_compared"] == 3
+    assert summary["tokens_identical"] and summary["requests_compared"] == 4
+    # D's two blocks were junk when decode looked them up: found, refused at load, reported, computed instead.
+    assert summary["damaged_D"] == {"prompt_tokens": 286, "blocks_failed": 2, "bytes_loaded": 0}
     block = 128
     # Every full block before each prompt's last token came from kvpool: 4 + 4 + 3 blocks.
     assert summary["prompt_tokens_loaded"] == 11 * block
