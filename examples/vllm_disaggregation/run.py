@@ -97,9 +97,11 @@ def run_engine(role: str, model: str, master: str | None) -> dict:
         transfer = KVTransferConfig(kv_connector="KVPoolConnector", kv_connector_module_path="kvpool.connectors.vllm",
                                     kv_role=kv_role, kv_load_failure_policy="recompute",
                                     kv_connector_extra_config={"master": master, "model_id": "tiny-llama-example"})
-    # No local prefix cache, so every reuse in this demo goes through kvpool.
+    # No local prefix cache, so every reuse in this demo goes through kvpool. The prefill engine computes at most
+    # 256 tokens a step, so a long prompt is prefilled in chunks and its blocks are saved as each chunk completes.
+    chunked = {"max_num_batched_tokens": 2 * BLOCK} if role == "prefill" else {}
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=1024, enforce_eager=True,
-              enable_prefix_caching=False, disable_log_stats=False, kv_transfer_config=transfer, seed=0)
+              enable_prefix_caching=False, disable_log_stats=False, kv_transfer_config=transfer, seed=0, **chunked)
     greedy = SamplingParams(temperature=0, ignore_eos=True, detokenize=False, max_tokens=NEW_TOKENS)
     table = prompts()
     [warm] = llm.generate([TokensPrompt(prompt_token_ids=table["W"])], greedy, use_tqdm=False)
