@@ -601,11 +601,13 @@ def _items(response, expected: int, method: str):
 
 
 def _batch_results(keys: list, results: list, convert) -> list:
-    errors = {keys[i]: r for i, r in enumerate(results) if isinstance(r, BaseException)}
+    outcomes = [r if r is None or isinstance(r, BaseException) else convert(r) for r in results]
+    errors = {keys[i]: r for i, r in enumerate(outcomes) if isinstance(r, BaseException)}
     if errors:
         first_key, first = next(iter(errors.items()))
-        raise BatchError(f"{len(errors)} of {len(keys)} reads failed (first: {first_key!r}: {first})", errors)
-    return [None if r is None else convert(r) for r in results]
+        raise BatchError(f"{len(errors)} of {len(keys)} reads failed (first: {first_key!r}: {first})", errors,
+                         outcomes)
+    return outcomes
 
 
 def _slices(whole: memoryview, keys: list, offsets, sizes) -> list:

@@ -1,11 +1,14 @@
 """KV blocks of paged caches in kvpool: save, look up the stored prefix, load."""
 
+import logging
 from typing import Sequence
 
 from kvpool.errors import BatchError, KeyExistsError
 
 from .block_keys import BlockNamespace
 from .paged_layout import block_parts
+
+log = logging.getLogger(__name__)
 
 
 class KVBlockStore:
@@ -45,10 +48,14 @@ class KVBlockStore:
         return len(todo)
 
     def load(self, hashes: Sequence[str], block_ids: Sequence[int], layer_caches: Sequence) -> int:
-        """Scatter the stored blocks into block_ids of the caches, up to the first one missing;
-        returns how many leading blocks were loaded."""
+        """Scatter the stored blocks into block_ids of the caches; returns how many leading blocks were loaded.
+        A block that is missing, or could not be read (logged), ends the prefix: the engine computes it."""
         if len(block_ids) < len(hashes):
             raise ValueError(f"{len(hashes)} blocks but {len(block_ids)} block ids")
         parts = [block_parts(layer_caches, block_ids[i], self.kv_first) for i in range(len(hashes))]
-        sizes = self.client.batch_get_into_parts(self.keys(hashes), parts)
+        try:
+            sizes = self.client.batch_get_into_parts(self.keys(hashes), parts)
+        except BatchError as exc:
+            log.warning("kvpool: %s", exc)
+            sizes = [None if isinstance(size, BaseException) else size for size in exc.results]
         return next((i for i, size in enumerate(sizes) if size is None), len(sizes))

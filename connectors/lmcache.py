@@ -185,6 +185,7 @@ class KvpoolConnector(RemoteConnector):
                 objs[i] = obj
         todo = list(objs)
         headers = [bytearray(self.remote_metadata_bytes) for _ in todo] if self.save_chunk_meta else None
+        whole = set()  # chunks of another size than a full one here (a partial chunk, another layout)
         try:
             if self.save_chunk_meta:
                 sizes = await self.client.batch_get_into_parts(
@@ -192,20 +193,14 @@ class KvpoolConnector(RemoteConnector):
             else:
                 sizes = await self.client.batch_get_into([names[i] for i in todo], [chunk_bytes(objs[i]) for i in todo])
         except BatchError as exc:
-            # Some chunk did not fit (another size: a partial chunk, another layout) or could not be read, and which
-            # of the others arrived is not told: read every one whole instead.
-            for obj in objs.values():
-                obj.ref_count_down()
-            whole = []
-            for i in todo:
-                error = exc.errors.get(names[i])
-                if error is not None and not isinstance(error, InvalidArgumentError):
-                    self._miss(names[i], error)
-                else:
-                    whole.append(i)
-            for i, obj in zip(whole, await asyncio.gather(*(self._get_whole(names[i]) for i in whole))):
-                results[i] = obj
-            return results
+            # The chunks that arrived are kept; one that did not fit is read whole below; others are misses.
+            sizes = []
+            for i, outcome in zip(todo, exc.results):
+                if isinstance(outcome, InvalidArgumentError):
+                    whole.add(i)
+                elif isinstance(outcome, BaseException):
+                    self._miss(names[i], outcome)
+                sizes.append(None if isinstance(outcome, BaseException) else outcome)
         except KvpoolError as exc:
             for obj in objs.values():
                 obj.ref_count_down()
@@ -219,6 +214,8 @@ class KvpoolConnector(RemoteConnector):
             obj = objs[i]
             if size is None:
                 obj.ref_count_down()
+                if i in whole:
+                    results[i] = await self._get_whole(names[i])
             elif self.save_chunk_meta:
                 results[i] = self._checked(obj, headers[k])
                 if results[i] is None:

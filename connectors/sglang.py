@@ -235,29 +235,16 @@ class KvpoolHiCacheStorage(HiCacheStorage):
 
     def _get(self, keys: list, parts: list, pages: int) -> list[bool]:
         """Read every object into its parts; per page, whether all of its objects were read."""
+        try:
+            sizes = self.client.batch_get_into_parts(keys, parts)
+        except BatchError as exc:
+            self._failed("get", exc)
+            sizes = [None if isinstance(size, BaseException) else size for size in exc.results]
+        except KvpoolError as exc:
+            self._failed("get", exc)
+            return [False] * pages
         per = len(self._objects)
-        done = [False] * pages
-        todo = list(range(pages))
-        for _ in range(2):
-            if not todo:
-                break
-            some_keys = [keys[page * per + j] for page in todo for j in range(per)]
-            some_parts = [parts[page * per + j] for page in todo for j in range(per)]
-            try:
-                sizes = self.client.batch_get_into_parts(some_keys, some_parts)
-            except BatchError as exc:
-                self._failed("get", exc)
-                # The others were read or are missing, which the error does not tell apart: read them once more.
-                broken = {todo[i // per] for i, key in enumerate(some_keys) if key in exc.errors}
-                todo = [page for page in todo if page not in broken]
-                continue
-            except KvpoolError as exc:
-                self._failed("get", exc)
-                return done
-            for i, page in enumerate(todo):
-                done[page] = all(size is not None for size in sizes[i * per:(i + 1) * per])
-            return done
-        return done
+        return [all(size is not None for size in sizes[page * per:(page + 1) * per]) for page in range(pages)]
 
     def _stored_prefix(self, keys, hold: float) -> int:
         self._require_pool()

@@ -97,11 +97,14 @@ class ForbiddenError(KvpoolError, PermissionError):
 
 
 class BatchError(KvpoolError):
-    """Some items of a batch failed; `errors` maps each failed key to its error."""
+    """Some items of a batch failed; `errors` maps each failed key to its error. For reads, `results` holds
+    every item's outcome in order (what the call would have returned for it, or its error), so what did arrive
+    need not be read again."""
 
-    def __init__(self, message: str, errors: dict):
+    def __init__(self, message: str, errors: dict, results: list | None = None):
         super().__init__(message)
         self.errors = errors
+        self.results = results
         codes = {e.code for e in errors.values()}
         self.code = codes.pop() if len(codes) == 1 else Code.INTERNAL
 

@@ -351,6 +351,8 @@ def test_compressed_values_round_trip_through_every_get(cluster):
         with pytest.raises(BatchError) as caught:
             client.batch_get_into(keys[:2], [bytearray(len(values[0])), bytearray(10)])
         assert set(caught.value.errors) == {keys[1]} and caught.value.code == Code.INVALID_ARGUMENT
+        # What did arrive is told too: the first value was read whole.
+        assert caught.value.results[0] == len(values[0]) and caught.value.results[1] is caught.value.errors[keys[1]]
     with Client(cluster.address) as fresh:  # no cached placement: the master's metadata says compressed
         assert fresh.get("lz4/tokens") == TOKENS
         assert fresh.batch_get(keys[:2]) == values[:2]
