@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -50,25 +51,21 @@ ROLES = {  # role -> (kv_role, prompts in the order the engine serves them)
 }
 
 
+@contextmanager
 def damaged_blocks(master: str, namespace: str, tokens: list[int]):
     """While in use, something that is not a KV block sits under the keys of the prompt's full blocks: a lookup
     finds them, the load cannot use them, and the engine must compute the prompt instead."""
-    from contextlib import contextmanager
-
     from kvpool import Client
     from kvpool.connectors import block_hashes
 
-    @contextmanager
-    def planted():
-        keys = [namespace + block_hash for block_hash in block_hashes(tokens, BLOCK)]
-        with Client(master) as client:
-            client.batch_put(keys, [b"not a KV block"] * len(keys), overwrite=True)
-            try:
-                yield
-            finally:
-                for key in keys:
-                    client.remove(key)
-    return planted()
+    keys = [namespace + block_hash for block_hash in block_hashes(tokens, BLOCK)]
+    with Client(master) as client:
+        client.batch_put(keys, [b"not a KV block"] * len(keys), overwrite=True)
+        try:
+            yield
+        finally:
+            for key in keys:
+                client.remove(key)
 
 
 def make_model(directory: Path) -> None:
@@ -173,7 +170,11 @@ def main(argv=None) -> int:
     parser.add_argument("--engine", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--make-model", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.make_model:
+        make_model(Path(args.make_model))
+        return 0
     if args.engine:
         Path(args.out).write_text(json.dumps(run_engine(args.engine, args.model, args.master)))
         return 0
@@ -183,8 +184,7 @@ def main(argv=None) -> int:
     python = str(ensure("vllm"))
     with tempfile.TemporaryDirectory(prefix="kvpool-vllm-") as tmp:
         workdir = Path(tmp)
-        subprocess.run([python, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); import run; "
-                        f"run.make_model(__import__('pathlib').Path({str(workdir / 'model')!r}))"], check=True)
+        subprocess.run([python, __file__, "--make-model", str(workdir / "model")], check=True)
         cluster, master = (None, args.master) if args.master else start_cluster(python, workdir)
         try:
             runs = {}
