@@ -1,6 +1,6 @@
 """AsyncClient: the kvpool API on asyncio.
 
-Control goes to the master over gRPC (MasterLink); value bytes go straight
+Control goes to the master over its binary control port, or gRPC (MasterLink); value bytes go straight
 between the caller's buffers and the storage nodes (Transport). A put is
 PutStart -> write every replica -> PutEnd (PutRevoke if anything fails); a get
 is a placement lookup (cached, else one GetReplicaList) -> read one replica ->
@@ -23,15 +23,16 @@ from kvpool.errors import (
     KeyNotFoundError, KvpoolError, StaleReplicaError, UnavailableError, error_for,
 )
 from kvpool.keys import validate_key
+from kvpool.parts import Parts
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
 
 from . import compression, put_options
 from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink, check
 from .placement_cache import DEFAULT_CAPACITY, PlacementCache
 from .selector import TransportSelector
-from .tcp import DEFAULT_CONNECT_TIMEOUT
 from .transport import ReadItem, Transport, WriteItem
-from .values import Parts, bytes_of, checksum_of, fresh_bytes_view, readable_view, value_parts, writable_view
+from .values import bytes_of, checksum_of, fresh_bytes_view, readable_view, value_parts, writable_view
 
 DEFAULT_READ_TIMEOUT = 5.0
 

@@ -9,8 +9,7 @@ are the compressed ones; callers only ever see raw bytes.
 import lz4.block
 
 from kvpool.errors import ChecksumMismatchError, InvalidArgumentError
-
-from .values import Parts
+from kvpool.parts import Parts
 
 # lz4's LZ4_MAX_INPUT_SIZE: a single block cannot hold more.
 MAX_INPUT = 0x7E000000

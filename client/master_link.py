@@ -1,21 +1,31 @@
-"""The client's gRPC link to the leading master, found from a list of masters or through etcd.
+"""The client's link to the leading master, found from a list of masters or through etcd.
+
+A master is known by its gRPC address. Calls go to its control port
+(client/control_link.py: one round trip instead of gRPC's several) once the
+link knows it: from the master's etcd record, a NOT_LEADER answer naming the
+leader, or else the Stats of the master it first reaches, which also lists
+every other master, so a client given one address can fail over to the others.
+A master without a control port is called over gRPC, as are streams.
 
 Every failure leaves here as a kvpool.errors type: a status in a response
 becomes its typed error (see `check`), an unreachable master becomes
-UnavailableError. A master that does not lead answers FAILED_PRECONDITION with
-the leader's address in the "kvpool-leader" trailing metadata (see the end of
-kvpool.proto): the link switches to that master and retries. With several
-masters configured, or etcd, an unreachable master is also retried elsewhere
-(the next configured one, or whoever etcd names) until the RPC timeout ends.
+UnavailableError. A master that does not lead answers NOT_LEADER naming the
+leader (over gRPC: FAILED_PRECONDITION with the leader's address in the
+"kvpool-leader" trailing metadata, see the end of kvpool.proto): the link
+switches to that master and retries. With several masters known, or etcd, an
+unreachable master is also retried elsewhere (the next known one, or whoever
+etcd names) until the RPC timeout ends.
 """
 
 import asyncio
 import json
 
 import grpc
+from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
 from kvpool.cluster_layout import DEFAULT_CLUSTER, master_key, parse_hostport
+from kvpool.control import OP_BY_RPC
 from kvpool.errors import (
     InternalError,
     InvalidArgumentError,
@@ -23,6 +33,8 @@ from kvpool.errors import (
     UnavailableError,
     error_for,
 )
+
+from .control_link import ControlLinks, LeaderHint, NotSent
 
 DEFAULT_RPC_TIMEOUT = 10.0
 _CHANNEL_OPTIONS = (
@@ -76,6 +88,9 @@ class MasterLink:
         self.rpc_timeout = rpc_timeout
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, kvpool_pb2_grpc.MasterStub] = {}
+        self._controls: dict[str, str] = {}  # master (gRPC address) -> its control port ("": none)
+        self._learning: dict[str, asyncio.Future] = {}  # Stats asked of a master, shared by its callers
+        self._links = ControlLinks()
 
     @property
     def _can_move(self) -> bool:
@@ -96,29 +111,126 @@ class MasterLink:
         pause = RETRY_BACKOFF[0]
         if self.address is None:
             self.address = await self._resolve()
+        relearned = False
         while True:
             address = self.address
-            remaining = deadline - loop.time()
             try:
+                control = self._controls.get(address)
+                if control is None and method in OP_BY_RPC:
+                    control = await self._learn(address, deadline)
+                if control and method in OP_BY_RPC:
+                    return await self._links.call(control, method, request, deadline)
+                remaining = deadline - loop.time()
                 return await getattr(self._stub(address), method)(request, timeout=max(remaining, 0.001))
             except grpc.aio.AioRpcError as exc:
-                leader = _leader_hint(exc)
-                if leader is None and (exc.code() != grpc.StatusCode.UNAVAILABLE or not self._can_move):
-                    raise self._error(method, exc) from None
-                last = exc
-            if deadline - loop.time() <= 0:
-                raise self._error(method, last) from None
-            if leader and leader != address:
-                self.address = leader  # told where to go: no pause
-                continue
-            # Nobody named (no leader yet, or this one is gone): look elsewhere after a pause.
-            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-            pause = min(pause * 2, RETRY_BACKOFF[1])
+                pause = await self._move_on(method, exc, address, deadline, pause)
+            except LeaderHint as hint:
+                self._know(hint.leader, hint.control_address)
+                pause = await self._follow(hint.leader, False, NotLeaderError(f"{hint} (no leader answered in time)"),
+                                           address, deadline, pause)
+            except UnavailableError as exc:
+                if self._controls.pop(address, None) and isinstance(exc, NotSent) and not relearned:
+                    relearned = True  # its port may have moved (a master restarted): ask its Stats again
+                    continue
+                pause = await self._follow(None, True, exc, address, deadline, pause)
+
+    async def _learn(self, address: str, deadline: float) -> str:
+        """The control port of the master at `address` ("" if it has none), from its Stats, which
+        also names the other masters; one Stats per master, whoever asks."""
+        learning = self._learning.get(address)
+        if learning is None:
+            learning = self._learning[address] = asyncio.ensure_future(self._ask_stats(address, deadline))
+            learning.add_done_callback(self._learned)
+        return await asyncio.shield(learning)
+
+    def _learned(self, learning: asyncio.Future) -> None:
+        for address, pending in list(self._learning.items()):
+            if pending is learning:
+                del self._learning[address]
+        if not learning.cancelled():
+            learning.exception()  # retrieved: it reached the callers that waited, if any still did
+
+    async def _ask_stats(self, address: str, deadline: float) -> str:
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
+        stats = await self._stub(address).Stats(pb.StatsRequest(), timeout=remaining)
+        self._know(address, stats.control_address)
+        for other in (stats.leader, *stats.followers):
+            self._know(other, None)
+        return stats.control_address
+
+    def _know(self, address: str, control: str | None) -> None:
+        """Note a master (and its control port when known): another one to fail over to."""
+        if not address:
+            return
+        if address not in self.addresses and self.etcd is None:
+            self.addresses.append(address)
+        if control is not None:
+            self._controls[address] = control
+
+    async def stream(self, method: str, request, idle_timeout: float | None = None):
+        """Messages of the server stream Master.<method> from the leader.
+
+        Until the first message, NOT_LEADER and an unreachable master are followed as in call()
+        (for up to rpc_timeout); after it, a broken stream raises (NotLeaderError, UnavailableError)
+        and the caller decides how to resume. No message for `idle_timeout` seconds is
+        UnavailableError too (the master may be gone without the connection noticing)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.rpc_timeout
+        pause = RETRY_BACKOFF[0]
+        if self.address is None:
+            self.address = await self._resolve()
+        while True:
+            address = self.address
+            call = getattr(self._stub(address), method)(request)
             try:
-                self.address = await self._next_address(address)
-            except UnavailableError:
-                if deadline - loop.time() <= 0:
-                    raise
+                try:
+                    message = await asyncio.wait_for(call.read(), max(deadline - loop.time(), 0.001))
+                except TimeoutError:
+                    raise UnavailableError(f"master {address} {method}: no answer in {self.rpc_timeout:g}s") from None
+                except grpc.aio.AioRpcError as exc:
+                    pause = await self._move_on(method, exc, address, deadline, pause)
+                    continue
+                while message is not grpc.aio.EOF:
+                    yield message
+                    try:
+                        message = await asyncio.wait_for(call.read(), idle_timeout)
+                    except TimeoutError:
+                        raise UnavailableError(f"master {address} {method}: no message for {idle_timeout:g}s") from None
+                    except grpc.aio.AioRpcError as exc:
+                        raise self._error(method, exc) from None
+                return
+            finally:
+                call.cancel()
+
+    async def _move_on(self, method: str, exc: grpc.aio.AioRpcError, address: str, deadline: float,
+                       pause: float) -> float:
+        """After `exc` from the master at `address`: go to the leader it named, or to the next master
+        after a pause; returns the next pause. Raises the typed error when nothing else may answer in time."""
+        return await self._follow(_leader_hint(exc), exc.code() == grpc.StatusCode.UNAVAILABLE,
+                                  self._error(method, exc), address, deadline, pause)
+
+    async def _follow(self, leader: str | None, unreachable: bool, error: Exception, address: str,
+                      deadline: float, pause: float) -> float:
+        """After a call to `address` failed with `error`: go to the `leader` it named (None: not a
+        NOT_LEADER answer; "": no leader elected), or, when it is unreachable or names nobody, to the
+        next master after a pause; returns the next pause. Raises `error` when nothing else may answer
+        in time."""
+        loop = asyncio.get_running_loop()
+        if leader is None and (not unreachable or not self._can_move):
+            raise error from None
+        if deadline - loop.time() <= 0:
+            raise error from None
+        if leader and leader != address:
+            self.address = leader  # told where to go: no pause
+            return pause
+        # Nobody named (no leader yet, or this one is gone): look elsewhere after a pause.
+        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        try:
+            self.address = await self._next_address(address)
+        except UnavailableError:
+            if deadline - loop.time() <= 0:
+                raise
+        return min(pause * 2, RETRY_BACKOFF[1])
 
     async def _next_address(self, failed: str) -> str:
         if self.etcd is not None:
@@ -151,11 +263,16 @@ class MasterLink:
         if record is None or not record.value:
             raise UnavailableError(f"no master registered in etcd {self.etcd} for cluster {self.cluster!r}")
         try:
-            return json.loads(record.value)["address"]
+            value = json.loads(record.value)
+            address = value["address"]
         except (ValueError, KeyError, TypeError) as exc:
             raise UnavailableError(f"unreadable master record in etcd: {exc!r}") from None
+        if isinstance(value.get("control_address"), str):  # a master without one: Stats will tell
+            self._controls[address] = value["control_address"]
+        return address
 
     async def close(self) -> None:
+        await self._links.close()
         channels = list(self._channels.values())
         self._channels, self._stubs = {}, {}
         for channel in channels:

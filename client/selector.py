@@ -16,11 +16,12 @@ from typing import Sequence
 
 from kvpool import transports
 from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
+from kvpool.parts import Parts
+from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
 
 from .shm import ShmPath
-from .tcp import DEFAULT_CONNECT_TIMEOUT, TcpTransport
+from .tcp import TcpTransport
 from .transport import DataPath, ReadItem, Transport, WriteItem
-from .values import Parts
 
 log = logging.getLogger(__name__)
 

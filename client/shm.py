@@ -26,10 +26,11 @@ from typing import Sequence
 from kvpool import transports, wire
 from kvpool.checksum import Digest, checksum
 from kvpool.errors import ForbiddenError, NoSpaceError, ProtocolError, UnavailableError, ValueTooLargeError
+from kvpool.parts import Parts, pieces
+from kvpool.tcp_connection import Location
 
-from .tcp import Location, TcpTransport
+from .tcp import TcpTransport
 from .transport import DataPath, ReadItem, WriteItem
-from .values import Parts, pieces
 
 COPY_CHUNK = 512 * 1024  # copy and hash in pieces that are still in cache when hashed
 PARALLEL_HASH_MIN = 1024 * 1024  # below this a hand-off to the hash thread costs more than it saves

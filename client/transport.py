@@ -12,22 +12,7 @@ transfer on another one); any other error is the node's answer about the data.
 from abc import ABC, abstractmethod
 from typing import NamedTuple, Sequence
 
-from kvpool import wire
-
-
-class WriteOptions(NamedTuple):
-    """How the node should keep a written object (sent as the WRITE_OPTIONS block)."""
-
-    flags: int = 0        # wire.WriteFlag bits
-    ttl_ms: int = 0       # 0 = no expiry
-    soft_pin_ms: int = 0  # 0 = not soft-pinned
-    raw_size: int = 0     # size before compression; 0 = the stored size (not compressed)
-
-    def pack(self, stored_size: int) -> bytes:
-        return wire.WRITE_OPTIONS.pack(self.ttl_ms, self.soft_pin_ms, self.raw_size or stored_size)
-
-
-NO_OPTIONS = WriteOptions()
+from kvpool.write_options import WriteOptions
 
 
 class WriteItem(NamedTuple):

@@ -10,6 +10,7 @@ import sys
 
 from kvpool.checksum import Digest, checksum
 from kvpool.errors import InvalidArgumentError
+from kvpool.parts import Parts
 
 # get() returns bytes. Receiving into a bytearray and copying it out costs a zero-fill
 # and a full copy (1.6 ms for 4 MiB here); instead the bytes object is created
@@ -19,46 +20,6 @@ _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
 _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 _BYTES_DATA_OFFSET = sys.getsizeof(b"") - 1  # header size: where ob_sval starts
-
-
-class Parts:
-    """One value made of several buffers in order, e.g. a KV block's K and V for every layer:
-    gathered into one stored object on a put, scattered back into the same layout on a get,
-    with no copy in between (the transports send from and receive into each part)."""
-
-    __slots__ = ("views", "size")
-
-    def __init__(self, views):
-        self.views = [view for view in views if len(view)]
-        self.size = sum(len(view) for view in self.views)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def gather(self) -> memoryview:
-        """The parts copied into one buffer (for what needs contiguous bytes: compression, UCX)."""
-        whole = memoryview(bytearray(self.size))
-        self.copy_to(whole)
-        return whole
-
-    def copy_to(self, whole: memoryview) -> None:
-        """Copy the parts, in order, into `whole` (len == self.size)."""
-        position = 0
-        for view in self.views:
-            whole[position:position + len(view)] = view
-            position += len(view)
-
-    def copy_from(self, whole: memoryview) -> None:
-        """Fill the parts, in order, from `whole` (len == self.size)."""
-        position = 0
-        for view in self.views:
-            view[:] = whole[position:position + len(view)]
-            position += len(view)
-
-
-def pieces(value) -> list | tuple:
-    """The flat views a value or destination consists of, in order: its parts, or itself."""
-    return value.views if isinstance(value, Parts) else (value,)
 
 
 def value_parts(buffers, what: str, writable: bool) -> Parts:

@@ -1,60 +1,78 @@
 """Which KV blocks of a namespace exist, as a stream of changes: for a KV-aware router's own index.
 
-Read from the placement record the leading master keeps in etcd (a key per committed object), so a
-router needs etcd's address only and puts no load on the master. The stream starts with every block
-stored now, then follows changes; after a broken watch (etcd away, history compacted) it reads the
-record again and reports only the difference, so a subscriber's index never drifts.
+Served by the leading master (WatchKeys, see proto/kvpool.proto): first every
+block stored now, then changes as they commit. The stream follows the leader
+across a failover and resumes after a broken connection with the position it
+reached; when the master cannot continue from there (a new leader, or this
+subscriber fell too far behind) it sends a fresh snapshot, and only the
+difference to what was already reported is yielded, so a subscriber's index
+never drifts. A block whose object is overwritten or gets a new copy is not
+reported again.
 """
 
 import asyncio
-import contextlib
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
-import aetcd
-from aetcd.rtypes import EventKind
-
-from kvpool.cluster_layout import DEFAULT_CLUSTER, objects_prefix, parse_hostport
+from kvpool.client.master_link import MasterLink
+from kvpool.cluster_layout import DEFAULT_CLUSTER
+from kvpool.errors import InvalidArgumentError, KvpoolError
+from kvpool.proto import kvpool_pb2 as pb
 
 from .block_keys import BlockNamespace
 
 log = logging.getLogger(__name__)
 
 STORED, REMOVED = "stored", "removed"
+IDLE_TIMEOUT = 10.0  # the master sends at least every 2 s; silence this long means it is gone
 
 
-async def block_events(etcd: str, namespace: BlockNamespace, cluster: str = DEFAULT_CLUSTER,
-                       retry_delay: float = 0.5) -> AsyncIterator[tuple[str, str]]:
-    """Yields (STORED | REMOVED, block hash) for the blocks of `namespace`, forever."""
-    host, port = parse_hostport(etcd)
-    prefix = objects_prefix(cluster) + namespace.prefix().encode()
-    known: set[str] = set()
-    async with aetcd.Client(host=host, port=port) as client:
+async def block_events(namespace: BlockNamespace, master: str | None = None, *, etcd: str | None = None,
+                       cluster: str = DEFAULT_CLUSTER, retry_delay: float = 0.5,
+                       rpc_timeout: float = 10.0) -> AsyncIterator[tuple[str, str]]:
+    """Yields (STORED | REMOVED, block hash) for the blocks of `namespace`, forever.
+
+    `master`: HOST:PORT of the master(s), comma-separated (the leader is followed), or `etcd`:
+    HOST:PORT of the cluster's etcd, where the leader is looked up."""
+    if not isinstance(namespace, BlockNamespace):
+        raise InvalidArgumentError(f"namespace must be a BlockNamespace, got {type(namespace).__name__}")
+    link = MasterLink(master, etcd, cluster, rpc_timeout)
+    prefix = namespace.prefix()
+    known: set[str] = set()  # what the subscriber has been told is stored
+    feed_id, sequence = "", 0  # where to resume
+    try:
         while True:
+            request = pb.WatchKeysRequest(prefix=prefix, feed_id=feed_id, after_sequence=sequence)
+            snapshot: set[str] | None = None  # pages of a snapshot being received
             try:
-                snapshot = await client.get_prefix(prefix)
-                present = {kv.key[len(prefix):].decode() for kv in snapshot}
-                for block in sorted(present - known):
-                    yield STORED, block
-                for block in sorted(known - present):
-                    yield REMOVED, block
-                known = present
-                watch = await client.watch_prefix(prefix, start_revision=snapshot.header.revision + 1)
-                try:
-                    async for event in watch:
-                        block = event.kv.key[len(prefix):].decode()
-                        # A stored object's record is rewritten when its copies change: report it once.
-                        if event.kind == EventKind.PUT and block not in known:
+                async for message in link.stream("WatchKeys", request, IDLE_TIMEOUT):
+                    if message.snapshot:
+                        snapshot = snapshot or set()
+                        snapshot.update(key[len(prefix):] for key in message.present)
+                        if not message.snapshot_done:
+                            continue
+                        stored, removed = sorted(snapshot - known), sorted(known - snapshot)
+                        known, snapshot = snapshot, None
+                        feed_id, sequence = message.feed_id, message.sequence
+                        for block in stored:
+                            yield STORED, block
+                        for block in removed:
+                            yield REMOVED, block
+                        continue
+                    feed_id, sequence = message.feed_id, message.sequence
+                    for change in message.changes:
+                        block = change.key[len(prefix):]
+                        if change.kind == pb.KEY_STORED and block not in known:
                             known.add(block)
                             yield STORED, block
-                        elif event.kind == EventKind.DELETE and block in known:
+                        elif change.kind == pb.KEY_REMOVED and block in known:
                             known.discard(block)
                             yield REMOVED, block
-                finally:
-                    with contextlib.suppress(Exception):
-                        await watch.cancel()
-            except asyncio.CancelledError:
+                log.warning("the master ended the block event stream; resuming")
+            except InvalidArgumentError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - etcd away or history compacted: read it all again
-                log.warning("block event watch failed (%s: %s); reading the record again", type(exc).__name__, exc)
-                await asyncio.sleep(retry_delay)
+            except KvpoolError as exc:  # leader gone or changed, connection broken: resume where it was
+                log.warning("block event stream broke (%s: %s); resuming", type(exc).__name__, exc)
+            await asyncio.sleep(retry_delay)
+    finally:
+        await link.close()

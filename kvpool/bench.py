@@ -17,6 +17,9 @@ With compress=True the put and get operations store lz4-compressed values made
 of repeated token-like phrases (as compressible as real prompt prefixes are
 repetitive), throughput counts the bytes callers see, and the report adds the
 compression ratio and the time compressing and decompressing one value takes.
+
+put and batch_put rows overwrite the same keys; the *_fresh rows and the
+latencies of single calls (bench_latency.py) write keys that never existed.
 """
 
 import inspect
@@ -25,13 +28,13 @@ import logging
 import multiprocessing
 import os
 import socket
-import statistics
 import sys
 import time
 
 import numpy as np
 
 from . import transports as transport_names
+from .bench_latency import batch_exists_latency, call_targets, fresh_puts, get_latency
 from .errors import KvpoolError
 from .units import format_size
 
@@ -152,6 +155,7 @@ class Workload:
 
     def __init__(self, sizes: list[int], batch: int, compress: bool = False):
         self.sizes = list(sizes)
+        self.batch = batch
         self.compress = compress
         self.values = {size: token_like_value(size) if compress else os.urandom(size) for size in self.sizes}
         self.counts = {size: max(1, min(batch, _BUDGET // max(size, 1))) for size in self.sizes}
@@ -163,7 +167,8 @@ class Workload:
 
 _OPS = ("put", "get", "get_into", "batch_put", "batch_get_into")
 _ZERO_COPY_OPS = ("batch_get_into_offsets", "batch_get_into_parts")
-_BATCH_OPS = ("batch_put", "batch_get_into", *_ZERO_COPY_OPS)
+_BATCH_OPS = ("batch_put", "batch_get_into", *_ZERO_COPY_OPS, "batch_put_from_fresh")
+_CALL_STEPS = 6  # progress steps of the per-call measurements: get latency, 4 fresh puts, batch_exists
 PARTS = 4  # the parts form scatters each value into this many equal pieces (say K and V of two layers)
 
 
@@ -231,23 +236,6 @@ def _size_ops(client, workload: Workload, size: int, seconds: float):
     client.remove_prefix(f"bench/{size}/")
 
 
-def get_latency(client, value: bytes, samples: int = 2000) -> dict:
-    """Per-call latency of get with a warm placement cache, in microseconds."""
-    keys = [f"bench/latency/{i}" for i in range(64)]
-    client.batch_put(keys, [value] * len(keys), overwrite=True)
-    for k in keys:
-        client.get(k)  # warm the placement cache and the connections
-    times = []
-    for i in range(samples):
-        started = time.perf_counter()
-        client.get(keys[i % len(keys)])
-        times.append((time.perf_counter() - started) * 1e6)
-    client.remove_prefix("bench/latency/")
-    times.sort()
-    return {"size": len(value), "samples": samples, "p50_us": round(statistics.median(times), 1),
-            "p99_us": round(times[int(len(times) * 0.99) - 1], 1)}
-
-
 class Skipped(Exception):
     """A transport's run that cannot be reported: why."""
 
@@ -304,10 +292,15 @@ def _measure_with(connect, wanted: str | None, label: str, workload: Workload, s
             rows = []
             for size in workload.sizes:
                 for name, bps in _size_ops(client, workload, size, seconds):
-                    rows.append((name, size, bps))
+                    rows.append((name, size, bps, workload.counts[size]))
                     progress.step(f"{label} {name} {format_size(size)}")
             latency = get_latency(client, workload.latency_value)
             progress.step(f"{label} 64KiB get latency")
+            fresh_rows, calls = fresh_puts(client, seconds, workload.batch,
+                                           lambda what: progress.step(f"{label} {what}"))
+            rows.extend(fresh_rows)
+            calls["batch_exists_latency"] = batch_exists_latency(client)
+            progress.step(f"{label} batch_exists latency")
         except KvpoolError as exc:
             try:
                 client.remove_prefix("bench/")
@@ -315,7 +308,7 @@ def _measure_with(connect, wanted: str | None, label: str, workload: Workload, s
                 pass
             raise Skipped(f"{type(exc).__name__}: {exc}") from None
         moved = client.bytes_by_transport()
-    return {"transport": _carrier(moved, wanted), "rows": rows, "get_latency": latency,
+    return {"transport": _carrier(moved, wanted), "rows": rows, "get_latency": latency, **calls,
             "bytes_by_transport": moved}
 
 
@@ -376,6 +369,7 @@ def _targets(results: list[dict], runs: dict, skipped: dict) -> dict:
         p50 = run["get_latency"]["p50_us"]
         targets[f"{transport} get 64KiB p50 (warm placement cache)"] = {
             "p50_us": p50, "aim_us": _P50_AIM_US, "met": p50 < _P50_AIM_US}
+        targets.update(call_targets(transport, run, [r for r in results if r["transport"] == transport]))
     return targets
 
 
@@ -399,7 +393,7 @@ def run_bench(connect, transports: list[str | None], sizes: list[int], batch: in
     connect(transport name or None) -> a Client restricted to that transport. Prints the human
     lines on stderr, then the JSON report on stdout."""
     workload = Workload(sizes, batch, compress)
-    progress = _Progress(total=4 + len(transports) * (2 + len(_OPS) * len(sizes)))
+    progress = _Progress(total=4 + len(transports) * (1 + _CALL_STEPS + len(_OPS) * len(sizes)))
     # Baselines are taken before and after the cluster runs and averaged, so a passing
     # load on the machine moves baselines and results alike.
     socket_before = socket_stream_baseline()
@@ -422,10 +416,11 @@ def run_bench(connect, transports: list[str | None], sizes: list[int], batch: in
     results, runs = [], {}
     for run in measured:
         name = run["transport"]
-        runs[name] = {"get_latency": run["get_latency"], "bytes_by_transport": run["bytes_by_transport"],
-                      "client_warnings": run["client_warnings"]}
-        results.extend(_row(name, op, size, bps, workload.counts[size], socket_bps, memcpy_bps)
-                       for op, size, bps in run["rows"])
+        runs[name] = {"get_latency": run["get_latency"], "put_fresh_latency": run["put_fresh_latency"],
+                      "batch_exists_latency": run["batch_exists_latency"],
+                      "bytes_by_transport": run["bytes_by_transport"], "client_warnings": run["client_warnings"]}
+        results.extend(_row(name, op, size, bps, count, socket_bps, memcpy_bps)
+                       for op, size, bps, count in run["rows"])
     report = {"settings": {"transports": [t or "default" for t in transports], "sizes": sizes, "batch": batch,
                            "seconds": seconds, "compress": compress},
               "baseline": {"socket_stream_MBps": round(socket_bps / 1e6, 1),
@@ -458,19 +453,30 @@ def _print_human(report: dict) -> None:
             line += f"{row['ratio_to_memcpy']:.2f}x memcpy  "
         print(line + f"{row['ratio_to_socket']:.2f}x socket", file=out)
     for name, run in report["transports"].items():
-        latency = run["get_latency"]
-        print(f"{name:<4} get {format_size(latency['size'])} p50 {latency['p50_us']:.0f} us, "
-              f"p99 {latency['p99_us']:.0f} us", file=out)
+        for what, latency in (("get", run["get_latency"]), ("put fresh", run["put_fresh_latency"])):
+            print(f"{name:<4} {what} {format_size(latency['size'])} p50 {latency['p50_us']:.0f} us, "
+                  f"p99 {latency['p99_us']:.0f} us", file=out)
+        exists = run["batch_exists_latency"]
+        print(f"{name:<4} batch_exists {exists['keys']} keys p50 {exists['p50_us']:.0f} us, "
+              f"p99 {exists['p99_us']:.0f} us", file=out)
         for warning in run["client_warnings"]:
             print(f"{name:<4} client warning: {warning}", file=out)
     for name, why in report["skipped"].items():
         print(f"{name:<4} skipped: {why}", file=out)
     for name, target in report["targets"].items():
-        if target["met"] is None:
-            verdict = f"not measured ({target['note']})"
-        elif "ratio" in target:
-            verdict = f"{target['ratio']:.2f} (aim >= {target['aim']:.2f}): {'met' if target['met'] else 'NOT met'}"
-        else:
-            verdict = (f"{target['p50_us']:.0f} us (aim < {target['aim_us']:.0f} us): "
-                       f"{'met' if target['met'] else 'NOT met'}")
-        print(f"target {name}: {verdict}", file=out)
+        print(f"target {name}: {_verdict(target)}", file=out)
+
+
+def _verdict(target: dict) -> str:
+    met = "" if target["met"] is None else f": {'met' if target['met'] else 'NOT met'}"
+    if "ratio" in target:
+        if target["ratio"] is None:
+            return f"not measured ({target['note']})"
+        return f"{target['ratio']:.2f} (aim >= {target['aim']:.2f}){met}"
+    if "MBps" in target:
+        if target["MBps"] is None:
+            return "not measured"
+        aim = f"aim >= {target['aim_MBps']:.0f} MB/s" if target["aim_MBps"] else "no aim"
+        return f"{target['MBps']:.0f} MB/s ({aim}, Mooncake {target['mooncake_MBps']:.0f} MB/s){met}"
+    mooncake = f", Mooncake {target['mooncake_us']:.0f} us" if "mooncake_us" in target else ""
+    return f"{target['p50_us']:.0f} us (aim {target['aim_us']:.0f} us{mooncake}){met}"

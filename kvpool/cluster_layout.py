@@ -2,7 +2,8 @@
 
 Every key lives under /kvpool/<cluster>/ so clusters can share one etcd.
   nodes/<node_id>  JSON NodeRecord, attached to the node's lease (gone when the node is)
-  master           JSON {"address": "HOST:PORT", "master_id": ...}, attached to the leading master's lease
+  master           JSON {"address": "HOST:PORT", "master_id": ..., "control_address": "HOST:PORT"},
+                   attached to the leading master's lease
                    (created only if absent: it is the election key; its create revision is the term)
   masters/<id>     same JSON, one per running master (leader and followers), under its lease
   objects/<key>    the placement record of one committed object (master/placement_record.py)

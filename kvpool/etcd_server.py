@@ -59,7 +59,9 @@ class EtcdServer:
             [etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
              "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
              "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
-             "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}", "--log-level", "warn"],
+             "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}", "--log-level", "warn",
+             # etcd holds only membership, leases and leadership; its history needs no keeping.
+             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "10m"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()

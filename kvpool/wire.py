@@ -19,6 +19,18 @@ A frame with a wrong magic or version, or a key longer than MAX_KEY_BYTES,
 cannot be resynchronised: the node closes the connection. A WRITE it cannot
 take (no space, bad length) gets an error reply and, as its payload cannot be
 skipped safely, a closed connection.
+
+The master's control port (master/control_port.py, client/control_link.py)
+speaks the same frames with the ops from 32 up, one per Master RPC (named in
+kvpool/control.py): the request's body (`length` bytes, no key) is the
+serialized protobuf request, the OK reply's body the serialized response,
+whose own status says how the call went. Replies come as each call finishes,
+not in request order: req_id matches them. A reply status other than OK is
+about the frame: NOT_LEADER (body: JSON {"leader", "control_address"} of the
+leader, "" while none is known), INVALID_ARGUMENT (a body that is not the
+op's request), PROTOCOL (an unknown op, or a key) or TOO_LARGE (a body over
+control.MAX_BODY; the connection then closes). A bad magic or version, or a
+frame stalled half-received, closes the connection without a reply.
 """
 
 import struct
@@ -30,7 +42,7 @@ MAGIC = b"KV"
 VERSION = 1
 
 # magic, version, op, req_id, key_len, flags, generation, arg, length, checksum
-# arg: HOLD: milliseconds to hold the object; WRITE and REPORT: the leading master's term (0 = none),
+# arg: HOLD: milliseconds to hold the object; WRITE, REPORT and INVENTORY: the leading master's term (0 = none),
 #      so a node refuses WRITEs placed by a master deposed since (NOT_LEADER); otherwise 0.
 REQUEST = struct.Struct("<2sBBIHHQQQQ")
 # After a WRITE's key: ttl_ms (0 = none), soft_pin_ms (0 = not pinned), raw_size (size before compression).
@@ -67,6 +79,21 @@ class Op(IntEnum):
     RELEASE = 12   # drop the reference LOCATE took on (key, generation); never answered
     ALLOCATE = 13  # WRITE without the payload: reserve a DRAM extent, answered MAPPED
     COMMIT = 14    # the ALLOCATEd extent of (key, generation) is filled: verify checksum and keep it
+    # The master's control port: one op per Master RPC (see the module docstring).
+    PUT_START = 32
+    PUT_END = 33
+    PUT_REVOKE = 34
+    BATCH_PUT_START = 35
+    BATCH_PUT_END = 36
+    BATCH_PUT_REVOKE = 37
+    GET_REPLICA_LIST = 38
+    BATCH_GET_REPLICA_LIST = 39
+    EXISTS = 40
+    BATCH_EXISTS = 41
+    REMOVE = 42
+    REMOVE_BY_PREFIX = 43
+    DRAIN = 44
+    STATS = 45
 
 
 MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry

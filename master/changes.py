@@ -1,8 +1,10 @@
-"""A dict that remembers which keys changed, so the placement record learns of every change.
+"""A dict that remembers which keys changed, so whoever follows the object table learns of every change.
 
 The object table keeps its committed versions in one of these: whatever code
 path commits, removes or re-places an object (now or added later) marks its key
-without having to remember to call a hook.
+without having to remember to call a hook. For each key it also keeps whether
+the key was present before its first change since the last take, so a follower
+can tell a key that appeared or vanished from one that was only replaced.
 """
 
 
@@ -11,35 +13,38 @@ class ChangeTrackingDict(dict):
 
     def __init__(self):
         super().__init__()
-        self._changed: set = set()
-        self.tracking = True  # off while the table is filled from the record it already matches
+        self._changed: dict = {}  # key -> whether it was present before its first change since the last take
+        self.tracking = True  # off while nobody follows the changes
+
+    def _note(self, key) -> None:
+        # Called before the write: the first change since the last take records the old presence.
+        if self.tracking and key not in self._changed:
+            self._changed[key] = key in self
 
     def __setitem__(self, key, value):
+        self._note(key)
         super().__setitem__(key, value)
-        if self.tracking:
-            self._changed.add(key)
 
     def __delitem__(self, key):
+        self._note(key)
         super().__delitem__(key)
-        if self.tracking:
-            self._changed.add(key)
 
     _missing = object()
 
     def pop(self, key, default=_missing):
         if key in self:
-            if self.tracking:
-                self._changed.add(key)
+            self._note(key)
             return super().pop(key)
         if default is ChangeTrackingDict._missing:
             raise KeyError(key)
         return default
 
     def popitem(self):
-        key, value = super().popitem()
-        if self.tracking:
-            self._changed.add(key)
-        return key, value
+        if not self:
+            raise KeyError("popitem(): dictionary is empty")
+        key = next(reversed(self.keys()))  # popitem's own choice (LIFO), noted before it goes
+        self._note(key)
+        return key, super().pop(key)
 
     def setdefault(self, key, default=None):
         if key not in self:
@@ -51,12 +56,12 @@ class ChangeTrackingDict(dict):
             self[key] = value
 
     def clear(self):
-        if self.tracking:
-            self._changed.update(self.keys())
+        for key in self:
+            self._note(key)
         super().clear()
 
     def mark(self, key) -> None:
-        self._changed.add(key)
+        self._changed.setdefault(key, key in self)
 
     @property
     def has_changes(self) -> bool:
@@ -65,7 +70,19 @@ class ChangeTrackingDict(dict):
     def take_changed(self, limit: int | None = None) -> list:
         """Keys changed since the last call (at most `limit`; the rest stay marked)."""
         if limit is None or len(self._changed) <= limit:
-            keys, self._changed = list(self._changed), set()
+            keys, self._changed = list(self._changed), {}
             return keys
-        keys = [self._changed.pop() for _ in range(limit)]
-        return keys
+        return [self._changed.popitem()[0] for _ in range(limit)]
+
+    def take_appeared_and_gone(self) -> tuple[list, list]:
+        """Keys present now that were absent before their first change since the last take, and keys
+        absent now that were present then; a key replaced (or gone and back) is in neither."""
+        appeared, gone = [], []
+        for key, was_present in self._changed.items():
+            if key in self:
+                if not was_present:
+                    appeared.append(key)
+            elif was_present:
+                gone.append(key)
+        self._changed = {}
+        return appeared, gone

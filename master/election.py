@@ -27,15 +27,26 @@ from kvpool import cluster_layout
 log = logging.getLogger(__name__)
 
 RETRY_DELAY = 0.5
+LEASE_MARGIN = 0.2  # part of the ttl a leader gives up early, against scheduling delays and clock drift
+
+
+def control_address_of(value: bytes) -> str:
+    """The control port a master's etcd value names ("" if none: a master without one)."""
+    try:
+        return str(json.loads(value).get("control_address") or "")
+    except (ValueError, AttributeError):
+        return ""
 
 
 class Election:
-    def __init__(self, etcd: aetcd.Client, cluster: str, master_id: str, address: str, ttl: int = 5):
+    def __init__(self, etcd: aetcd.Client, cluster: str, master_id: str, address: str, ttl: int = 5,
+                 control_address: str = ""):
         self._etcd = etcd
         self.key = cluster_layout.master_key(cluster)
         self._members_prefix = cluster_layout.masters_prefix(cluster)
         self._member_key = self._members_prefix + master_id.encode()
-        self._value = json.dumps({"address": address, "master_id": master_id}).encode()
+        self._value = json.dumps({"address": address, "master_id": master_id,
+                                  "control_address": control_address}).encode()
         self.address = address
         self.ttl = max(2, math.ceil(ttl))  # etcd grants whole seconds, at least 2
         self._lease = None
@@ -45,6 +56,7 @@ class Election:
         self.term = 0         # this master's term while it leads
         self.leader_term = 0  # the current leader's term, as last seen
         self.leader_address = ""  # "" while nobody leads (as far as this master knows)
+        self.leader_control_address = ""  # the leader's control port ("" if unknown or not offered)
         self.members: list[str] = [address]  # addresses of every registered master
         self.lost = asyncio.Event()  # set when this master led and no longer does
 
@@ -56,8 +68,9 @@ class Election:
 
     async def start(self) -> None:
         """Take a lease and register as a master of the cluster (leading or not)."""
+        asked = time.monotonic()
         self._lease = await self._etcd.lease(self.ttl)
-        self._refreshed = time.monotonic()
+        self._refreshed = asked
         await self._etcd.put(self._member_key, self._value, lease=self._lease)
         await self._read_members()
         self._task = asyncio.get_running_loop().create_task(self._keep_alive(), name="master-lease")
@@ -73,6 +86,7 @@ class Election:
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
+                asked = time.monotonic()  # etcd counts the ttl from no earlier than this
                 reply = await self._etcd.refresh_lease(self._lease.id)
                 if reply is None or reply.TTL <= 0:
                     self._lease_expired()
@@ -81,7 +95,7 @@ class Election:
                         self._lease = await self._etcd.lease(self.ttl)
                         await self._etcd.put(self._member_key, self._value, lease=self._lease)
                 else:
-                    self._refreshed = time.monotonic()
+                    self._refreshed = asked
                 await self._read_members()
             except asyncio.CancelledError:
                 raise
@@ -89,6 +103,12 @@ class Election:
                 log.warning("refreshing the master lease failed: %s", exc)
             if self.is_leader and time.monotonic() - self._refreshed > self.ttl:
                 self._lease_expired()
+
+    def holds_lease(self) -> bool:
+        """Whether this master leads with a lease etcd cannot have expired yet. Checked on every
+        request: a leader that hangs past its ttl must not answer once a successor may lead, since
+        the successor rebuilds its table from the nodes at that moment."""
+        return self.is_leader and time.monotonic() < self._refreshed + self.ttl * (1 - LEASE_MARGIN)
 
     def _lease_expired(self) -> None:
         if self.is_leader:
@@ -119,6 +139,7 @@ class Election:
                 if old_lease is not None:
                     with contextlib.suppress(Exception):  # most likely expired already
                         await asyncio.wait_for(self._etcd.revoke_lease(old_lease.id), self.ttl)
+                asked = time.monotonic()
                 lease = await asyncio.wait_for(self._etcd.lease(self.ttl), self.ttl)
                 await asyncio.wait_for(self._etcd.put(self._member_key, self._value, lease=lease), self.ttl)
                 break
@@ -128,7 +149,7 @@ class Election:
                 log.warning("registering again failed (%s: %s); retrying", type(exc).__name__, exc)
                 await asyncio.sleep(RETRY_DELAY)
         self._lease = lease
-        self._refreshed = time.monotonic()
+        self._refreshed = asked
         self.lost.clear()  # armed again for the next term
         log.info("registered again; campaigning")
 
@@ -169,6 +190,7 @@ class Election:
             self.term = self.leader_term = record.create_revision
             self.is_leader = True
             self.leader_address = self.address
+            self.leader_control_address = control_address_of(self._value)
             log.info("leading with term %d", self.term)
             return True
         self._note_leader(record.value, record.create_revision)
@@ -180,6 +202,7 @@ class Election:
             self.leader_address = json.loads(value)["address"]
         except (ValueError, KeyError, TypeError):
             self.leader_address = ""
+        self.leader_control_address = control_address_of(value)
 
     async def _until_vacant(self) -> None:
         """Until the leader's key is deleted (following who holds it meanwhile)."""

@@ -17,15 +17,18 @@ from kvpool import cluster_layout
 from kvpool.process import run_server
 from kvpool.units import parse_size
 
-from . import placement_record, takeover
+from . import takeover
 from .adoption import Adopter
+from .control_port import FRAME_TIMEOUT, ControlPort
 from .election import Election
+from .key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
+from .key_feed import KeyFeed
+from .key_watch import KeyWatch
 from .membership import Membership
 from .metrics import MasterMetrics
 from .node_io import NodeIO
 from .node_reports import ReportPoller
 from .objects import ObjectTable
-from .placement_record import Fence, PlacementRecord, RecordCollector
 from .repair import DEFAULT_RATE, Repairer
 from .service import MasterService
 
@@ -48,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-host", default=None,
                    help="address clients use to reach this master (default: --host); needed with --host 0.0.0.0")
     p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one (default 0)")
+    p.add_argument("--control-port", type=int, default=0,
+                   help="binary control port (the same RPCs, cheaper; master/control_port.py) on --host; "
+                        "0 picks a free one (default 0)")
+    p.add_argument("--control-frame-timeout", type=float, default=FRAME_TIMEOUT, metavar="SECONDS",
+                   help="close a control port connection whose frame stalls half-received this long "
+                        f"(default {FRAME_TIMEOUT:g})")
     p.add_argument("--cluster", default=cluster_layout.DEFAULT_CLUSTER, help="cluster name (default 'default')")
     p.add_argument("--put-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="reclaim a put not ended within this many seconds (default 30)")
@@ -66,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--election-ttl", type=float, default=5.0, metavar="SECONDS",
                    help="a leader that stops refreshing its etcd lease is replaced after this long (default 5; "
                         "etcd grants at least 2)")
-    p.add_argument("--compact-interval", type=float, default=placement_record.COMPACT_INTERVAL, metavar="SECONDS",
-                   help="the leader compacts etcd's history this often (default 60)")
+    p.add_argument("--key-feed-size", type=int, default=KEY_FEED_SIZE, metavar="N",
+                   help="changes of committed keys the leader keeps for WatchKeys subscribers to resume from; "
+                        f"one further behind gets a snapshot (default {KEY_FEED_SIZE})")
     return p
 
 
@@ -85,15 +95,14 @@ async def _reclaim_loop(table: ObjectTable, node_io: NodeIO) -> None:
 
 class Leader:
     """What only the leading master runs, started by take_over(): the node watch, the
-    placement record, and the background loops."""
+    table rebuilt from the nodes, and the background loops."""
 
     def __init__(self, args, etcd: aetcd.Client, election: Election, table: ObjectTable, node_io: NodeIO,
                  adopter: Adopter):
         self._args, self._etcd, self._election = args, etcd, election
         self._table, self._node_io, self._adopter = table, node_io, adopter
         self.tasks: list[asyncio.Task] = []
-        self.record: PlacementRecord | None = None
-        self._joins: list | None = []  # node instances met before the record was loaded
+        self._joins: list | None = []  # node instances met before the table was rebuilt
 
     def _node_joined(self, node_id: str, instance: str, address: str) -> None:
         if self._joins is not None:
@@ -102,31 +111,26 @@ class Leader:
             self._adopter.node_joined(node_id, instance, address)
 
     async def take_over(self) -> None:
-        """Know the nodes, load the placement record, check it against the nodes' inventories."""
+        """Know the nodes, then rebuild the table from what they hold (nothing per object is in etcd)."""
         args, loop = self._args, asyncio.get_running_loop()
-        self._node_io.term = self._election.term  # REPORTs carry it: nodes then refuse older leaders' WRITEs
+        self._node_io.term = self._election.term  # REPORT and INVENTORY carry it: nodes refuse older leaders
         membership = Membership(self._etcd, args.cluster, self._table, self._node_io, on_join=self._node_joined)
         self.tasks.append(loop.create_task(membership.run(), name="membership"))
         await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
-        loaded = await placement_record.load(self._etcd, args.cluster, self._table)
         joins, self._joins = self._joins, None
-        # Inventories are matched only now, against the loaded record; later joins go to the adopter.
-        await asyncio.wait_for(takeover.reconcile(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT),
-                               STARTUP_INVENTORY_TIMEOUT * 2)
-        self.record = PlacementRecord(self._etcd, args.cluster, self._table,
-                                      Fence(self._election.key, self._election.term))
-        self.tasks.append(loop.create_task(self.record.run(), name="placement-record"))
-        await self.record.sync()  # what the check changed is written before anyone is answered
+        # Every node at once; later joins (and nodes that did not answer now) go to the adopter.
+        silent = await asyncio.wait_for(
+            takeover.rebuild(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT),
+            STARTUP_INVENTORY_TIMEOUT * 2)
+        for node in silent:
+            self._adopter.node_joined(*node)
         self.tasks.append(loop.create_task(_reclaim_loop(self._table, self._node_io), name="reclaim"))
         self.tasks.append(loop.create_task(ReportPoller(self._table, self._node_io, args.report_interval).run(),
                                            name="node-reports"))
         self.tasks.append(loop.create_task(Repairer(self._table, self._node_io, args.repair_rate).run(),
                                            name="repair"))
-        self.tasks.append(loop.create_task(placement_record.compact_loop(self._etcd, args.cluster,
-                                                                         args.compact_interval),
-                                           name="compaction"))
-        log.info("took over with term %d: %d records, %d objects, %d nodes", self._election.term, loaded,
-                 self._table.object_count, len(self._table.nodes))
+        log.info("took over with term %d: %d objects on %d nodes (%d did not answer yet)", self._election.term,
+                 self._table.object_count, len(self._table.nodes), len(silent))
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -174,28 +178,37 @@ async def serve(args) -> int:
             print(f"kvpool-master: cannot listen on {args.host}:{args.port}", file=sys.stderr)
             return 1
         address = f"{args.advertise_host or args.host}:{port}"
-        election = Election(etcd, args.cluster, master_id, address, args.election_ttl)
-        election.serving = False  # leads and has taken over: the service answers only then
-        election.record = None
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold)
+        control = ControlPort(service, metrics.registry, args.control_frame_timeout)
+        try:
+            control_port = await control.bind(args.host, args.control_port)
+        except OSError as exc:
+            print(f"kvpool-master: cannot listen on {args.host}:{args.control_port}: {exc}", file=sys.stderr)
+            return 1
+        service.control_address = f"{args.advertise_host or args.host}:{control_port}"
+        election = Election(etcd, args.cluster, master_id, address, args.election_ttl, service.control_address)
+        election.serving = False  # leads and has taken over: the service answers only then
         service.leadership = election
+        feed = KeyFeed(table, args.key_feed_size)  # open while this master leads (key_feed.py)
+        service.key_watch = KeyWatch(feed)
         kvpool_pb2_grpc.add_MasterServicer_to_server(service, server)
-        metrics.registry.register(RecordCollector(election))
         leader: Leader | None = None
         campaign: asyncio.Task | None = None
+        feed_task = loop.create_task(feed.run(election), name="key-feed")
         try:
             node_io.start()
             await election.start()
             await server.start()  # followers serve too: Stats, and NOT_LEADER naming the leader
+            await control.start()
             if args.metrics_port:
                 metrics.serve(args.metrics_port, args.host)
             # A lone master leads before it says it is ready, so its first client is served at once.
             if await election.campaign(give_up_after=0):
                 leader = Leader(args, etcd, election, table, node_io, adopter)
-                await _lead(leader, election, service)
+                await _lead(leader, election)
             else:
                 log.info("master %s following %s", master_id, election.leader_address or "(none yet)")
-            print(f"kvpool-master ready address={address}", flush=True)
+            print(f"kvpool-master ready address={address} control={service.control_address}", flush=True)
             log.info("master %s serving cluster %r on %s", master_id, args.cluster, address)
             while not stop.is_set():
                 if leader is None:
@@ -209,12 +222,12 @@ async def serve(args) -> int:
                     campaign = None
                     leader = Leader(args, etcd, election, table, node_io, adopter)
                     try:
-                        await _lead(leader, election, service)
+                        await _lead(leader, election)
                     except Exception as exc:  # noqa: BLE001 - etcd or the nodes failed the takeover: try again
                         log.error("taking over failed (%s: %s)", type(exc).__name__, exc)
                         election.step_down()
                 if election.is_leader:
-                    await _first_of(stop, election.lost, leader.record.lost)
+                    await _first_of(stop, election.lost)
                 if stop.is_set():
                     break
                 # Deposed: stop the term's work, forget its (possibly stale) table, campaign afresh.
@@ -231,16 +244,15 @@ async def serve(args) -> int:
                 campaign = None
             log.info("stopping")
         finally:
-            leading = election.is_leader and election.serving
             election.serving = False
+            feed_task.cancel()
+            await asyncio.gather(feed_task, return_exceptions=True)
             if campaign is not None:
                 campaign.cancel()
                 await asyncio.gather(campaign, return_exceptions=True)
-            if leader is not None and leader.record is not None and leading:
-                with contextlib.suppress(Exception):  # what is still queued gets written before resigning
-                    await asyncio.wait_for(leader.record.sync(), 3)
             await election.resign()
             await server.stop(grace=1.0)
+            await control.stop()
             if leader is not None:
                 await leader.stop()
             await adopter.close()
@@ -249,10 +261,8 @@ async def serve(args) -> int:
     return 0
 
 
-async def _lead(leader: Leader, election: Election, service: MasterService) -> None:
+async def _lead(leader: Leader, election: Election) -> None:
     await leader.take_over()
-    election.record = leader.record
-    service.records = leader.record
     election.serving = election.is_leader  # the lease may have expired while taking over
 
 
@@ -261,7 +271,7 @@ async def _step_down(leader: Leader, election: Election, table: ObjectTable, nod
     """End a lost term: nothing it started may act for the next one."""
     election.serving = False  # from now on every RPC but Stats answers NOT_LEADER
     log.error("leadership of term %d lost; following until this master wins again", election.term)
-    await leader.stop()  # cancels the record writer too: its waiting requests answer NOT_LEADER
+    await leader.stop()
     await adopter.close()
     node_io.discard_frees()
     table.reset()
@@ -269,7 +279,8 @@ async def _step_down(leader: Leader, election: Election, table: ObjectTable, nod
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "compact_interval"):
+    for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "key_feed_size",
+                 "control_frame_timeout"):
         if not getattr(args, flag) > 0:  # also NaN
             print(f"kvpool-master: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
             return 2

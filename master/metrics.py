@@ -102,10 +102,14 @@ class MasterMetrics:
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_TableCollector(table))
         self._http = None
+        self._per_method: dict[str, tuple] = {}  # labels() costs more than the update itself
 
     def observe(self, method: str, seconds: float, error_statuses: list[str]) -> None:
-        self.rpcs.labels(method).inc()
-        self.latency.labels(method).observe(seconds)
+        counters = self._per_method.get(method)
+        if counters is None:
+            counters = self._per_method[method] = (self.rpcs.labels(method), self.latency.labels(method))
+        counters[0].inc()
+        counters[1].observe(seconds)
         for status in error_statuses:
             self.errors.labels(method, status).inc()
 

@@ -1,4 +1,4 @@
-"""Every request the master sends to storage nodes, over the client package's TCP transport.
+"""Every request the master sends to storage nodes, over TCP (kvpool/tcp_link.py).
 
 FREE orders are best effort: a node only frees a (key, generation) it still
 holds, so an order that arrives late or twice is harmless, and one that never
@@ -14,19 +14,14 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvpool.tcp_link import TcpLink
+
 from .objects import FreeOrder
 
 log = logging.getLogger(__name__)
 
 FREE_TIMEOUT = 5.0
 MAX_FREES_IN_FLIGHT = 256
-
-
-def _make_transport():
-    # Imported here so the master's pure logic is importable (and testable) without the client package.
-    from kvpool.client.tcp import TcpTransport
-
-    return TcpTransport()
 
 
 @dataclass(frozen=True)
@@ -44,12 +39,12 @@ class NodeIO:
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # FREEs a request stopped waiting for
         self._failing: set[str] = set()  # addresses whose failure was logged; logged again once they recover
-        self.term = 0  # the leader's term, sent with every REPORT so nodes fence older leaders' WRITEs
+        self.term = 0  # the leader's term, sent with every REPORT and INVENTORY so nodes fence older leaders' WRITEs
 
     @property
     def transport(self):
         if self._transport is None:
-            self._transport = _make_transport()
+            self._transport = TcpLink()
         return self._transport
 
     def start(self) -> None:
@@ -126,7 +121,7 @@ class NodeIO:
         return report
 
     async def inventory(self, address: str, timeout: float) -> list:
-        entries = await asyncio.wait_for(self.transport.inventory(address), timeout)
+        entries = await asyncio.wait_for(self.transport.inventory(address, self.term), timeout)
         self._recovered(address)
         return entries
 

@@ -195,8 +195,9 @@ class ObjectTable:
         self._seq = itertools.count(1)  # orders commits against REPORT requests
         self._last_seq = 0
         self.nodes: dict[str, NodeState] = {}
-        # Tracks changed keys so the placement record (placement_record.py) follows every change.
+        # Can track changed keys for whoever follows the table (track_changes); off until one does.
         self._committed: ChangeTrackingDict = ChangeTrackingDict()
+        self._committed.tracking = False
         self._pending: dict[str, _Pending] = {}
         self._bytes = 0  # sum of committed sizes
         self._frees: list[FreeOrder] = []
@@ -206,10 +207,12 @@ class ObjectTable:
 
     def reset(self) -> None:
         """Forget every node, object and pending put (a deposed leader's table may be stale; the next
-        term rebuilds it from the placement record). The generation counter and the counters go on,
+        term rebuilds it from the nodes' inventories). The generation counter and the counters go on,
         so no generation is ever handed out twice."""
         self.nodes = {}
+        tracking = self._committed.tracking
         self._committed = ChangeTrackingDict()
+        self._committed.tracking = tracking
         self._pending = {}
         self._bytes = 0
         self._frees = []
@@ -343,10 +346,11 @@ class ObjectTable:
     def adopt_inventory(self, node_id: str, instance: str, entries: list) -> Adopted:
         """Match what a (re)started node still holds against the table.
 
-        An entry is taken back when the master has that key committed at the same
-        generation (and size and checksum), or does not know the key at all (it is
-        then committed as the node describes it). Anything else is stale and the node
-        is told to free it.
+        The nodes are the record of what was committed (a new leader starts from their
+        inventories alone), so an entry is taken back when the master has that key
+        committed at the same generation (and size and checksum), does not know the key
+        at all, or knows only an older generation (the newer complete version wins and
+        the older one is freed). Anything else is stale and the node is told to free it.
         """
         outcome = Adopted(node_id)
         node = self.nodes.get(node_id)
@@ -365,17 +369,23 @@ class ObjectTable:
             replica = Replica(node_id, node.address, DRAM if DRAM in tiers else str(tiers[0]), size)
             self._expire_object_if_due(key)
             version = self._committed.get(key)
-            if version is None and key not in self._pending:
+            if key not in self._pending and (version is None or version.generation < generation):
                 self._committed[key] = self._version_from_inventory(entry, key, generation, size, checksum,
                                                                      replica, now)
                 self._bytes += size
                 self._next_generation = max(self._next_generation, generation + 1)
                 node.versions[generation] = key
                 outcome.created.append(key)
+                if version is not None:
+                    self._bytes -= version.size
+                    self._release(version)
             elif (version is not None and version.generation == generation and version.size == size
                   and version.checksum == checksum):
                 if all(r.node_id != node_id for r in version.replicas):
-                    self._committed[key] = replace(version, replicas=version.replicas + (replica,))
+                    replicas = version.replicas + (replica,)
+                    # Each copy found was placed on purpose: the object keeps at least that many.
+                    self._committed[key] = replace(version, replicas=replicas,
+                                                   target_replicas=max(version.target_replicas, len(replicas)))
                     node.versions[generation] = key
                 outcome.adopted.append(key)
             else:
@@ -623,7 +633,11 @@ class ObjectTable:
         frees, self._frees = self._frees, []
         return frees
 
-    # ----- the placement record (kept in etcd by placement_record.py) -----
+    # ----- change tracking, for whoever follows the table -----
+
+    def track_changes(self, on: bool = True) -> None:
+        """Start (or stop) marking the keys whose committed version changes, for take_changed_keys()."""
+        self._committed.tracking = on
 
     def take_changed_keys(self, limit: int | None = None) -> list[str]:
         """Keys whose committed version changed (committed, replaced, removed, re-placed) since the last call."""
@@ -633,29 +647,14 @@ class ObjectTable:
     def has_changes(self) -> bool:
         return self._committed.has_changes
 
-    def load_record(self, version: ObjectVersion) -> None:
-        """Take in one committed version from the placement record (a new leader's start).
+    def take_appeared_and_gone(self) -> tuple[list[str], list[str]]:
+        """Keys committed since the last take that were absent before, and keys gone that were present
+        (what the key feed reports); a key only replaced or re-placed is in neither."""
+        return self._committed.take_appeared_and_gone()
 
-        Replicas on nodes that are not registered are left out (and the record rewritten);
-        a version left with no replica is not loaded (and its record deleted)."""
-        if version.key in self._committed or version.key in self._pending:
-            return
-        replicas = tuple(r for r in version.replicas if r.node_id in self.nodes)
-        self._next_generation = max(self._next_generation, version.generation + 1)
-        if version.size > 0 and not replicas:
-            self._committed.mark(version.key)
-            return
-        if len(replicas) != len(version.replicas):
-            self._committed.mark(version.key)
-            version = replace(version, replicas=replicas)
-        self._committed.tracking = False
-        try:
-            self._committed[version.key] = version
-        finally:
-            self._committed.tracking = True
-        self._bytes += version.size
-        for r in replicas:
-            self.nodes[r.node_id].versions[version.generation] = version.key
+    def committed_keys(self, prefix: str = "") -> list[str]:
+        """Every committed key starting with `prefix` (one not yet dropped after its ttl included)."""
+        return [key for key in self._committed if key.startswith(prefix)]
 
     # ----- accounting -----
 

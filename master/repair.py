@@ -16,6 +16,8 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+from kvpool.tcp_link import TcpLink
+
 from .node_io import NodeIO
 from .objects import DRAM, NodeState, ObjectTable, Replica
 from .placement import spread_zones
@@ -107,9 +109,7 @@ class Repairer:
     @property
     def transport(self):
         if self._transport is None:
-            from kvpool.client.tcp import TcpTransport
-
-            self._transport = TcpTransport()
+            self._transport = TcpLink()
         return self._transport
 
     async def run(self) -> None:

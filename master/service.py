@@ -1,4 +1,4 @@
-"""The Master gRPC service: validates requests and answers them from the object table.
+"""The Master service (over gRPC and the control port): validates requests and answers them from the object table.
 
 Every answer carries a typed Status; batch RPCs answer each item on its own, so
 one bad key never fails its neighbours. Handlers change the table without
@@ -13,11 +13,12 @@ import time
 
 import grpc
 
-from kvpool.errors import Code, InvalidArgumentError, KeyNotFoundError, KvpoolError, NotLeaderError
+from kvpool.errors import Code, InvalidArgumentError, KeyNotFoundError, KvpoolError
 from kvpool.keys import validate_key
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
+from .key_feed import FeedClosed
 from .metrics import MasterMetrics
 from .node_io import HoldOrder, NodeIO
 from .objects import NO_OPTIONS, NodeState, ObjectTable, ObjectVersion, PutOptions
@@ -71,33 +72,31 @@ async def _not_leader(context, leader: str) -> None:
                         trailing_metadata=(("kvpool-leader", leader),))
 
 
-def _rpc(handler):
-    """Adapt a handler(self, request) (plain or async) to grpc.aio, with metrics and FREE dispatch.
+class NotLeading(Exception):
+    """This master may not answer; the leader it knows of is `leader` (gRPC) with its
+    `control_address` ("" for what it does not know)."""
 
-    The replicas a request released (an overwritten or removed version) are freed on
-    their nodes before it is answered, so the caller's next read cannot get them."""
+    def __init__(self, leader: str, control_address: str):
+        super().__init__("not leader")
+        self.leader = leader
+        self.control_address = control_address
+
+
+_HANDLERS = {}  # RPC name -> handler(self, request), for MasterService.dispatch
+
+
+def _rpc(handler):
+    """Register a handler(self, request) (plain or async) for MasterService.dispatch, and
+    adapt it to grpc.aio: gRPC and the control port serve every RPC the same way."""
+    name = handler.__name__
+    _HANDLERS[name] = handler
 
     @functools.wraps(handler)
     async def method(self, request, context):
-        started = time.perf_counter()
-        gate = self.leadership
-        follower_rpc = handler.__name__ in FOLLOWER_RPCS
-        if gate is not None and not gate.serving and not follower_rpc:
-            await _not_leader(context, gate.leader_address if gate.leader_address != self.address else "")
-        response = handler(self, request)
-        if hasattr(response, "__await__"):
-            response = await response
-        # A deposed master keeps its refused record until it leads again: Stats, which changes
-        # nothing, must not wait on it.
-        if self.records is not None and not follower_rpc:
-            try:
-                # Changes are answered only once durable in the placement record (group commit).
-                await self.records.sync()
-            except NotLeaderError:
-                await _not_leader(context, "")
-        await self._node_io.free_now(self._table.take_frees(), FREE_WAIT)
-        self._metrics.observe(handler.__name__, time.perf_counter() - started, _error_statuses(response))
-        return response
+        try:
+            return await self.dispatch(name, request)
+        except NotLeading as exc:
+            await _not_leader(context, exc.leader)
 
     return method
 
@@ -154,7 +153,8 @@ def _validate_prefix(prefix: str) -> None:
 
 class MasterService(kvpool_pb2_grpc.MasterServicer):
     leadership = None  # the master's Election (None: serve unconditionally, as a lone master without etcd)
-    records = None     # the leader's PlacementRecord, once it leads
+    control_address = ""  # HOST:PORT of this master's control port (master/control_port.py)
+    key_watch = None   # the KeyWatch serving WatchKeys from the leader's key feed
 
     @property
     def term(self) -> int:
@@ -168,6 +168,23 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         self._metrics = metrics
         self.master_id = master_id
         self.address = address
+
+    async def dispatch(self, name: str, request):
+        """Serve the RPC `name`, whichever port it came in by: the leadership gate (NotLeading),
+        the handler, FREEs, metrics. The replicas a request released (an overwritten or removed
+        version) are freed on their nodes before it is answered, so the caller's next read
+        cannot get them."""
+        started = time.perf_counter()
+        gate = self.leadership
+        if gate is not None and name not in FOLLOWER_RPCS and not (gate.serving and gate.holds_lease()):
+            leader = gate.leader_address if gate.leader_address != self.address else ""
+            raise NotLeading(leader, gate.leader_control_address if leader else "")
+        response = _HANDLERS[name](self, request)
+        if hasattr(response, "__await__"):
+            response = await response
+        await self._node_io.free_now(self._table.take_frees(), FREE_WAIT)
+        self._metrics.observe(name, time.perf_counter() - started, _error_statuses(response))
+        return response
 
     # ----- one item each -----
 
@@ -313,6 +330,17 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     def Drain(self, request):
         return _answer(pb.DrainResponse, self._drain, request.node_id)
 
+    async def WatchKeys(self, request, context):
+        """A server stream (key_watch.py), so not an _rpc; it ends with NOT_LEADER when the term does."""
+        gate = self.leadership
+        if self.key_watch is None or (gate is not None and not (gate.serving and gate.holds_lease())):
+            leader = gate.leader_address if gate is not None and gate.leader_address != self.address else ""
+            await _not_leader(context, leader)
+        try:
+            await self.key_watch.serve(request, context)
+        except FeedClosed:
+            await _not_leader(context, "")
+
     @_rpc
     def Stats(self, request):
         t = self._table
@@ -324,7 +352,8 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                                       zone=node.zone, draining=node.draining))
         c = t.counters
         return pb.StatsResponse(
-            master_id=self.master_id, address=self.address, nodes=nodes, objects=t.object_count,
+            master_id=self.master_id, address=self.address, control_address=self.control_address,
+            nodes=nodes, objects=t.object_count,
             bytes=t.total_bytes, pending_puts=t.pending_count, hits=c.hits, misses=c.misses, puts=c.puts,
             removes=c.removes, reclaimed_puts=c.reclaimed_puts,
             under_replicated=t.under_replicated(), repairs_done=c.repairs_done, repair_bytes=c.repair_bytes,

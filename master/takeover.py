@@ -1,11 +1,14 @@
-"""A new leader's start: the placement record checked against what the nodes really hold.
+"""A new leader's start: the object table rebuilt from what the nodes hold.
 
-The record says where each object was placed; the nodes' inventories say what
-survived. What a node holds wins: a recorded replica its node does not list is
-dropped (an object left with none is removed, and its record deleted), and what a
-node holds that the record lacks is adopted or freed by the table's usual
-inventory rule (ObjectTable.adopt_inventory). A node that does not answer keeps
-its recorded replicas; reads there fail over, and its next restart re-adopts.
+There is no per-object record in etcd: every node keeps, for each object it
+stores, its key, generation, size, checksum and options, and a put is
+acknowledged only after its nodes stored it. So the nodes' inventories, asked
+for all at once, are the record: the table adopts them by its inventory rule
+(ObjectTable.adopt_inventory: for a key held at several generations the newest
+wins and the older copies are freed). The INVENTORY request carries the new
+leader's term, so from that moment the node refuses WRITEs placed by an older
+leader: whatever such a leader placed before is in the inventory, whatever it
+places after never lands.
 """
 
 import asyncio
@@ -26,47 +29,30 @@ async def _inventory(node_io: NodeIO, address: str, timeout: float) -> list | No
             return await node_io.inventory(address, timeout)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - retried, then the node's recorded replicas are kept
+        except Exception as exc:  # noqa: BLE001 - retried, then left to the background adopter
             if attempt == ATTEMPTS:
-                log.warning("no INVENTORY from %s (%s: %s); keeping its recorded replicas", address,
-                            type(exc).__name__, exc)
+                log.warning("no INVENTORY from %s (%s: %s); its objects are taken back when it answers",
+                            address, type(exc).__name__, exc)
                 return None
             await asyncio.sleep(RETRY_DELAY)
     return None
 
 
-def apply_inventory(table: ObjectTable, node_id: str, instance: str, entries: list) -> int:
-    """Adopt a node's inventory and drop the replicas the table places there that it lacks;
-    returns how many replicas were dropped."""
-    table.adopt_inventory(node_id, instance, entries)
-    node = table.nodes.get(node_id)
-    if node is None or node.instance != instance:
-        return 0
-    held = set()
-    for entry in entries:
-        try:
-            held.add((str(entry["key"]), int(entry["generation"])))
-        except (KeyError, TypeError, ValueError):
-            continue
-    dropped = 0
-    for generation, key in list(node.versions.items()):
-        version = table.lookup(key)
-        if version is not None and version.generation == generation and (key, generation) not in held:
-            table.drop_replica(key, generation, node_id)
-            dropped += 1
-    return dropped
+async def rebuild(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, str, str]],
+                  timeout: float) -> list[tuple[str, str, str]]:
+    """Adopt the inventories of `nodes` ((node_id, instance, address) each), all asked at once;
+    returns the nodes that did not answer."""
+    silent = []
 
-
-async def reconcile(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, str, str]],
-                    timeout: float) -> None:
-    """Check the table against the inventories of `nodes` ((node_id, instance, address) each)."""
     async def one(node_id: str, instance: str, address: str) -> None:
         entries = await _inventory(node_io, address, timeout)
         if entries is None:
+            silent.append((node_id, instance, address))
             return
-        dropped = apply_inventory(table, node_id, instance, entries)
+        outcome = table.adopt_inventory(node_id, instance, entries)
         node_io.submit_frees(table.take_frees())
-        if dropped:
-            log.info("node %s no longer holds %d recorded replicas", node_id, dropped)
+        if outcome.rejected:
+            log.info("node %s holds %d stale versions; freeing them", node_id, len(outcome.rejected))
 
     await asyncio.gather(*(one(*node) for node in nodes))
+    return silent

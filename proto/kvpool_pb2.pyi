@@ -34,6 +34,12 @@ class Pin(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PIN_NONE: _ClassVar[Pin]
     PIN_SOFT: _ClassVar[Pin]
     PIN_HARD: _ClassVar[Pin]
+
+class KeyChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KEY_CHANGE_UNSPECIFIED: _ClassVar[KeyChangeKind]
+    KEY_STORED: _ClassVar[KeyChangeKind]
+    KEY_REMOVED: _ClassVar[KeyChangeKind]
 OK: Status
 NOT_FOUND: Status
 EXISTS: Status
@@ -53,6 +59,9 @@ SSD: Tier
 PIN_NONE: Pin
 PIN_SOFT: Pin
 PIN_HARD: Pin
+KEY_CHANGE_UNSPECIFIED: KeyChangeKind
+KEY_STORED: KeyChangeKind
+KEY_REMOVED: KeyChangeKind
 
 class Replica(_message.Message):
     __slots__ = ("node_id", "address", "tier", "offset", "length")
@@ -329,7 +338,7 @@ class NodeStats(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes")
+    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address")
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +356,7 @@ class StatsResponse(_message.Message):
     UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
     REPAIRS_DONE_FIELD_NUMBER: _ClassVar[int]
     REPAIR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     master_id: str
     address: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
@@ -364,7 +374,8 @@ class StatsResponse(_message.Message):
     under_replicated: int
     repairs_done: int
     repair_bytes: int
-    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ...) -> None: ...
+    control_address: str
+    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ..., control_address: _Optional[str] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("node_id",)
@@ -381,3 +392,37 @@ class DrainResponse(_message.Message):
     message: str
     objects: int
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., objects: _Optional[int] = ...) -> None: ...
+
+class WatchKeysRequest(_message.Message):
+    __slots__ = ("prefix", "feed_id", "after_sequence")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    FEED_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    feed_id: str
+    after_sequence: int
+    def __init__(self, prefix: _Optional[str] = ..., feed_id: _Optional[str] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+
+class KeyChange(_message.Message):
+    __slots__ = ("kind", "key")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    kind: KeyChangeKind
+    key: str
+    def __init__(self, kind: _Optional[_Union[KeyChangeKind, str]] = ..., key: _Optional[str] = ...) -> None: ...
+
+class KeyEvents(_message.Message):
+    __slots__ = ("feed_id", "sequence", "snapshot", "snapshot_done", "present", "changes")
+    FEED_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DONE_FIELD_NUMBER: _ClassVar[int]
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    feed_id: str
+    sequence: int
+    snapshot: bool
+    snapshot_done: bool
+    present: _containers.RepeatedScalarFieldContainer[str]
+    changes: _containers.RepeatedCompositeFieldContainer[KeyChange]
+    def __init__(self, feed_id: _Optional[str] = ..., sequence: _Optional[int] = ..., snapshot: _Optional[bool] = ..., snapshot_done: _Optional[bool] = ..., present: _Optional[_Iterable[str]] = ..., changes: _Optional[_Iterable[_Union[KeyChange, _Mapping]]] = ...) -> None: ...

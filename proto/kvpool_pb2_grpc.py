@@ -104,6 +104,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.WatchKeys = channel.unary_stream(
+                '/kvpool.Master/WatchKeys',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.WatchKeysRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.KeyEvents.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -194,6 +199,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchKeys(self, request, context):
+        """Snapshot, then changes, of the committed keys with a prefix (see WatchKeysRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -266,6 +278,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.SerializeToString,
+            ),
+            'WatchKeys': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchKeys,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.WatchKeysRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.KeyEvents.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -646,6 +663,33 @@ class Master:
             '/kvpool.Master/Drain',
             kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvpool.Master/WatchKeys',
+            kvpool_dot_proto_dot_kvpool__pb2.WatchKeysRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.KeyEvents.FromString,
             options,
             channel_credentials,
             insecure,

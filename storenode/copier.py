@@ -9,6 +9,8 @@ so the copy is indistinguishable from one the client wrote.
 import asyncio
 
 from kvpool.errors import InvalidArgumentError, KeyNotFoundError, StaleReplicaError, UnavailableError
+from kvpool.tcp_link import TcpLink
+from kvpool.write_options import WriteOptions
 
 from .store import ObjectStore
 
@@ -24,9 +26,7 @@ class Copier:
     @property
     def transport(self):
         if self._transport is None:
-            from kvpool.client.tcp import TcpTransport  # the node only needs the client side for COPY
-
-            self._transport = TcpTransport()
+            self._transport = TcpLink()
         return self._transport
 
     async def copy(self, key: bytes, generation: int, destination: str) -> int:
@@ -39,8 +39,6 @@ class Copier:
             if why == "stale":
                 raise StaleReplicaError(f"this node no longer holds generation {generation} of the key")
             raise KeyNotFoundError(f"no generation {generation} of this key here")
-        from kvpool.client.transport import WriteOptions
-
         now = self.store.clock()
         options = WriteOptions(
             flags=rec.flags,

@@ -164,12 +164,13 @@ class _Connection:
         key = bytes(self.view[self.start + _HEADER:self.start + _HEADER + key_len])
         self.start += _HEADER + key_len
 
-        name = _OP_NAMES.get(op)
-        if name is None:
+        handler = self._handlers.get(op)  # not every wire.Op is a node's (the master's control ops)
+        if handler is None:
             await self._fail(op, req_id, Code.PROTOCOL, f"unknown op {op}", "unknown")
             return False
+        name = _OP_NAMES[op]
         began = time.perf_counter()
-        keep_open = await self._handlers[op](op, req_id, key, generation, flags, arg, length, value_checksum)
+        keep_open = await handler(op, req_id, key, generation, flags, arg, length, value_checksum)
         count, latency = self.metrics.per_op(name)
         count.inc()
         latency.observe(time.perf_counter() - began)
@@ -367,7 +368,8 @@ class _Connection:
         self._reply_json(op, req_id, self.store.report(self.server.node_id))
         return True
 
-    async def _inventory(self, op, req_id, *_unused) -> bool:
+    async def _inventory(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
+        self.server.term = max(self.server.term, term)  # a new leader asks this first: older WRITEs end here
         self._reply_json(op, req_id, self.store.inventory())
         return True
 

@@ -93,6 +93,26 @@ def test_bench_all_transports_on_the_same_values_each_under_its_own_name(cluster
     assert report["targets"]["shm get_into 4MiB / memcpy"]["met"] is None  # 4MiB was not run
     assert report["targets"]["shm get 64KiB p50 (warm placement cache)"]["p50_us"] > 0
     assert "target tcp batch_get_into 8 x 1MiB / socket" in stderr
+    for name, run in runs.items():  # puts of keys that never existed, and batch_exists, per transport
+        assert 0 < run["put_fresh_latency"]["p50_us"] <= run["put_fresh_latency"]["p99_us"]
+        exists = run["batch_exists_latency"]
+        assert exists["keys"] == 32 and exists["all_existed"] and 0 < exists["p50_us"] <= exists["p99_us"]
+        fresh = {(r["op"], r["size"], r.get("batch")): r["MBps"] for r in report["results"]
+                 if r["transport"] == name and "fresh" in r["op"]}
+        assert set(fresh) == {("put_fresh", 64 << 10, None), ("put_fresh", 1 << 20, None),
+                              ("put_from_fresh", 1 << 20, None), ("batch_put_from_fresh", 1 << 20, 8)}
+        assert all(mbps > 0 for mbps in fresh.values())
+        put = report["targets"][f"{name} put fresh 64KiB p50"]
+        assert put["aim_us"] == 400 and put["mooncake_us"] == 393 and put["met"] == (put["p50_us"] <= 400)
+        assert report["targets"][f"{name} put fresh 1MiB"]["met"] == (fresh[("put_fresh", 1 << 20, None)] >= 1000)
+        assert report["targets"][f"{name} batch_put_from fresh 8 x 1MiB"]["mooncake_MBps"] == 1777
+        assert report["targets"][f"{name} batch_exists 32 keys p50"]["aim_us"] == 300
+    assert "target tcp put fresh 64KiB p50" in stderr
+    # Fresh keys are removed as the bench goes: nothing of its own is left in the cluster.
+    from kvpool import Client
+
+    with Client(cluster.master_address) as client:
+        assert client.remove_prefix("bench/") == 0
 
 
 def test_bench_names_a_default_run_after_the_transport_that_carried_its_bytes(cluster):

@@ -17,7 +17,8 @@ def test_bench_with_compression_reports_ratio_and_codec_time(cluster):
     assert {(r["op"], r["size"]) for r in report["results"]} == {
         (op, size) for op in ("put", "get", "get_into", "batch_put", "batch_get_into", "batch_get_into_offsets",
                               "batch_get_into_parts")
-        for size in (65536, 1 << 20)}
+        for size in (65536, 1 << 20)} | {
+        ("put_fresh", 65536), ("put_fresh", 1 << 20), ("put_from_fresh", 1 << 20), ("batch_put_from_fresh", 1 << 20)}
     assert all(r["MBps"] > 0 for r in report["results"])
     costs = report["compression"]["sizes"]
     assert [c["size"] for c in costs] == [65536, 1 << 20]

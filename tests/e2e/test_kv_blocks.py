@@ -84,7 +84,7 @@ def test_a_router_sees_blocks_stored_and_removed(cluster):
 
         async def follow():
             seen = []
-            stream = block_events(cluster.etcd_endpoint, namespace)
+            stream = block_events(namespace, cluster.master_address)
             async with asyncio.timeout(30):
                 async for event in stream:
                     seen.append(event)

@@ -89,7 +89,8 @@ class MasterProcess:
         except queue.Empty:
             line = ""
         assert line.startswith("kvpool-master ready address="), f"no ready line (got {line!r}); see {log_path}"
-        self.address = line.split("address=", 1)[1].strip()
+        self.fields = dict(part.split("=", 1) for part in line.split()[2:])
+        self.address = self.fields["address"]
         self.channel = grpc.insecure_channel(self.address)
         self.stub = kvpool_pb2_grpc.MasterStub(self.channel)
 
@@ -141,11 +142,12 @@ def test_registered_node_and_master_record(master, etcd_ops):
     etcd_ops.register_node("n1")
     stats = wait_until(lambda: (s := master.stub.Stats(pb.StatsRequest())).nodes and s, 10, what="node in Stats")
     assert stats.master_id == "m-test" and stats.address == master.address
+    assert stats.control_address == master.fields["control"]
     (n1,) = stats.nodes
     assert n1.node_id == "n1" and list(n1.transports) == ["tcp"]
     assert [(t.tier, t.capacity, t.used) for t in n1.tiers] == [(pb.DRAM, CAPACITY, 0)]
     record = json.loads(etcd_ops.get(cluster_layout.master_key("default")))
-    assert record == {"address": master.address, "master_id": "m-test"}
+    assert record == {"address": master.address, "master_id": "m-test", "control_address": stats.control_address}
 
 
 def test_put_lifecycle_and_typed_errors(master, node):

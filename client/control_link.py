@@ -1,0 +1,274 @@
+"""The client's side of the master's control port (master/control_port.py; frames in kvpool/control.py).
+
+One persistent connection per master, shared by every caller on the event loop.
+A call takes a req_id and, on an idle connection, writes its frame at once;
+while others are in flight, frames wait for the end of the loop's turn and
+leave together in one write. Each reply, which may overtake earlier ones,
+settles the call waiting on its req_id. The connection lives as long as its
+loop: the blocking Client runs the same private loop for every call, so it
+stays open between calls. As the loop does not run between them, an idle
+connection is checked before it is used again (on Linux, its TCP state): one
+the master closed meanwhile is replaced, and the call goes out on the new one.
+"""
+
+import asyncio
+import functools
+import socket
+
+from kvpool import control
+from kvpool.cluster_layout import parse_hostport
+from kvpool.errors import Code, NotLeaderError, ProtocolError, UnavailableError, error_for
+from kvpool.wire import MAGIC, REPLY, VERSION
+
+_REPLY_SIZE = REPLY.size
+_unpack_reply = REPLY.unpack_from
+_OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
+_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
+_ESTABLISHED = 1
+
+
+class LeaderHint(NotLeaderError):
+    """A master answered NOT_LEADER; it names the `leader` (gRPC) and its `control_address`
+    ("" for what it does not know)."""
+
+    def __init__(self, message: str, leader: str, control_address: str):
+        super().__init__(message)
+        self.leader = leader
+        self.control_address = control_address
+
+
+class NotSent(UnavailableError):
+    """The call never reached the master: no connection, or one found closed before the frame left."""
+
+
+class _Call:
+    __slots__ = ("method", "future", "deadline")
+
+    def __init__(self, method: str, future: asyncio.Future, deadline: float):
+        self.method = method
+        self.future = future
+        self.deadline = deadline  # loop time
+
+
+class ControlConnection(asyncio.Protocol):
+    def __init__(self, address: str):
+        self.address = address
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._next_id = 0
+        self._calls: dict[int, _Call] = {}
+        self._queued: list[bytes] = []  # frames that leave at the end of this turn, and their req_ids
+        self._queued_ids: list[int] = []
+        self._buf = bytearray()
+        self._sock = None
+        # One timer for every call's deadline, not one per call: it fires at the earliest it knew of.
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watch_at = 0.0
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self._sock = transport.get_extra_info("socket")
+
+    def connection_lost(self, exc) -> None:
+        self._fail(f"connection lost: {exc}" if exc else "connection closed by the master")
+
+    def data_received(self, data: bytes) -> None:
+        if self._buf:  # the rest of a reply that began in an earlier read
+            self._buf += data
+            data = self._buf
+        size, start = len(data), 0
+        while size - start >= _REPLY_SIZE:
+            magic, version, op, req_id, status, _flags, length, _sum = _unpack_reply(data, start)
+            if magic != MAGIC or version != VERSION:
+                self.close(f"bad reply frame (magic {bytes(magic)!r}, version {version})")
+                return
+            end = start + _REPLY_SIZE + length
+            if size < end:
+                break
+            body = data[start + _REPLY_SIZE:end]
+            start = end
+            call = self._calls.pop(req_id, None)
+            if call is not None:  # else a call that timed out or was cancelled
+                self._settle(call, status, body)
+        if start == size:
+            if self._buf:
+                self._buf = bytearray()
+        elif start or data is not self._buf:  # keep what a reply not whole yet has so far
+            self._buf = bytearray(data[start:])
+
+    # -- calls
+
+    async def call(self, method: str, request, timeout: float):
+        """The response of Master.<method>; raises LeaderHint, UnavailableError (NotSent if the frame
+        never left), or the typed error of a refused frame."""
+        idle = not self._calls
+        if idle and not self.closed and self._peer_left():
+            self.close("closed by the master")
+        if self.closed:
+            raise NotSent(f"master control port {self.address}: connection closed")
+        req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        future = self.loop.create_future()
+        deadline = self.loop.time() + timeout
+        self._calls[req_id] = _Call(method, future, deadline)
+        if self._watchdog is None or deadline < self._watch_at:
+            self._watch(deadline)
+        frame = control.pack_call(control.OP_BY_RPC[method], req_id, request.SerializeToString())
+        if idle:
+            self.transport.write(frame)
+        else:  # busy: this frame leaves with the others of this turn
+            if not self._queued:
+                self.loop.call_soon(self._flush)
+            self._queued.append(frame)
+            self._queued_ids.append(req_id)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._forget(req_id)
+            raise
+
+    def _peer_left(self) -> bool:
+        """Whether the master closed this connection while the loop was not there to see it."""
+        if _TCP_INFO is None or self._sock is None:
+            return False
+        try:
+            return self._sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0] != _ESTABLISHED
+        except OSError:
+            return True
+
+    def _flush(self) -> None:
+        frames, ids = self._queued, self._queued_ids
+        self._queued, self._queued_ids = [], []
+        if self.closed or self.transport.is_closing():
+            # Closed while these waited for the end of the turn: not sent.
+            for req_id in ids:
+                call = self._calls.pop(req_id, None)
+                if call is not None:
+                    if not call.future.done():
+                        call.future.set_exception(NotSent(f"master control port {self.address}: connection closed"))
+            self.close("closed by the master")
+            return
+        self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+    def _settle(self, call: _Call, status: int, body) -> None:
+        future = call.future
+        if future.done():
+            return
+        if status == _OK:
+            try:
+                future.set_result(control.MESSAGES[call.method][1].FromString(bytes(body)))
+            except Exception as exc:  # noqa: BLE001 - a garbled answer fails that call only
+                future.set_exception(ProtocolError(f"master {self.address} {call.method}: bad answer: {exc}"))
+        elif status == _NOT_LEADER:
+            leader, control_address = control.parse_not_leader(bytes(body))
+            future.set_exception(LeaderHint(f"master {self.address} {call.method}: not leader", leader,
+                                            control_address))
+        else:
+            message = bytes(body).decode("utf-8", "replace")
+            future.set_exception(error_for(status, f"master {self.address} {call.method}: {message}"))
+
+    def _watch(self, deadline: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watch_at = deadline
+        self._watchdog = self.loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        """Fail the calls past their deadline; watch for the next one."""
+        self._watchdog = None
+        now, nearest = self.loop.time(), None
+        for req_id, call in list(self._calls.items()):
+            if call.deadline <= now:
+                del self._calls[req_id]
+                if not call.future.done():
+                    call.future.set_exception(UnavailableError(f"master {self.address} {call.method}: "
+                                                               "no answer in time"))
+            elif nearest is None or call.deadline < nearest:
+                nearest = call.deadline
+        if nearest is not None:
+            self._watch(nearest)
+
+    def _forget(self, req_id: int) -> None:
+        self._calls.pop(req_id, None)
+
+    # -- failure
+
+    def close(self, reason: str = "closed") -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+        self._fail(reason)
+
+    def _fail(self, reason: str) -> None:
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            if not call.future.done():
+                call.future.set_exception(UnavailableError(f"master control port {self.address}: {reason}"))
+
+
+class ControlLinks:
+    """One ControlConnection per control address, opened on first use (concurrent first calls share
+    the attempt) and again after it closed."""
+
+    def __init__(self):
+        self._connections: dict[str, ControlConnection] = {}
+        self._opening: dict[str, asyncio.Future] = {}
+
+    async def call(self, address: str, method: str, request, deadline: float):
+        """Master.<method> through the control port at `address`, answered by `deadline` (loop time)."""
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            connection = await self._connection(address, deadline - loop.time())
+            try:
+                return await connection.call(method, request, deadline - loop.time())
+            except NotSent:
+                if attempt:
+                    raise
+
+    async def _connection(self, address: str, timeout: float) -> ControlConnection:
+        connection = self._connections.get(address)
+        if connection is not None and not connection.closed and connection.loop is asyncio.get_running_loop():
+            return connection
+        opening = self._opening.get(address)
+        if opening is None:
+            opening = self._opening[address] = asyncio.ensure_future(self._open(address, timeout))
+            opening.add_done_callback(functools.partial(self._opened, address))
+        return await asyncio.shield(opening)
+
+    async def _open(self, address: str, timeout: float) -> ControlConnection:
+        try:
+            host, port = parse_hostport(address)
+        except ValueError as exc:
+            raise UnavailableError(f"bad master control address {address!r}: {exc}") from None
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(max(timeout, 0.001)):
+                _, connection = await loop.create_connection(lambda: ControlConnection(address), host, port)
+        except TimeoutError:
+            raise NotSent(f"master control port {address}: connect timed out") from None
+        except OSError as exc:
+            raise NotSent(f"master control port {address}: cannot connect: {exc}") from None
+        old = self._connections.get(address)
+        if old is not None:
+            old.close("replaced")
+        self._connections[address] = connection
+        return connection
+
+    def _opened(self, address: str, opening: asyncio.Future) -> None:
+        if self._opening.get(address) is opening:
+            del self._opening[address]
+        if not opening.cancelled():
+            opening.exception()  # retrieved: a failed attempt is reported to its callers only
+
+    async def close(self) -> None:
+        for opening in list(self._opening.values()):
+            opening.cancel()
+        for connection in list(self._connections.values()):
+            connection.close("client closed")
+        self._connections.clear()
+        await asyncio.sleep(0)  # the transports close their sockets in the loop's next turn

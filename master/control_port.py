@@ -1,0 +1,281 @@
+"""The master's binary control port: the Master RPCs in kvpool/wire.py frames (kvpool/control.py).
+
+A gRPC unary call costs many raw socket round trips' worth of time between two
+processes, and a put makes two master calls; this port serves the same RPCs
+through the same code (MasterService.dispatch) for the price of one round trip.
+
+A connection may carry many requests at once. Each complete frame is decoded
+and dispatched as it arrives, in arrival order: a handler changes the table
+before its first await, so arrival order is the order of effects. Replies go
+out as calls finish, matched by req_id, and replies ready together leave in one
+write. A peer cannot hurt anyone else: a bad magic or version closes its
+connection; a body over MAX_BODY is refused (TOO_LARGE) and the connection
+closed; a frame that stalls half-received for frame_timeout seconds closes it;
+an undecodable body is answered INVALID_ARGUMENT; an unknown op PROTOCOL.
+"""
+
+import asyncio
+import logging
+
+from google.protobuf.message import DecodeError
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kvpool import control, wire
+from kvpool.errors import Code
+
+from .service import MasterService, NotLeading
+
+log = logging.getLogger(__name__)
+
+FRAME_TIMEOUT = 10.0  # seconds a frame may sit half-received without a byte more
+MAX_IN_FLIGHT = 1024  # calls served at once per connection; reading pauses beyond
+_HEADER = wire.REQUEST.size
+_unpack_header = wire.REQUEST.unpack_from
+_OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
+
+
+class ControlPort:
+    def __init__(self, service: MasterService, registry: CollectorRegistry | None = None,
+                 frame_timeout: float = FRAME_TIMEOUT, max_body: int = control.MAX_BODY):
+        self.service = service
+        self.frame_timeout = frame_timeout
+        self.max_body = max_body
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_Connection] = set()
+        self.requests = Counter("kvpool_master_control_requests", "RPCs received on the control port",
+                                ["method"], registry=registry)
+        self.refused = Counter("kvpool_master_control_refused", "Control port frames refused, by reason",
+                               ["reason"], registry=registry)
+        self.connections = Gauge("kvpool_master_control_connections", "Open control port connections",
+                                 registry=registry)
+        self.accepted = Counter("kvpool_master_control_accepted", "Control port connections accepted",
+                                registry=registry)
+        self.counted = {name: self.requests.labels(name) for name in control.OP_BY_RPC}
+
+    async def bind(self, host: str, port: int) -> int:
+        """Listen on host:port (0: a free port), without serving yet; returns the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, start_serving=False,
+                                                backlog=1024)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        await self._server.start_serving()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections):
+            connection.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+async def _finish(call, waiting):
+    """Drive a coroutine started by hand (call.send) on from where it suspended, as a Task would:
+    wait for the future it yielded (None: a bare yield), then resume it."""
+    while True:
+        cancelled = False
+        try:
+            if waiting is None:
+                await asyncio.sleep(0)
+            else:
+                await asyncio.wait((waiting,))
+        except asyncio.CancelledError:
+            # Resumed, the call finds what it awaited cancelled; or, with nothing to cancel, is told so.
+            cancelled = not (waiting is not None and waiting.cancel())
+        try:
+            waiting = call.throw(asyncio.CancelledError()) if cancelled else call.send(None)
+        except StopIteration as done:
+            return done.value
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, port: ControlPort):
+        self.port = port
+        self.service = port.service
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.out: list[bytes] = []  # replies not written yet
+        self.flushing = False
+        self.receiving = False
+        self.calls: set[asyncio.Task] = set()
+        self.closed = False
+        self.reading = True
+        self.writable = True
+        self.progress = 0.0  # loop time input last arrived while a frame was incomplete
+        self.stall_timer: asyncio.TimerHandle | None = None
+
+    # -- connection
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.port._connections.add(self)
+        self.port.connections.inc()
+        self.port.accepted.inc()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+        if self in self.port._connections:
+            self.port._connections.discard(self)
+            self.port.connections.dec()
+        # Calls in flight finish (their effects stand, as over gRPC); their replies are dropped.
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.abort()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        self._pace()
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        self._pace()
+
+    def _pace(self) -> None:
+        """Read only while the peer takes its replies and its calls in flight are bounded."""
+        want = self.writable and len(self.calls) < MAX_IN_FLIGHT
+        if want != self.reading and not self.closed:
+            self.reading = want
+            self.progress = self.loop.time()  # a pause of ours does not count against the peer
+            (self.transport.resume_reading if want else self.transport.pause_reading)()
+
+    # -- input
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.receiving = True
+        try:
+            self._take(data)
+        finally:
+            self.receiving = False
+            self._flush()  # the replies to what this read brought, in one write
+
+    def _take(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        size, start = len(buf), 0
+        while size - start >= _HEADER:
+            magic, version, op, req_id, key_len, _flags, _gen, _arg, length, _sum = _unpack_header(buf, start)
+            if magic != wire.MAGIC or version != wire.VERSION:
+                self._refuse("bad_frame", f"bad magic/version {bytes(magic)!r}/{version}")
+                return
+            if length > self.port.max_body:
+                self._reply(control.pack_error(op, req_id, Code.TOO_LARGE,
+                                               f"body of {length} bytes exceeds {self.port.max_body}"))
+                self._refuse("too_large", f"a body of {length} bytes")
+                return
+            end = start + _HEADER + key_len + length
+            if size < end:
+                break
+            body = bytes(buf[start + _HEADER + key_len:end])
+            start = end
+            if key_len:
+                self.port.refused.labels("protocol").inc()
+                self._reply(control.pack_error(op, req_id, Code.PROTOCOL, "control frames carry no key"))
+                continue
+            self._call(op, req_id, body)
+            if self.closed:
+                return
+        if start:
+            del buf[:start]
+        self._watch_stall(bool(buf))
+
+    def _call(self, op: int, req_id: int, body: bytes) -> None:
+        name = control.RPC_BY_OP.get(op)
+        if name is None:
+            self.port.refused.labels("protocol").inc()
+            self._reply(control.pack_error(op, req_id, Code.PROTOCOL, f"unknown op {op}"))
+            return
+        try:
+            request = control.MESSAGES[name][0].FromString(body)
+        except DecodeError as exc:
+            self.port.refused.labels("undecodable").inc()
+            self._reply(control.pack_error(op, req_id, Code.INVALID_ARGUMENT, f"{name}: undecodable body: {exc}"))
+            return
+        self.port.counted[name].inc()
+        call = self._serve(op, req_id, name, request)
+        try:
+            waiting = call.send(None)  # most calls finish here: no task, no further turn of the loop
+        except StopIteration:
+            return
+        task = self.loop.create_task(_finish(call, waiting))
+        self.calls.add(task)
+        task.add_done_callback(self._call_done)
+        if len(self.calls) >= MAX_IN_FLIGHT:
+            self._pace()
+
+    def _call_done(self, task: asyncio.Task) -> None:
+        self.calls.discard(task)
+        if not self.reading:
+            self._pace()
+
+    async def _serve(self, op: int, req_id: int, name: str, request) -> None:
+        try:
+            response = await self.service.dispatch(name, request)
+        except NotLeading as exc:
+            frame = control.pack_answer(op, req_id, _NOT_LEADER, control.not_leader_body(exc.leader,
+                                                                                        exc.control_address))
+        except Exception as exc:  # noqa: BLE001 - a bug costs this call, not the connection
+            log.exception("control port: %s failed", name)
+            frame = control.pack_error(op, req_id, Code.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        else:
+            frame = control.pack_answer(op, req_id, _OK, response.SerializeToString())
+        self._reply(frame)
+
+    # -- output
+
+    def _reply(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        self.out.append(frame)
+        if not self.flushing and not self.receiving:
+            # Replies finished in this turn of the loop leave together.
+            self.flushing = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flushing = False
+        if self.out and not self.closed:
+            out, self.out = self.out, []
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    # -- hostile or broken peers
+
+    def _refuse(self, reason: str, what: str) -> None:
+        """End a connection whose stream cannot be trusted (after the replies already due)."""
+        log.warning("control port: closing a connection from %s: %s", self._peer(), what)
+        self.port.refused.labels(reason).inc()
+        self._flush()
+        self.closed = True
+        self.transport.close()  # flushes what was written
+
+    def _watch_stall(self, incomplete: bool) -> None:
+        if not incomplete:
+            if self.stall_timer is not None:
+                self.stall_timer.cancel()
+                self.stall_timer = None
+            return
+        self.progress = self.loop.time()
+        if self.stall_timer is None:
+            self.stall_timer = self.loop.call_at(self.progress + self.port.frame_timeout, self._stalled)
+
+    def _stalled(self) -> None:
+        self.stall_timer = None
+        if self.closed or not self.buf:
+            return
+        due = self.progress + self.port.frame_timeout
+        if not self.reading or self.loop.time() < due:  # paused by us, or it moved on since
+            self.stall_timer = self.loop.call_at(max(due, self.loop.time() + 0.01), self._stalled)
+            return
+        self._refuse("stalled", f"a frame stalled half-received for {self.port.frame_timeout:g}s")
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
