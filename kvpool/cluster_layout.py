@@ -36,11 +36,6 @@ def masters_prefix(cluster: str) -> bytes:
     return prefix(cluster) + b"masters/"
 
 
-def objects_prefix(cluster: str) -> bytes:
-    """The leader's placement record: one entry per committed object."""
-    return prefix(cluster) + b"objects/"
-
-
 @dataclass
 class TierRecord:
     capacity: int

@@ -13,7 +13,7 @@ import json
 import os
 import socket
 
-from . import wire
+from . import inventory, wire
 from .cluster_layout import parse_hostport
 from .errors import InvalidArgumentError, ProtocolError, UnavailableError
 from .tcp_connection import Connection
@@ -117,9 +117,14 @@ class TcpLink:
         """term: the asking master's leader term; the node then refuses WRITEs of older terms."""
         return await self._json(address, _REPORT, dict, term)
 
-    async def inventory(self, address: str, term: int = 0) -> list:
+    async def inventory(self, address: str, term: int = 0) -> inventory.Reply:
         """term: as for report (a new leader's INVENTORY fences the leaders before it)."""
-        return await self._json(address, _INVENTORY, list, term)
+        connection = await self._connection(address)
+        body = await connection.request(_INVENTORY, b"", 0, term, 0)
+        try:
+            return inventory.Reply(body)
+        except ProtocolError as exc:
+            raise ProtocolError(f"node {address}: {exc}") from None
 
     async def _json(self, address: str, op: int, kind: type, arg: int = 0):
         connection = await self._connection(address)

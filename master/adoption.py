@@ -11,6 +11,7 @@ import logging
 
 from .node_io import NodeIO
 from .objects import ObjectTable
+from .takeover import adopt_in_slices
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ class Adopter:
                                 "stays unknown to the master", node_id, address, ATTEMPTS, type(exc).__name__, exc)
                     return
                 await asyncio.sleep(self._retry_delay)
-        outcome = self._table.adopt_inventory(node_id, instance, entries)
-        self._node_io.submit_frees(self._table.take_frees())
+        outcome = await adopt_in_slices(self._table, self._node_io, node_id, instance, entries)
         if entries:
             log.info("node %s inventory: %d replicas taken back, %d objects re-created, %d stale entries freed",
                      node_id, len(outcome.adopted), len(outcome.created), len(outcome.rejected))

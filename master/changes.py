@@ -60,6 +60,12 @@ class ChangeTrackingDict(dict):
             self._note(key)
         super().clear()
 
+    def add_new(self, keys: list, values: list) -> None:
+        """self[k] = v for keys none of which is here, at the speed of dict.update."""
+        if self.tracking:
+            self._changed.update(dict.fromkeys([k for k in keys if k not in self._changed], False))
+        super().update(zip(keys, values))
+
     def mark(self, key) -> None:
         self._changed.setdefault(key, key in self)
 

@@ -120,7 +120,7 @@ class NodeIO:
         self._recovered(address)
         return report
 
-    async def inventory(self, address: str, timeout: float) -> list:
+    async def inventory(self, address: str, timeout: float):
         entries = await asyncio.wait_for(self.transport.inventory(address, self.term), timeout)
         self._recovered(address)
         return entries

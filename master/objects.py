@@ -15,72 +15,23 @@ before freeing anything, so a late order is harmless).
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from kvpool.cluster_layout import NodeRecord
 from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError,
     UnavailableError, ValueTooLargeError,
 )
+from kvpool.inventory import DRAM_BIT, SSD_BIT, Columns, Entry
 from kvpool.wire import WriteFlag
 
-from .changes import ChangeTrackingDict
+from .version_store import VersionStore
+from .versions import DRAM, NO_OPTIONS, PINS, SSD, TIERS, ObjectVersion, PutOptions, Replica  # noqa: F401
 from .placement import MostFreeSpace, PlacementPolicy, spread_zones
-
-DRAM = "dram"
-SSD = "ssd"
-TIERS = (DRAM, SSD)
-PINS = ("none", "soft", "hard")
-
-
-@dataclass(frozen=True)
-class PutOptions:
-    """What the client asked for about where and how long an object is kept (echoed back)."""
-
-    tier: str | None = None  # preferred tier; None = DRAM
-    pin: str = "none"
-    pin_ttl_seconds: float = 0.0
-    ttl_seconds: float = 0.0  # 0 = no expiry
-
-    def validate(self) -> None:
-        if self.tier is not None and self.tier not in TIERS:
-            raise InvalidArgumentError(f"unknown tier {self.tier!r}")
-        if self.pin not in PINS:
-            raise InvalidArgumentError(f"unknown pin {self.pin!r}")
-        for name in ("pin_ttl_seconds", "ttl_seconds"):
-            value = getattr(self, name)
-            if not (0 <= value < math.inf):  # also rejects NaN
-                raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value}")
-
-
-NO_OPTIONS = PutOptions()
-
-
-@dataclass(frozen=True)
-class Replica:
-    node_id: str
-    address: str  # HOST:PORT of the node's data port
-    tier: str     # where the node last said it keeps the bytes (a guess until it says)
-    length: int   # bytes stored
-
-
-@dataclass(frozen=True)
-class ObjectVersion:
-    key: str
-    size: int       # stored bytes (compressed size when compressed)
-    checksum: int
-    generation: int
-    replicas: tuple[Replica, ...]
-    options: PutOptions = NO_OPTIONS
-    compressed: bool = False
-    raw_size: int = 0
-    expires_at: float | None = None  # table clock; None = never
-    target_replicas: int = 1  # copies the master keeps; repair restores them after a node is lost
-
-    def expired(self, now: float) -> bool:
-        return self.expires_at is not None and self.expires_at <= now
-
 
 @dataclass(frozen=True)
 class FreeOrder:
@@ -149,9 +100,37 @@ class NodeState:
         # so dropping the node touches only its own objects.
         self.versions: dict[int, str] = {}
         # Bytes the last REPORT cannot show yet: pending puts (by generation), and puts
-        # committed after that report was asked for (with the table sequence of the commit).
+        # committed after that report was asked for (with the table sequence of the commit),
+        # with running sums per tier: placement reads them for every put.
         self.pending: dict[int, tuple[str, int]] = {}
-        self.unreported: list[tuple[int, str, int]] = []
+        self._unreported: deque[tuple[int, str, int]] = deque()
+        self._pending_bytes: dict[str, int] = {}
+        self._unreported_bytes: dict[str, int] = {}
+        self._unreported_objects: dict[str, int] = {}
+
+    def reserve(self, generation: int, tier: str, size: int) -> None:
+        """A pending put placed here."""
+        self.pending[generation] = (tier, size)
+        self._pending_bytes[tier] = self._pending_bytes.get(tier, 0) + size
+
+    def unreserve(self, generation: int) -> None:
+        """A pending put placed here ended (committed, revoked, evicted); unknown ones are a no-op."""
+        entry = self.pending.pop(generation, None)
+        if entry is not None:
+            self._pending_bytes[entry[0]] -= entry[1]
+
+    def landed(self, seq: int, tier: str, size: int) -> None:
+        """A replica committed here at table sequence `seq`, which REPORTs asked for before it cannot show."""
+        self._unreported.append((seq, tier, size))
+        self._unreported_bytes[tier] = self._unreported_bytes.get(tier, 0) + size
+        self._unreported_objects[tier] = self._unreported_objects.get(tier, 0) + 1
+
+    def reported_up_to(self, mark: int) -> None:
+        """A REPORT asked for at `mark` arrived: it shows every replica committed up to there."""
+        while self._unreported and self._unreported[0][0] <= mark:
+            _, tier, size = self._unreported.popleft()
+            self._unreported_bytes[tier] -= size
+            self._unreported_objects[tier] -= 1
 
     def used(self, tier: str) -> int:
         return int(self.reported.get(tier, {}).get("used", 0))
@@ -160,15 +139,13 @@ class NodeState:
         """(objects, bytes) in a tier: the last REPORT plus puts committed since, so a put
         shows at once. Bytes are capped at the capacity: the node has been making room
         (demoting, evicting) since that report too."""
-        sizes = [n for _, t, n in self.unreported if t == tier]
         reported = self.reported.get(tier, {})
-        objects = int(reported.get("objects") or 0) + len(sizes)
-        used = self.used(tier) + sum(sizes)
+        objects = int(reported.get("objects") or 0) + self._unreported_objects.get(tier, 0)
+        used = self.used(tier) + self._unreported_bytes.get(tier, 0)
         return objects, min(used, self.capacity.get(tier, used))
 
     def reserved(self, tier: str) -> int:
-        return (sum(n for t, n in self.pending.values() if t == tier)
-                + sum(n for _, t, n in self.unreported if t == tier))
+        return self._pending_bytes.get(tier, 0) + self._unreported_bytes.get(tier, 0)
 
     def free_bytes(self, tier: str) -> int:
         """Capacity minus reported use minus bytes sent since; may be negative (the node evicts)."""
@@ -196,8 +173,7 @@ class ObjectTable:
         self._last_seq = 0
         self.nodes: dict[str, NodeState] = {}
         # Can track changed keys for whoever follows the table (track_changes); off until one does.
-        self._committed: ChangeTrackingDict = ChangeTrackingDict()
-        self._committed.tracking = False
+        self._committed = VersionStore()
         self._pending: dict[str, _Pending] = {}
         self._bytes = 0  # sum of committed sizes
         self._frees: list[FreeOrder] = []
@@ -211,7 +187,7 @@ class ObjectTable:
         so no generation is ever handed out twice."""
         self.nodes = {}
         tracking = self._committed.tracking
-        self._committed = ChangeTrackingDict()
+        self._committed = VersionStore()
         self._committed.tracking = tracking
         self._pending = {}
         self._bytes = 0
@@ -272,7 +248,7 @@ class ObjectTable:
         if node is not None:
             node.versions.pop(generation, None)
         if survivors:
-            self._committed[key] = replace(version, replicas=survivors)
+            self._committed[key] = version._replace(replicas=survivors)
             return False
         del self._committed[key]
         self._bytes -= version.size
@@ -293,7 +269,7 @@ class ObjectTable:
             return []
         tiers = report.get("tiers") or {}
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
-        node.unreported = [u for u in node.unreported if u[0] > mark]
+        node.reported_up_to(mark)
         self.counters.reports += 1
         removed = []
         for entry in report.get("evicted") or ():
@@ -310,10 +286,10 @@ class ObjectTable:
         if pending is not None and pending.version.generation == generation:
             # Evicted before PutEnd: that target no longer counts; put_end decides if any is left.
             version = pending.version
-            pending.version = replace(version, replicas=tuple(r for r in version.replicas
+            pending.version = version._replace(replicas=tuple(r for r in version.replicas
                                                               if r.node_id != node.node_id))
             node.versions.pop(generation, None)
-            node.pending.pop(generation, None)
+            node.unreserve(generation)
             self.counters.evicted_replicas += 1
             return False
         version = self._committed.get(key)
@@ -331,7 +307,7 @@ class ObjectTable:
         rather than being repaired back onto a node that is short of room."""
         version = self._committed[key]
         if version.target_replicas > 1:
-            self._committed[key] = replace(version, target_replicas=version.target_replicas - 1)
+            self._committed[key] = version._replace(target_replicas=version.target_replicas - 1)
 
     def drop_replica(self, key: str, generation: int, node_id: str) -> bool:
         """The node said it does not hold (key, generation): forget that replica.
@@ -357,36 +333,40 @@ class ObjectTable:
         if node is None or node.instance != instance:
             return outcome
         now = self._clock()
+        committed, pending, versions = self._committed, self._pending, node.versions
+        dram_replica = (Replica(node_id, node.address, DRAM),)
+        ssd_replica = (Replica(node_id, node.address, SSD),)
         for entry in entries:
-            try:
-                key = str(entry["key"])
-                generation = int(entry["generation"])
-                size = int(entry["size"])
-                checksum = int(entry["checksum"])
-            except (KeyError, TypeError, ValueError):
-                continue  # not an entry we can name, so not one we can free either
-            tiers = entry.get("tiers") or [DRAM]
-            replica = Replica(node_id, node.address, DRAM if DRAM in tiers else str(tiers[0]), size)
-            self._expire_object_if_due(key)
-            version = self._committed.get(key)
-            if key not in self._pending and (version is None or version.generation < generation):
-                self._committed[key] = self._version_from_inventory(entry, key, generation, size, checksum,
-                                                                     replica, now)
+            key, generation, size, checksum = entry.key, entry.generation, entry.size, entry.checksum
+            version = committed.get(key)
+            if version is not None and version.expired(now):
+                self._expire_object_if_due(key)
+                version = None
+            if version is None or version.generation < generation:
+                if key in pending:
+                    self._frees.append(FreeOrder(node.address, key.encode(), generation))
+                    outcome.rejected.append(key)
+                    continue
+                replicas = dram_replica if entry.in_dram else ssd_replica
+                if entry.flags or entry.ttl_ms:
+                    committed[key] = self._version_from_inventory(entry, replicas, now)
+                else:  # the common case, without building a version to pack
+                    committed.add_plain(key, generation, checksum, size, replicas)
                 self._bytes += size
-                self._next_generation = max(self._next_generation, generation + 1)
-                node.versions[generation] = key
+                if generation >= self._next_generation:
+                    self._next_generation = generation + 1
+                versions[generation] = key
                 outcome.created.append(key)
                 if version is not None:
                     self._bytes -= version.size
                     self._release(version)
-            elif (version is not None and version.generation == generation and version.size == size
-                  and version.checksum == checksum):
+            elif version.generation == generation and version.size == size and version.checksum == checksum:
                 if all(r.node_id != node_id for r in version.replicas):
-                    replicas = version.replicas + (replica,)
+                    replicas = version.replicas + (dram_replica if entry.in_dram else ssd_replica)
                     # Each copy found was placed on purpose: the object keeps at least that many.
-                    self._committed[key] = replace(version, replicas=replicas,
-                                                   target_replicas=max(version.target_replicas, len(replicas)))
-                    node.versions[generation] = key
+                    committed[key] = version._replace(replicas=replicas,
+                                             target_replicas=max(version.target_replicas, len(replicas)))
+                    versions[generation] = key
                 outcome.adopted.append(key)
             else:
                 self._frees.append(FreeOrder(node.address, key.encode(), generation))
@@ -394,17 +374,63 @@ class ObjectTable:
         self.counters.adopted += len(outcome.adopted) + len(outcome.created)
         return outcome
 
+    def adopt_columns(self, node_id: str, instance: str, columns: Columns) -> Adopted:
+        """adopt_inventory of one slice of an INVENTORY reply. Entries for keys the table does not
+        know, without options or ttl (what a new leader mostly sees), are taken in bulk; the rest
+        one by one by the same rule."""
+        outcome = Adopted(node_id)
+        node = self.nodes.get(node_id)
+        if node is None or node.instance != instance:
+            return outcome
+        keys, records = columns
+        if not keys:
+            return outcome
+        distinct = set(keys)
+        if len(distinct) != len(keys):  # a key at two generations (an overwrite in flight): one by one
+            return self.adopt_inventory(node_id, instance, columns.entries())
+        taken = distinct.intersection(self._committed.keys())
+        if self._pending:
+            taken.update(distinct.intersection(self._pending))
+        bulk = (records["flags"] == 0) & (records["ttl_ms"] == 0)
+        if taken:
+            bulk &= np.fromiter((k not in taken for k in keys), dtype=bool, count=len(keys))
+        tiers = records["tiers"]
+        in_dram = ((tiers & DRAM_BIT) != 0) | ((tiers & SSD_BIT) == 0)
+        every = bool(bulk.all())
+        for tier, chosen in ((DRAM, bulk & in_dram), (SSD, bulk & ~in_dram)):
+            if every and bool(chosen.all()):
+                chosen_keys, chosen_records = keys, records
+            else:
+                where = np.flatnonzero(chosen)
+                if not len(where):
+                    continue
+                chosen_keys, chosen_records = [keys[i] for i in where.tolist()], records[where]
+            generations = chosen_records["generation"]
+            self._committed.add_plain_many(chosen_keys, generations, chosen_records["checksum"],
+                                           chosen_records["size"], (Replica(node_id, node.address, tier),))
+            node.versions.update(zip(generations.tolist(), chosen_keys))
+            self._bytes += int(chosen_records["size"].sum())
+            self._next_generation = max(self._next_generation, int(generations.max()) + 1)
+            outcome.created += chosen_keys
+        self.counters.adopted += len(outcome.created)
+        if not every:
+            where = np.flatnonzero(~bulk).tolist()
+            rest = self.adopt_inventory(node_id, instance,
+                                        Columns([keys[i] for i in where], records[where]).entries())
+            outcome.adopted += rest.adopted
+            outcome.created += rest.created
+            outcome.rejected += rest.rejected
+        return outcome
+
     @staticmethod
-    def _version_from_inventory(entry: dict, key: str, generation: int, size: int, checksum: int,
-                                replica: Replica, now: float) -> ObjectVersion:
-        flags = WriteFlag(int(entry.get("flags") or 0))
-        ttl_ms = int(entry.get("ttl_ms") or 0)
-        options = PutOptions(tier=SSD if WriteFlag.PREFER_SSD in flags else None,
-                             pin="hard" if WriteFlag.HARD_PIN in flags else "none")
-        return ObjectVersion(key, size, checksum, generation, (replica,), options=options,
-                             compressed=WriteFlag.COMPRESSED in flags,
-                             raw_size=int(entry.get("raw_size") or size),
-                             expires_at=now + ttl_ms / 1000 if ttl_ms > 0 else None)
+    def _version_from_inventory(entry: Entry, replicas: tuple[Replica, ...], now: float) -> ObjectVersion:
+        flags = entry.flags
+        options = PutOptions(tier=SSD if flags & WriteFlag.PREFER_SSD else None,
+                             pin="hard" if flags & WriteFlag.HARD_PIN else "none")
+        return ObjectVersion(entry.key, entry.size, entry.checksum, entry.generation, replicas, options=options,
+                             compressed=bool(flags & WriteFlag.COMPRESSED),
+                             raw_size=entry.raw_size or entry.size,
+                             expires_at=now + entry.ttl_ms / 1000 if entry.ttl_ms > 0 else None)
 
     # ----- puts -----
 
@@ -453,7 +479,7 @@ class ObjectTable:
         for r in placed:
             node = self.nodes[r.node_id]
             node.versions[version.generation] = key
-            node.pending[version.generation] = (tier, size)
+            node.reserve(version.generation, tier, size)
         self._pending[key] = _Pending(version, now + self.put_timeout, min_replicas)
         return version
 
@@ -470,7 +496,7 @@ class ObjectTable:
         chosen = spread_zones(ranked, count)
         if not chosen:  # only when every node is smaller than the object
             raise NoSpaceError(f"no storage node can hold {size} bytes")
-        return tuple(Replica(n.node_id, n.address, tier, size) for n in chosen)
+        return tuple(Replica(n.node_id, n.address, tier) for n in chosen)
 
     def put_end(self, key: str, generation: int, failed_nodes=()) -> ObjectVersion:
         """Make the pending version visible; frees whatever version it replaces.
@@ -479,15 +505,21 @@ class ObjectTable:
         least the put's min_replicas (the object is then repaired up to its target); else the put
         stays pending for the client to revoke."""
         failed = set(failed_nodes)
+        pending = self._pending.get(key)
+        current = self._committed.get(key)
+        if (pending is None or pending.version.generation != generation) and current is not None \
+                and current.generation == generation:
+            # Already committed: a new leader adopted it from its nodes, and the client asks again.
+            return current
         if failed:
             self._check_written(key, generation, failed)
         pending = self._take_pending(key, generation)
         if failed:
-            lost = replace(pending.version, replicas=tuple(r for r in pending.version.replicas
+            lost = pending.version._replace(replicas=tuple(r for r in pending.version.replicas
                                                            if r.node_id in failed))
             self._release(lost)  # whatever part of the payload reached them is freed
-            pending.version = replace(pending.version, replicas=tuple(r for r in pending.version.replicas
-                                                                      if r.node_id not in failed))
+            pending.version = pending.version._replace(replicas=tuple(
+                r for r in pending.version.replicas if r.node_id not in failed))
         version = pending.version
         self._unreserve(version)
         if version.size > 0 and not version.replicas:
@@ -498,7 +530,7 @@ class ObjectTable:
         for r in version.replicas:
             node = self.nodes.get(r.node_id)
             if node is not None:
-                node.unreported.append((seq, r.tier, r.length))
+                node.landed(seq, r.tier, version.size)
         old = self._committed.get(key)
         self._committed[key] = version
         self._bytes += version.size
@@ -539,7 +571,7 @@ class ObjectTable:
         for r in version.replicas:
             node = self.nodes.get(r.node_id)
             if node is not None:
-                node.pending.pop(version.generation, None)
+                node.unreserve(version.generation)
 
     def reclaim_expired(self) -> list[str]:
         """Revoke every pending put past its deadline; returns their keys."""
@@ -562,9 +594,10 @@ class ObjectTable:
 
     def _expire_object_if_due(self, key: str) -> bool:
         """Drop `key` if its ttl has passed; True if it did."""
-        version = self._committed.get(key)
-        if version is None or not version.expired(self._clock()):
+        expires_at = self._committed.expiring.get(key)
+        if expires_at is None or expires_at > self._clock():
             return False
+        version = self._committed[key]
         del self._committed[key]
         self._bytes -= version.size
         self.counters.expired += 1
@@ -574,7 +607,7 @@ class ObjectTable:
     def drop_expired(self) -> list[str]:
         """Drop every committed object past its ttl; returns their keys."""
         now = self._clock()
-        keys = [k for k, v in self._committed.items() if v.expired(now)]
+        keys = [k for k, expires_at in self._committed.expiring.items() if expires_at <= now]
         for key in keys:
             self._expire_object_if_due(key)
         return keys
@@ -596,7 +629,8 @@ class ObjectTable:
         return self._committed.get(key)
 
     def exists(self, key: str) -> bool:
-        return self.lookup(key) is not None
+        self._expire_object_if_due(key)
+        return key in self._committed
 
     def remove(self, key: str) -> None:
         """Drop the committed version of `key` (a pending put of it is left alone)."""
@@ -625,7 +659,7 @@ class ObjectTable:
             node = self.nodes.get(r.node_id)
             if node is None or node.versions.pop(version.generation, None) is None:
                 continue
-            node.pending.pop(version.generation, None)
+            node.unreserve(version.generation)
             self._frees.append(FreeOrder(r.address, raw_key, version.generation))
 
     def take_frees(self) -> list[FreeOrder]:
@@ -720,11 +754,11 @@ class ObjectTable:
             return False
         if any(r.node_id == node_id for r in version.replicas):
             return True
-        self._committed[key] = replace(version, replicas=version.replicas
-                                       + (Replica(node_id, node.address, tier, version.size),))
+        self._committed[key] = version._replace(replicas=version.replicas
+                                                                      + (Replica(node_id, node.address, tier),))
         node.versions[generation] = key
         seq = self._last_seq = next(self._seq)
-        node.unreported.append((seq, tier, version.size))
+        node.landed(seq, tier, version.size)
         self.counters.repairs_done += 1
         self.counters.repair_bytes += version.size
         self.settle_drain(key)
@@ -739,5 +773,6 @@ class ObjectTable:
                         if (node := self.nodes.get(r.node_id)) is not None and node.draining)
         if not leaving:
             return
-        self._committed[key] = replace(version, replicas=tuple(r for r in version.replicas if r not in leaving))
-        self._release(replace(version, replicas=leaving))
+        self._committed[key] = version._replace(replicas=tuple(r for r in version.replicas
+                                                                            if r not in leaving))
+        self._release(version._replace(replicas=leaving))

@@ -118,7 +118,7 @@ def object_info(version: ObjectVersion) -> pb.ObjectInfo:
     return pb.ObjectInfo(
         key=version.key, size=version.size, checksum=version.checksum, generation=version.generation,
         replicas=[pb.Replica(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED),
-                             length=r.length) for r in version.replicas],
+                             length=version.size) for r in version.replicas],
         compressed=version.compressed, raw_size=version.raw_size, options=options,
         target_replicas=version.target_replicas,
     )

@@ -14,16 +14,19 @@ places after never lands.
 import asyncio
 import logging
 
+from kvpool import inventory
+
 from .node_io import NodeIO
-from .objects import ObjectTable
+from .objects import Adopted, ObjectTable
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3
 RETRY_DELAY = 0.3
+SLICE = 20_000  # entries adopted between yields: the election lease is refreshed on this loop too
 
 
-async def _inventory(node_io: NodeIO, address: str, timeout: float) -> list | None:
+async def _inventory(node_io: NodeIO, address: str, timeout: float) -> inventory.Reply | None:
     for attempt in range(1, ATTEMPTS + 1):
         try:
             return await node_io.inventory(address, timeout)
@@ -38,6 +41,23 @@ async def _inventory(node_io: NodeIO, address: str, timeout: float) -> list | No
     return None
 
 
+async def adopt_in_slices(table: ObjectTable, node_io: NodeIO, node_id: str, instance: str,
+                          reply: inventory.Reply) -> Adopted:
+    """The table adopts a node's inventory a slice at a time, decoded just before, yielding to the
+    loop in between: a node may hold millions of objects, the election lease is refreshed on this
+    loop, and entries decoded all at once would leave the heap fragmented for good. FREEs of what
+    was rejected are sent as they come."""
+    outcome = Adopted(node_id)
+    for columns in reply.column_slices(SLICE):
+        part = table.adopt_columns(node_id, instance, columns)
+        outcome.adopted += part.adopted
+        outcome.created += part.created
+        outcome.rejected += part.rejected
+        node_io.submit_frees(table.take_frees())
+        await asyncio.sleep(0)
+    return outcome
+
+
 async def rebuild(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, str, str]],
                   timeout: float) -> list[tuple[str, str, str]]:
     """Adopt the inventories of `nodes` ((node_id, instance, address) each), all asked at once;
@@ -49,8 +69,7 @@ async def rebuild(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, st
         if entries is None:
             silent.append((node_id, instance, address))
             return
-        outcome = table.adopt_inventory(node_id, instance, entries)
-        node_io.submit_frees(table.take_frees())
+        outcome = await adopt_in_slices(table, node_io, node_id, instance, entries)
         if outcome.rejected:
             log.info("node %s holds %d stale versions; freeing them", node_id, len(outcome.rejected))
 

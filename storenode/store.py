@@ -12,6 +12,7 @@ import time
 from typing import NamedTuple
 
 from kvpool.errors import NoSpaceError, ValueTooLargeError
+from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry
 from kvpool.wire import WriteFlag
 
 from . import policy
@@ -226,11 +227,11 @@ class ObjectStore:
         tiers = {tier.name: tier.stats() for tier in self.tiers}
         return {"node_id": node_id, "tiers": tiers, "evicted": evicted}
 
-    def inventory(self) -> list[dict]:
+    def inventory(self) -> list[Entry]:
         now = self.clock()
-        return [{"key": rec.key.decode("utf-8", "surrogateescape"), "generation": rec.generation,
-                 "size": rec.size, "checksum": rec.checksum, "flags": rec.flags, "raw_size": rec.raw_size,
-                 "ttl_ms": rec.ttl_ms(now), "tiers": [t.name for t in self.tiers if getattr(rec, t.name) is not None]}
+        return [Entry(rec.key.decode("utf-8", "surrogateescape"), rec.generation, rec.size, rec.checksum,
+                      rec.flags, rec.raw_size, rec.ttl_ms(now),
+                      (DRAM_BIT if rec.dram is not None else 0) | (SSD_BIT if rec.ssd is not None else 0))
                 for rec in self.index if not policy.expired(rec, now)]
 
     # -- bookkeeping

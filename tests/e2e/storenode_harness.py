@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kvpool import wire
 from kvpool.checksum import checksum
 from kvpool.errors import Code
+from kvpool.inventory import decode as decode_inventory
 from kvpool.netutil import wait_until
 from kvpool.wire import Op
 
@@ -148,7 +149,12 @@ def inventory(node: Node) -> dict:
     """{(key, generation): entry} of the node's INVENTORY."""
     _, _, status, _, body = call(node, wire.pack_request(Op.INVENTORY, 1, b""))
     assert status == Code.OK
-    return {(e["key"], e["generation"]): e for e in json.loads(body)}
+    return {(e.key, e.generation): entry_fields(e) for e in decode_inventory(body)}
+
+
+def entry_fields(entry) -> dict:
+    """An INVENTORY entry as a dict, its tiers by name."""
+    return entry._asdict() | {"tiers": entry.tier_names}
 
 
 def closed_by_node(sock: socket.socket) -> bool:
@@ -176,4 +182,4 @@ def inventory_at(address: str) -> dict:
         finally:
             await transport.close()
 
-    return {entry["key"]: entry for entry in asyncio.run(ask())}
+    return {entry.key: entry_fields(entry) for entry in asyncio.run(ask())}

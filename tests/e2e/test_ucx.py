@@ -88,7 +88,7 @@ async def holdings(address: str) -> dict:
     """key -> tiers holding it, from the node's INVENTORY (over TCP)."""
     tcp = TcpTransport()
     try:
-        return {entry["key"]: entry["tiers"] for entry in await tcp.inventory(address)}
+        return {entry.key: entry.tier_names for entry in await tcp.inventory(address)}
     finally:
         await tcp.close()
 

@@ -232,7 +232,7 @@ def test_recovery_adopts_intact_objects_and_drops_torn_and_expired(make_store, t
                         StorageTier(SsdSegment(ssd_dir, 64 * 4096), 0.9, 0.75))
     try:
         assert recover(again) == {"ok": 3, "torn": 1, "expired": 1, "duplicate": 0}
-        inv = {(e["key"], e["generation"]): e for e in again.inventory()}
+        inv = {(e.key, e.generation): e for e in again.inventory()}
         assert set(inv) == {("good0", 10), ("good1", 11), ("good2", 12)}
         for i, data in enumerate(good):
             rec, _ = again.lookup(b"good%d" % i, 10 + i)
@@ -289,7 +289,7 @@ def test_recovery_keeps_one_copy_of_a_version_found_twice(tmp_path):
                         StorageTier(segment, 0.9, 0.75))
     try:
         assert recover(store) == {"ok": 1, "torn": 0, "expired": 0, "duplicate": 1}
-        assert [(e["key"], e["generation"]) for e in store.inventory()] == [("k", 3)]
+        assert [(e.key, e.generation) for e in store.inventory()] == [("k", 3)]
         assert store.ssd.used == 2 * 4096 and segment.read_header(8 * 4096) is None
     finally:
         for tier in store.tiers:

@@ -9,6 +9,7 @@ from kvpool.cluster_layout import NodeRecord, TierRecord
 from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError, ValueTooLargeError,
 )
+from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry
 from kvpool.master.objects import DRAM, SSD, FreeOrder, ObjectTable, PutOptions
 from kvpool.wire import WriteFlag
 
@@ -68,7 +69,7 @@ def put(table, key, size=100, **kw):
 def test_put_is_invisible_until_put_end(table):
     v = table.put_start("k", 1000, checksum=7)
     assert v.generation == 100 and v.size == 1000 and v.checksum == 7 and v.raw_size == 1000
-    assert [(r.node_id, r.address, r.tier, r.length) for r in v.replicas] == [("n1", "127.0.0.1:7000", DRAM, 1000)]
+    assert [(r.node_id, r.address, r.tier) for r in v.replicas] == [("n1", "127.0.0.1:7000", DRAM)]
     assert table.nodes["n1"].reserved(DRAM) == 1000  # counted against the node until a report shows it
     assert not table.exists("k")
     with pytest.raises(KeyNotFoundError):
@@ -348,8 +349,8 @@ def test_expired_objects_are_swept_and_not_removable(table, clock):
 # ----- inventory of a (re)started node -----
 
 def entry(key, generation, size=100, checksum=1, flags=0, raw_size=None, ttl_ms=0, tiers=("ssd",)):
-    return {"key": key, "generation": generation, "size": size, "checksum": checksum, "flags": flags,
-            "raw_size": size if raw_size is None else raw_size, "ttl_ms": ttl_ms, "tiers": list(tiers)}
+    bits = (DRAM_BIT if "dram" in tiers else 0) | (SSD_BIT if "ssd" in tiers else 0)
+    return Entry(key, generation, size, checksum, flags, size if raw_size is None else raw_size, ttl_ms, bits)
 
 
 def test_inventory_readopts_known_versions_and_frees_stale_ones(table):
@@ -370,7 +371,6 @@ def test_inventory_readopts_known_versions_and_frees_stale_ones(table):
         entry("newer", newer.generation),                # overwritten since: freed
         entry("pending", pending.generation - 50),       # key known (a put in flight): freed
         entry("odd", odd.generation, size=99),           # same generation, other size: freed
-        {"key": "no-generation"},                        # unusable: skipped
     ])
     assert outcome.adopted == ["kept"] and outcome.created == []
     assert outcome.rejected == ["newer", "pending", "odd"]

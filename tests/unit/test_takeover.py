@@ -1,6 +1,10 @@
 """How a new leader rebuilds its table from the nodes' inventories, and the change tracking the
 table offers whoever follows it."""
 
+import pytest
+
+from kvpool.errors import PutExpiredError
+from kvpool.inventory import Entry
 from kvpool.master.changes import ChangeTrackingDict
 from kvpool.master.objects import ObjectTable
 
@@ -12,8 +16,8 @@ def node(node_id: str) -> NodeRecord:
                       tiers={"dram": TierRecord(1 << 30)})
 
 
-def entry(key: str, generation: int, size: int = 100, checksum: int = 1234, **extra) -> dict:
-    return {"key": key, "generation": generation, "size": size, "checksum": checksum, **extra}
+def entry(key: str, generation: int, size: int = 100, checksum: int = 1234) -> Entry:
+    return Entry(key, generation, size, checksum)
 
 
 def two_node_table() -> ObjectTable:
@@ -67,6 +71,35 @@ def test_an_older_generation_than_a_pending_put_is_not_adopted_over_it():
     assert outcome.rejected == ["k"] and table.lookup("k") is None
 
 
+def test_a_put_end_asked_again_after_a_takeover_finds_its_version_committed():
+    table = two_node_table()
+    table.adopt_inventory("n1", "n1-i1", [entry("k", 7)])
+    assert table.put_end("k", 7).generation == 7  # the client's PutEnd reached the new leader
+    assert table.object_count == 1 and table.take_frees() == []
+    with pytest.raises(PutExpiredError):
+        table.put_end("k", 6)  # an older generation is not the committed one
+
+
+def test_placement_counts_pending_and_unreported_bytes_until_a_report_shows_them():
+    table = two_node_table()
+    started = table.put_start("a", 1000, 1)
+    node_id = started.replicas[0].node_id
+    node = table.nodes[node_id]
+    assert node.reserved("dram") == 1000 and node.estimated_use("dram") == (0, 0)
+    mark_before = table.report_mark()
+    table.put_end("a", started.generation)
+    assert node.reserved("dram") == 1000 and node.estimated_use("dram") == (1, 1000)
+    table.apply_report(node_id, f"{node_id}-i1", {"tiers": {"dram": {"used": 0, "objects": 0}}}, mark_before)
+    assert node.reserved("dram") == 1000  # that report was asked for before the commit
+    table.apply_report(node_id, f"{node_id}-i1", {"tiers": {"dram": {"used": 1000, "objects": 1}}},
+                       table.report_mark())
+    assert node.reserved("dram") == 0 and node.estimated_use("dram") == (1, 1000)
+    revoked = table.put_start("b", 500, 1)
+    assert table.nodes[revoked.replicas[0].node_id].reserved("dram") == 500
+    table.put_revoke("b", revoked.generation)
+    assert all(n.reserved("dram") == 0 for n in table.nodes.values())
+
+
 def test_change_tracking_dict_marks_every_write_and_delete_once():
     d = ChangeTrackingDict()
     d["a"] = 1
@@ -98,3 +131,32 @@ def test_table_changes_are_tracked_only_once_asked_for():
     assert table.take_changed_keys() == ["k"]
     table.remove("k")
     assert table.take_changed_keys() == ["k"]
+
+
+def test_bulk_adoption_of_inventory_columns_matches_adoption_entry_by_entry():
+    from kvpool.inventory import DRAM_BIT, SSD_BIT, Reply, encode
+
+    def prepared() -> ObjectTable:
+        table = ObjectTable(first_generation=1, clock=lambda: 1000.0)  # one clock: equal ttl deadlines
+        table.upsert_node(node("n1"))
+        table.upsert_node(node("n2"))
+        table.adopt_inventory("n1", "n1-i1", [entry("known", 50), entry("older-here", 60), entry("newer-here", 40)])
+        table.put_start("pending", 10, 1)
+        return table
+
+    held = [entry("new", 70), Entry("new-ssd", 71, 100, 5, tiers=SSD_BIT), Entry("both", 72, 100, 5,
+                                                                                 tiers=DRAM_BIT | SSD_BIT),
+            Entry("ttl", 73, 100, 5, ttl_ms=60_000), Entry("flags", 74, 100, 5, flags=1, raw_size=900),
+            entry("known", 50), entry("older-here", 55), entry("newer-here", 45), entry("pending", 80)]
+    for slice_size, entries in ((3, held), (100, held), (100, held + [entry("new", 69)])):
+        one_by_one, bulk = prepared(), prepared()
+        expected = one_by_one.adopt_inventory("n2", "n2-i1", entries)
+        got = [bulk.adopt_columns("n2", "n2-i1", columns) for columns in Reply(encode(entries)).column_slices(slice_size)]
+        for name in ("adopted", "created", "rejected"):
+            assert sorted(k for part in got for k in getattr(part, name)) == sorted(getattr(expected, name)), name
+        for key in {e.key for e in entries}:
+            assert bulk.lookup(key) == one_by_one.lookup(key), key
+        assert bulk.total_bytes == one_by_one.total_bytes and bulk.object_count == one_by_one.object_count
+        assert sorted(map(repr, bulk.take_frees())) == sorted(map(repr, one_by_one.take_frees()))
+        assert bulk.nodes["n2"].versions == one_by_one.nodes["n2"].versions
+        assert bulk.put_start("after", 1, 1).generation > 74  # above every generation adopted

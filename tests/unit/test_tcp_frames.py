@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from kvpool import wire
+from kvpool import inventory, wire
 from kvpool.checksum import checksum
 from kvpool.client.tcp import TcpTransport
 from kvpool.client.transport import ReadItem, WriteItem, WriteOptions
@@ -67,8 +67,8 @@ class ScriptedNode:
                 elif op == wire.Op.REPORT:
                     writer.write(wire.pack_reply(op, req_id, Code.OK, len(self.report_body)) + self.report_body)
                 elif op == wire.Op.INVENTORY:
-                    body = json.dumps([{"key": k.decode(), "generation": g, "size": len(v)}
-                                       for (k, g), v in sorted(self.objects.items())]).encode()
+                    body = inventory.encode([inventory.Entry(k.decode(), g, len(v), 0)
+                                             for (k, g), v in sorted(self.objects.items())])
                     writer.write(wire.pack_reply(op, req_id, Code.OK, len(body)) + body)
                 elif op == wire.Op.PING:
                     writer.write(wire.pack_reply(op, req_id, Code.OK, 4) + b"peer")
@@ -140,11 +140,11 @@ def test_free_hold_inventory_report_ping():
         assert await transport.hold(address, b"a", 1, 2500) is True
         assert await transport.hold(address, b"a", 7, 2500) is False
         assert node.log[2]["op"] == wire.Op.HOLD and node.log[2]["arg"] == 2500
-        assert await transport.inventory(address) == [
-            {"key": "a", "generation": 1, "size": 3}, {"key": "b", "generation": 2, "size": 3}]
+        assert [(e.key, e.generation, e.size) for e in await transport.inventory(address)] == [
+            ("a", 1, 3), ("b", 2, 3)]
         assert await transport.free(address, b"a", 1) is True
         assert await transport.free(address, b"a", 1) is False
-        assert [o["key"] for o in await transport.inventory(address)] == ["b"]
+        assert [e.key for e in await transport.inventory(address)] == ["b"]
         assert (await transport.report(address))["node_id"] == "peer"
         assert await transport.ping(address) == "peer"
 

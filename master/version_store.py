@@ -1,0 +1,162 @@
+"""The committed versions, one small bytes record per key: a leader holds millions of objects.
+
+An ObjectVersion as a Python object costs ~400 bytes with its ints and tuple, and
+the cyclic GC walks every one of them. Here each version is one bytes value
+(generation, checksum, size, which replica set, target copies; the rarely set
+fields only when set) in a dict keyed by the key: ~65 bytes beside the key, and
+nothing for the GC to traverse. Replica sets and put options repeat across
+objects, so each distinct one is stored once and named by its index. Reads
+unpack a fresh ObjectVersion; callers replace a version by assigning a new one.
+
+Keys with a ttl are also kept in a side dict, so expiry sweeps look at those only.
+"""
+
+import math
+import struct
+from collections.abc import Iterator
+
+import numpy as np
+
+from .changes import ChangeTrackingDict
+from .versions import NO_OPTIONS, ObjectVersion, PutOptions, Replica
+
+# generation, checksum, size, replica set, target copies (min(target, 255)), has the extra block
+_CORE = struct.Struct("<QQQIBB")
+# option set, compressed, raw size, expires_at (NaN = never)
+_EXTRA = struct.Struct("<IBQd")
+_CORE_DTYPE = np.dtype([("generation", "<u8"), ("checksum", "<u8"), ("size", "<u8"), ("replicas", "<u4"),
+                        ("target", "u1"), ("extra", "u1")])
+assert _CORE_DTYPE.itemsize == _CORE.size
+
+
+class _Interned:
+    """Each distinct value once, named by its index in the list."""
+
+    def __init__(self):
+        self.values: list = []
+        self._ids: dict = {}
+
+    def id_of(self, value) -> int:
+        index = self._ids.get(value)
+        if index is None:
+            index = self._ids[value] = len(self.values)
+            self.values.append(value)
+        return index
+
+
+class VersionStore:
+    def __init__(self):
+        self._records = ChangeTrackingDict()
+        self._records.tracking = False
+        self._replica_sets = _Interned()
+        self._options = _Interned()
+        self._options.id_of(NO_OPTIONS)
+        self.expiring: dict[str, float] = {}  # key -> expires_at, of the versions that have one
+
+    # --- change tracking, passed through to the records
+    @property
+    def tracking(self) -> bool:
+        return self._records.tracking
+
+    @tracking.setter
+    def tracking(self, on: bool) -> None:
+        self._records.tracking = on
+
+    def take_changed(self, limit: int | None = None) -> list:
+        return self._records.take_changed(limit)
+
+    @property
+    def has_changes(self) -> bool:
+        return self._records.has_changes
+
+    def take_appeared_and_gone(self) -> tuple[list, list]:
+        return self._records.take_appeared_and_gone()
+
+    def mark(self, key: str) -> None:
+        self._records.mark(key)
+
+    # --- the mapping
+    def shared_replicas(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
+        """The store's one copy of an equal tuple of replicas (what get() hands out)."""
+        return self._replica_sets.values[self._replica_sets.id_of(replicas)]
+
+    def _pack(self, v: ObjectVersion) -> bytes:
+        extra = (v.options != NO_OPTIONS or v.compressed or v.raw_size != v.size or v.expires_at is not None)
+        core = _CORE.pack(v.generation, v.checksum, v.size, self._replica_sets.id_of(v.replicas),
+                          min(v.target_replicas, 255), extra)
+        if not extra:
+            return core
+        return core + _EXTRA.pack(self._options.id_of(v.options), v.compressed, v.raw_size,
+                                  math.nan if v.expires_at is None else v.expires_at)
+
+    def _unpack(self, key: str, record: bytes) -> ObjectVersion:
+        generation, checksum, size, replicas, target, extra = _CORE.unpack_from(record)
+        if not extra:
+            return ObjectVersion(key, size, checksum, generation, self._replica_sets.values[replicas],
+                                 raw_size=size, target_replicas=target)
+        options, compressed, raw_size, expires_at = _EXTRA.unpack_from(record, _CORE.size)
+        return ObjectVersion(key, size, checksum, generation, self._replica_sets.values[replicas],
+                             options=self._options.values[options], compressed=bool(compressed),
+                             raw_size=raw_size, expires_at=None if math.isnan(expires_at) else expires_at,
+                             target_replicas=target)
+
+    def add_plain(self, key: str, generation: int, checksum: int, size: int, replicas: tuple[Replica, ...]) -> None:
+        """self[key] = a version with one copy per replica, no options, no ttl, uncompressed."""
+        self._records[key] = _CORE.pack(generation, checksum, size, self._replica_sets.id_of(replicas),
+                                        len(replicas), False)
+        if self.expiring:
+            self.expiring.pop(key, None)
+
+    def add_plain_many(self, keys: list[str], generations, checksums, sizes, replicas: tuple[Replica, ...]) -> None:
+        """add_plain of many keys none of which is here (numpy columns beside `keys`): one array
+        packed at once, so a new leader takes in millions of inventory entries quickly."""
+        packed = np.zeros(len(keys), dtype=_CORE_DTYPE)
+        packed["generation"], packed["checksum"], packed["size"] = generations, checksums, sizes
+        packed["replicas"] = self._replica_sets.id_of(replicas)
+        packed["target"] = len(replicas)
+        blob = packed.tobytes()
+        width = _CORE.size
+        self._records.add_new(keys, [blob[i:i + width] for i in range(0, len(blob), width)])
+
+    def get(self, key: str, default=None) -> ObjectVersion | None:
+        record = self._records.get(key)
+        return default if record is None else self._unpack(key, record)
+
+    def __getitem__(self, key: str) -> ObjectVersion:
+        return self._unpack(key, self._records[key])
+
+    def __setitem__(self, key: str, version: ObjectVersion) -> None:
+        self._records[key] = self._pack(version)
+        if version.expires_at is not None:
+            self.expiring[key] = version.expires_at
+        elif self.expiring:
+            self.expiring.pop(key, None)
+
+    def __delitem__(self, key: str) -> None:
+        del self._records[key]
+        if self.expiring:
+            self.expiring.pop(key, None)
+
+    def pop(self, key: str, default=None) -> ObjectVersion | None:
+        record = self._records.pop(key, None)
+        if record is None:
+            return default
+        if self.expiring:
+            self.expiring.pop(key, None)
+        return self._unpack(key, record)
+
+    def keys(self):
+        return self._records.keys()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def items(self) -> Iterator[tuple[str, ObjectVersion]]:
+        for key, record in self._records.items():
+            yield key, self._unpack(key, record)
