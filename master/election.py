@@ -58,6 +58,7 @@ class Election:
         self.leader_address = ""  # "" while nobody leads (as far as this master knows)
         self.leader_control_address = ""  # the leader's control port ("" if unknown or not offered)
         self.members: list[str] = [address]  # addresses of every registered master
+        self._members_task: asyncio.Task | None = None
         self.lost = asyncio.Event()  # set when this master led and no longer does
 
     @property
@@ -74,6 +75,26 @@ class Election:
         await self._etcd.put(self._member_key, self._value, lease=self._lease)
         await self._read_members()
         self._task = asyncio.get_running_loop().create_task(self._keep_alive(), name="master-lease")
+        self._members_task = asyncio.get_running_loop().create_task(self._watch_members(), name="master-members")
+
+    async def _watch_members(self) -> None:
+        """Keep `members` current as masters come and go, so Stats names every master a client may
+        fail over to from the moment it registers (the lease loop re-reads them too, as a backstop)."""
+        while True:
+            try:
+                watch = await self._etcd.watch_prefix(self._members_prefix)
+                try:
+                    await self._read_members()  # what changed before the watch began
+                    async for _event in watch:
+                        await self._read_members()
+                finally:
+                    with contextlib.suppress(Exception):
+                        await watch.cancel()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - etcd away: the lease loop notices; watch again later
+                log.debug("master watch failed (%s: %s)", type(exc).__name__, exc)
+            await asyncio.sleep(RETRY_DELAY)
 
     async def _read_members(self) -> None:
         members = []
@@ -226,9 +247,10 @@ class Election:
 
     async def resign(self) -> None:
         """Give the leadership (and this master's registration) up at once."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._members_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         self.is_leader = False
         if self._lease is not None:
             with contextlib.suppress(Exception):
