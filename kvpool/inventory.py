@@ -48,6 +48,16 @@ def encode(entries: list[Entry]) -> bytes:
     return _COUNT.pack(len(entries)) + records + b"".join(keys)
 
 
+def encode_columns(keys: list[bytes], **columns) -> bytes:
+    """The reply from per-field sequences (RECORD_DTYPE's names but key_length), one item per key:
+    a node with millions of objects builds it without an object per entry."""
+    records = np.zeros(len(keys), dtype=RECORD_DTYPE)
+    for name, values in columns.items():
+        records[name] = values
+    records["key_length"] = [len(k) for k in keys]
+    return _COUNT.pack(len(keys)) + records.tobytes() + b"".join(keys)
+
+
 class Columns(NamedTuple):
     """A slice of an inventory: its keys, and a structured array (RECORD_DTYPE) of the rest."""
 

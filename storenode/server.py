@@ -15,7 +15,7 @@ import logging
 import socket
 import time
 
-from kvpool import inventory, transports, wire
+from kvpool import transports, wire
 from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
@@ -370,7 +370,7 @@ class _Connection:
 
     async def _inventory(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
         self.server.term = max(self.server.term, term)  # a new leader asks this first: older WRITEs end here
-        self._reply_body(op, req_id, inventory.encode(self.store.inventory()))
+        self._reply_body(op, req_id, self.store.inventory_reply())
         return True
 
     async def _copy(self, op, req_id, key, generation, _flags, _arg, length, _checksum) -> bool:

@@ -11,6 +11,9 @@ import logging
 import time
 from typing import NamedTuple
 
+import numpy as np
+
+from kvpool import inventory
 from kvpool.errors import NoSpaceError, ValueTooLargeError
 from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry
 from kvpool.wire import WriteFlag
@@ -228,11 +231,21 @@ class ObjectStore:
         return {"node_id": node_id, "tiers": tiers, "evicted": evicted}
 
     def inventory(self) -> list[Entry]:
+        return inventory.decode(self.inventory_reply())
+
+    def inventory_reply(self) -> bytes:
+        """Every live object, as the INVENTORY reply (kvpool/inventory.py) carries it."""
         now = self.clock()
-        return [Entry(rec.key.decode("utf-8", "surrogateescape"), rec.generation, rec.size, rec.checksum,
-                      rec.flags, rec.raw_size, rec.ttl_ms(now),
-                      (DRAM_BIT if rec.dram is not None else 0) | (SSD_BIT if rec.ssd is not None else 0))
-                for rec in self.index if not policy.expired(rec, now)]
+        records = [rec for rec in self.index if not policy.expired(rec, now)]
+        expires = np.array([rec.expires_at for rec in records], dtype=np.float64)
+        # Remaining lifetime in ms, at least 1 while alive; 0 = no ttl (as ObjectRecord.ttl_ms).
+        ttl_ms = np.where(expires > 0, np.maximum(1, ((expires - now) * 1000).astype(np.int64)), 0)
+        tiers = [(DRAM_BIT if rec.dram is not None else 0) | (SSD_BIT if rec.ssd is not None else 0) for rec in records]
+        return inventory.encode_columns(
+            [rec.key for rec in records], generation=[rec.generation for rec in records],
+            size=[rec.size for rec in records], checksum=[rec.checksum for rec in records],
+            raw_size=[rec.raw_size for rec in records], ttl_ms=ttl_ms, flags=[rec.flags for rec in records],
+            tiers=tiers)
 
     # -- bookkeeping
 
