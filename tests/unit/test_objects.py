@@ -251,7 +251,7 @@ def test_a_report_asked_for_after_a_commit_replaces_its_reservation(table):
     table.put_start("p", 500, 0)
     table.apply_report("n1", "i1", report(dram_used=1024), table.report_mark())
     assert node.reserved(DRAM) == 500
-    assert v.generation in node.versions
+    assert "k" in node.keys and v.key == "k"
 
 
 def test_ssd_preference_places_by_free_ssd(table):
@@ -431,7 +431,7 @@ def test_drop_node_removes_objects_whose_only_replica_was_there(table):
     assert [(f.key, f.generation) for f in frees] == [(b"pending", pending.generation)]
     assert frees[0].address == table.nodes[other].address
     assert table.objects_on(other) == 1 and table.nodes[other].pending == {}
-    assert both.generation in table.nodes[other].versions
+    assert "both" in table.nodes[other].keys and both.key == "both"
     assert table.drop_node("nobody").removed == []
 
 

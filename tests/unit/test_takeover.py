@@ -158,5 +158,52 @@ def test_bulk_adoption_of_inventory_columns_matches_adoption_entry_by_entry():
             assert bulk.lookup(key) == one_by_one.lookup(key), key
         assert bulk.total_bytes == one_by_one.total_bytes and bulk.object_count == one_by_one.object_count
         assert sorted(map(repr, bulk.take_frees())) == sorted(map(repr, one_by_one.take_frees()))
-        assert bulk.nodes["n2"].versions == one_by_one.nodes["n2"].versions
+        assert bulk.nodes["n2"].keys == one_by_one.nodes["n2"].keys
         assert bulk.put_start("after", 1, 1).generation > 74  # above every generation adopted
+
+
+def test_every_node_knows_exactly_the_committed_copies_it_holds_whatever_happens():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(st.tuples(st.sampled_from(["put", "put2", "overwrite", "remove", "revoke", "evict", "adopt",
+                                              "drop", "rejoin"]),
+                             st.sampled_from(["a", "b", "c"]), st.sampled_from(["n1", "n2"])), max_size=40)
+
+    @settings(max_examples=200, deadline=None)
+    @given(ops)
+    def run(steps):
+        table = two_node_table()
+        instance = {"n1": 1, "n2": 1}
+        for step, (op, key, node_id) in enumerate(steps):
+            try:
+                if op in ("put", "put2", "overwrite"):
+                    started = table.put_start(key, 10, 1, overwrite=op == "overwrite",
+                                              replicas=2 if op == "put2" else 1)
+                    table.put_end(key, started.generation)
+                elif op == "remove":
+                    table.remove(key)
+                elif op == "revoke":
+                    started = table.put_start(key, 10, 1, overwrite=True)
+                    table.put_revoke(key, started.generation)
+                elif op == "evict" and node_id in table.nodes and (v := table.lookup(key)) is not None:
+                    node = table.nodes[node_id]
+                    table.apply_report(node_id, node.instance, {"evicted": [[key, v.generation]]},
+                                       table.report_mark())
+                elif op == "adopt" and node_id in table.nodes:
+                    table.adopt_inventory(node_id, table.nodes[node_id].instance, [entry(key, 10**12 + step)])
+                elif op == "drop":
+                    table.drop_node(node_id)
+                elif op == "rejoin":
+                    instance[node_id] += 1
+                    table.upsert_node(NodeRecord(node_id, f"{node_id}-i{instance[node_id]}", "127.0.0.1",
+                                                 9000 + int(node_id[-1]), tiers={"dram": TierRecord(1 << 30)}))
+            except Exception as exc:  # noqa: BLE001 - typed refusals are part of the walk
+                assert type(exc).__module__ == "kvpool.errors", exc
+            for held_by, node in table.nodes.items():
+                held = {k for k in table.committed_keys()
+                        if any(r.node_id == held_by for r in table.lookup(k).replicas)}
+                assert node.keys == held and table.objects_on(held_by) == len(held)
+                assert node.pending == {} and node.reserved("dram") >= 0
+
+    run()
