@@ -229,14 +229,9 @@ class ObjectTable:
                 del self._pending[key]
                 dropped.revoked.append(key)
                 self._release_pending(pending.version)
-        for key in node.keys:
-            version = self._committed.get(key)
-            if version is None:
-                continue
-            if self._drop_replica(key, version.generation, node_id):
-                dropped.removed.append(key)
-            else:
-                self.repair_keys.add(key)  # a lost node is a failure: its copies are made again
+        dropped.removed, kept, gone_bytes = self._committed.without_node(node_id, node.keys)
+        self._bytes -= gone_bytes
+        self.repair_keys.update(kept)  # a lost node is a failure: its copies are made again
         return dropped
 
     def _drop_replica(self, key: str, generation: int, node_id: str) -> bool:

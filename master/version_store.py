@@ -24,6 +24,8 @@ from .versions import NO_OPTIONS, ObjectVersion, PutOptions, Replica
 _CORE = struct.Struct("<QQQIBB")
 # option set, compressed, raw size, expires_at (NaN = never)
 _EXTRA = struct.Struct("<IBQd")
+_SIZE_AT, _REPLICAS_AT = 16, 24  # where _CORE keeps the size and the replica set
+_SIZE, _REPLICAS = struct.Struct("<Q"), struct.Struct("<I")
 _CORE_DTYPE = np.dtype([("generation", "<u8"), ("checksum", "<u8"), ("size", "<u8"), ("replicas", "<u4"),
                         ("target", "u1"), ("extra", "u1")])
 assert _CORE_DTYPE.itemsize == _CORE.size
@@ -117,6 +119,31 @@ class VersionStore:
         blob = packed.tobytes()
         width = _CORE.size
         self._records.add_new(keys, [blob[i:i + width] for i in range(0, len(blob), width)])
+
+    def without_node(self, node_id: str, keys) -> tuple[list[str], list[str], int]:
+        """Take node_id's copy off the versions of `keys` without unpacking them (a node lost may
+        have held millions): (keys that had no other copy, now gone; keys that keep other copies;
+        bytes of the gone ones)."""
+        records, sets = self._records, self._replica_sets.values
+        left_of: dict[int, int | None] = {}  # replica set -> the set without the node (None: empty)
+        gone, kept, gone_bytes = [], [], 0
+        for key in keys:
+            record = records.get(key)
+            if record is None:
+                continue
+            (replicas,) = _REPLICAS.unpack_from(record, _REPLICAS_AT)
+            if replicas not in left_of:
+                left = tuple(r for r in sets[replicas] if r.node_id != node_id)
+                left_of[replicas] = self._replica_sets.id_of(left) if left else None
+            left = left_of[replicas]
+            if left is None:
+                del self[key]
+                gone_bytes += _SIZE.unpack_from(record, _SIZE_AT)[0]
+                gone.append(key)
+            elif left != replicas:
+                records[key] = record[:_REPLICAS_AT] + _REPLICAS.pack(left) + record[_REPLICAS_AT + 4:]
+                kept.append(key)
+        return gone, kept, gone_bytes
 
     def get(self, key: str, default=None) -> ObjectVersion | None:
         record = self._records.get(key)
