@@ -14,7 +14,7 @@ from typing import NamedTuple
 from kvpool.errors import NoSpaceError, ValueTooLargeError
 from kvpool.wire import WriteFlag
 
-from . import policy
+from . import eviction_order, policy
 from .index import ObjectIndex, ObjectRecord
 from .ssd import StoredObject
 from .tiers import StorageTier
@@ -22,6 +22,7 @@ from .tiers import StorageTier
 log = logging.getLogger(__name__)
 
 MAX_EVICTED_LISTED = 100_000  # bound on the REPORT backlog if nobody polls
+ROOM_BATCH = 16  # victims taken from a tier's order at a time while making room
 # Plain ints: IntFlag arithmetic is slow on the per-request path.
 _HARD_PIN, _PREFER_SSD = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD)
 
@@ -38,6 +39,8 @@ class ObjectStore:
                  promote_window: float = 60.0, clock=time.time):
         self.dram, self.ssd = dram, ssd
         self.tiers = [dram] + ([ssd] if ssd else [])
+        for tier in self.tiers:  # the store's policy decides how each tier orders its members
+            tier.members = eviction_order.new_order(mode)
         self.index = ObjectIndex()
         self.mode = mode
         self.hard_pin_quota = hard_pin_quota
@@ -124,6 +127,9 @@ class ObjectStore:
         now = self.clock()
         rec.last_access = now
         rec.hits += 1
+        for tier in self.tiers:
+            if getattr(rec, tier.name) is not None:
+                tier.members.touch(rec)
         if from_dram:
             self.dram.hits += 1
             return False
@@ -192,8 +198,8 @@ class ObjectStore:
             self.evict(rec, "expired")
         return len(due)
 
-    def victims(self, tier: StorageTier, need: int) -> list[ObjectRecord]:
-        return policy.pick(tier.members, need, self.clock(), self.mode, tier.extent_length)
+    def victims(self, tier: StorageTier, need: int, limit: int | None = None) -> list[ObjectRecord]:
+        return policy.pick(tier.members, need, self.clock(), tier.extent_length, limit)
 
     def adopt(self, offset: int, obj: StoredObject) -> bool:
         """Index an object found intact on the SSD at start; False if that version is indexed already.
@@ -236,12 +242,21 @@ class ObjectStore:
     # -- bookkeeping
 
     def make_room(self, tier: StorageTier, length: int) -> int | None:
-        """Give up victims of `tier` one by one until an extent of `length` fits; its offset, or None."""
-        for rec in policy.victims(tier.members, self.clock(), self.mode):
-            self.release_from(tier, rec)
+        """Give up victims of `tier` one by one until an extent of `length` fits; its offset, or None.
+        What ran out of time goes first; then the coldest, taken a few at a time off the tier's order."""
+        if self.expire_due():
             offset = tier.alloc.allocate(length)
             if offset is not None:
                 return offset
+        while batch := policy.victims(tier.members, self.clock(), ROOM_BATCH):
+            before = len(tier.members)
+            for rec in batch:
+                self.release_from(tier, rec)
+                offset = tier.alloc.allocate(length)
+                if offset is not None:
+                    return offset
+            if len(tier.members) >= before:  # nothing left the tier: no way to make room
+                break
         return None
 
     def _unindexed(self, rec: ObjectRecord, reason: str | None) -> None:
