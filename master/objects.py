@@ -12,6 +12,7 @@ take_frees() and tells the nodes (best effort: a node checks (key, generation)
 before freeing anything, so a late order is harmless).
 """
 
+import collections
 import itertools
 import math
 import time
@@ -150,8 +151,37 @@ class NodeState:
         self.versions: dict[int, str] = {}
         # Bytes the last REPORT cannot show yet: pending puts (by generation), and puts
         # committed after that report was asked for (with the table sequence of the commit).
+        # Both change only through the methods below, which keep per-tier totals: placement
+        # reads them for every put, so they must not cost a pass over every put in flight.
         self.pending: dict[int, tuple[str, int]] = {}
-        self.unreported: list[tuple[int, str, int]] = []
+        self.unreported: collections.deque[tuple[int, str, int]] = collections.deque()  # ascending seq
+        self._pending_bytes: collections.Counter = collections.Counter()
+        self._unreported_bytes: collections.Counter = collections.Counter()
+        self._unreported_count: collections.Counter = collections.Counter()
+
+    def add_pending(self, generation: int, tier: str, size: int) -> None:
+        self.drop_pending(generation)
+        self.pending[generation] = (tier, size)
+        self._pending_bytes[tier] += size
+
+    def drop_pending(self, generation: int) -> None:
+        entry = self.pending.pop(generation, None)
+        if entry is not None:
+            self._pending_bytes[entry[0]] -= entry[1]
+
+    def add_unreported(self, seq: int, tier: str, size: int) -> None:
+        """A commit (numbered `seq`, ascending) that REPORTs asked for before it cannot show."""
+        self.unreported.append((seq, tier, size))
+        self._unreported_bytes[tier] += size
+        self._unreported_count[tier] += 1
+
+    def reported_upto(self, mark: int) -> None:
+        """A REPORT asked for at `mark` arrived: commits up to there are in its figures."""
+        unreported = self.unreported
+        while unreported and unreported[0][0] <= mark:
+            _, tier, size = unreported.popleft()
+            self._unreported_bytes[tier] -= size
+            self._unreported_count[tier] -= 1
 
     def used(self, tier: str) -> int:
         return int(self.reported.get(tier, {}).get("used", 0))
@@ -160,15 +190,13 @@ class NodeState:
         """(objects, bytes) in a tier: the last REPORT plus puts committed since, so a put
         shows at once. Bytes are capped at the capacity: the node has been making room
         (demoting, evicting) since that report too."""
-        sizes = [n for _, t, n in self.unreported if t == tier]
         reported = self.reported.get(tier, {})
-        objects = int(reported.get("objects") or 0) + len(sizes)
-        used = self.used(tier) + sum(sizes)
+        objects = int(reported.get("objects") or 0) + self._unreported_count[tier]
+        used = self.used(tier) + self._unreported_bytes[tier]
         return objects, min(used, self.capacity.get(tier, used))
 
     def reserved(self, tier: str) -> int:
-        return (sum(n for t, n in self.pending.values() if t == tier)
-                + sum(n for _, t, n in self.unreported if t == tier))
+        return self._pending_bytes[tier] + self._unreported_bytes[tier]
 
     def free_bytes(self, tier: str) -> int:
         """Capacity minus reported use minus bytes sent since; may be negative (the node evicts)."""
@@ -293,7 +321,7 @@ class ObjectTable:
             return []
         tiers = report.get("tiers") or {}
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
-        node.unreported = [u for u in node.unreported if u[0] > mark]
+        node.reported_upto(mark)
         self.counters.reports += 1
         removed = []
         for entry in report.get("evicted") or ():
@@ -313,7 +341,7 @@ class ObjectTable:
             pending.version = replace(version, replicas=tuple(r for r in version.replicas
                                                               if r.node_id != node.node_id))
             node.versions.pop(generation, None)
-            node.pending.pop(generation, None)
+            node.drop_pending(generation)
             self.counters.evicted_replicas += 1
             return False
         version = self._committed.get(key)
@@ -453,7 +481,7 @@ class ObjectTable:
         for r in placed:
             node = self.nodes[r.node_id]
             node.versions[version.generation] = key
-            node.pending[version.generation] = (tier, size)
+            node.add_pending(version.generation, tier, size)
         self._pending[key] = _Pending(version, now + self.put_timeout, min_replicas)
         return version
 
@@ -498,7 +526,7 @@ class ObjectTable:
         for r in version.replicas:
             node = self.nodes.get(r.node_id)
             if node is not None:
-                node.unreported.append((seq, r.tier, r.length))
+                node.add_unreported(seq, r.tier, r.length)
         old = self._committed.get(key)
         self._committed[key] = version
         self._bytes += version.size
@@ -539,7 +567,7 @@ class ObjectTable:
         for r in version.replicas:
             node = self.nodes.get(r.node_id)
             if node is not None:
-                node.pending.pop(version.generation, None)
+                node.drop_pending(version.generation)
 
     def reclaim_expired(self) -> list[str]:
         """Revoke every pending put past its deadline; returns their keys."""
@@ -625,7 +653,7 @@ class ObjectTable:
             node = self.nodes.get(r.node_id)
             if node is None or node.versions.pop(version.generation, None) is None:
                 continue
-            node.pending.pop(version.generation, None)
+            node.drop_pending(version.generation)
             self._frees.append(FreeOrder(r.address, raw_key, version.generation))
 
     def take_frees(self) -> list[FreeOrder]:
@@ -724,7 +752,7 @@ class ObjectTable:
                                        + (Replica(node_id, node.address, tier, version.size),))
         node.versions[generation] = key
         seq = self._last_seq = next(self._seq)
-        node.unreported.append((seq, tier, version.size))
+        node.add_unreported(seq, tier, version.size)
         self.counters.repairs_done += 1
         self.counters.repair_bytes += version.size
         self.settle_drain(key)
