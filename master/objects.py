@@ -323,8 +323,20 @@ class ObjectTable:
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
         node.reported_upto(mark)
         self.counters.reports += 1
+        return self._apply_evicted(node, report.get("evicted"))
+
+    def apply_evictions(self, node_id: str, instance: str, evicted) -> list[str]:
+        """Drop the replicas a node says it evicted ([key, generation] each, from REPORT or
+        EVICTIONS); returns the keys that lost their last replica. Ignored from an instance
+        no longer registered."""
+        node = self.nodes.get(node_id)
+        if node is None or node.instance != instance:
+            return []
+        return self._apply_evicted(node, evicted)
+
+    def _apply_evicted(self, node: NodeState, evicted) -> list[str]:
         removed = []
-        for entry in report.get("evicted") or ():
+        for entry in evicted or ():
             try:
                 key, generation = str(entry[0]), int(entry[1])
             except (TypeError, ValueError, IndexError):

@@ -58,6 +58,8 @@ class DataServer:
         self.metrics = metrics or NodeMetrics()
         self.copier = Copier(store)
         self.term = 0  # highest master term seen (WRITE and REPORT arg): older WRITEs are refused
+        self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
+        store.on_dropped = self.dropped.set
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
@@ -129,7 +131,8 @@ class _Connection:
                           wire.Op.INVENTORY: self._inventory, wire.Op.COPY: self._copy,
                           wire.Op.HELLO: self._hello, wire.Op.ATTACH: self._attach,
                           wire.Op.LOCATE: self._locate, wire.Op.RELEASE: self._release,
-                          wire.Op.ALLOCATE: self._allocate, wire.Op.COMMIT: self._commit}
+                          wire.Op.ALLOCATE: self._allocate, wire.Op.COMMIT: self._commit,
+                          wire.Op.EVICTIONS: self._evictions}
 
     async def run(self) -> None:
         self.metrics.connections.inc()
@@ -366,6 +369,25 @@ class _Connection:
     async def _report(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
         self.server.term = max(self.server.term, term)
         self._reply_json(op, req_id, self.store.report(self.server.node_id))
+        return True
+
+    async def _evictions(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
+        """Answer once something was dropped (or after EVICTIONS_WAIT), so the master's table
+        loses an evicted copy a round trip after the eviction, not at its next REPORT."""
+        if term and term < self.server.term:  # a deposed leader must not take what the leader needs
+            self._error(op, req_id, Code.NOT_LEADER, f"term {term} is older than {self.server.term}")
+            return True
+        self.server.term = max(self.server.term, term)
+        await self._flush()  # replies before this one must not wait for it
+        store, dropped = self.store, self.server.dropped
+        deadline = self.loop.time() + wire.EVICTIONS_WAIT
+        while not store.has_dropped() and (left := deadline - self.loop.time()) > 0:
+            dropped.clear()
+            try:
+                await asyncio.wait_for(dropped.wait(), left)
+            except TimeoutError:
+                break
+        self._reply_json(op, req_id, {"evicted": store.take_dropped()})
         return True
 
     async def _inventory(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:

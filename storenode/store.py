@@ -48,6 +48,7 @@ class ObjectStore:
         self.promote_after, self.promote_window = promote_after, promote_window
         self.clock = clock
         self.on_pressure = lambda: None  # the maintenance task hooks in here
+        self.on_dropped = lambda: None  # the server hooks in here: an EVICTIONS request may be waiting
         self._reserved_hard = 0
         self._evicted: list[list] = []
 
@@ -220,6 +221,15 @@ class ObjectStore:
         """List an object the node lost on its own (e.g. found torn) for the next REPORT."""
         if len(self._evicted) < MAX_EVICTED_LISTED:
             self._evicted.append([key.decode("utf-8", "surrogateescape"), generation])
+            self.on_dropped()
+
+    def has_dropped(self) -> bool:
+        return bool(self._evicted)
+
+    def take_dropped(self) -> list[list]:
+        """The objects dropped since the last REPORT or call, [key, generation] each, for the master."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
 
     def stored_object(self, rec: ObjectRecord) -> StoredObject:
         return StoredObject(rec.key, rec.generation, rec.size, rec.checksum, rec.flags, rec.raw_size,
@@ -228,9 +238,8 @@ class ObjectStore:
     # -- REPORT / INVENTORY
 
     def report(self, node_id: str) -> dict:
-        evicted, self._evicted = self._evicted, []
         tiers = {tier.name: tier.stats() for tier in self.tiers}
-        return {"node_id": node_id, "tiers": tiers, "evicted": evicted}
+        return {"node_id": node_id, "tiers": tiers, "evicted": self.take_dropped()}
 
     def inventory(self) -> list[dict]:
         now = self.clock()
