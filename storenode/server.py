@@ -374,7 +374,7 @@ class _Connection:
     async def _evictions(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
         """Answer once something was dropped (or after EVICTIONS_WAIT), so the master's table
         loses an evicted copy a round trip after the eviction, not at its next REPORT."""
-        if term and term < self.server.term:  # a deposed leader must not take what the leader needs
+        if term and term < self.server.term:
             self._error(op, req_id, Code.NOT_LEADER, f"term {term} is older than {self.server.term}")
             return True
         self.server.term = max(self.server.term, term)
@@ -387,7 +387,10 @@ class _Connection:
                 await asyncio.wait_for(dropped.wait(), left)
             except TimeoutError:
                 break
-        self._reply_json(op, req_id, {"evicted": store.take_dropped()})
+        if term and term < self.server.term:  # deposed (maybe while waiting): leave them to the leader
+            self._error(op, req_id, Code.NOT_LEADER, f"term {term} is older than {self.server.term}")
+        else:
+            self._reply_json(op, req_id, {"evicted": store.take_dropped()})
         return True
 
     async def _inventory(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
