@@ -79,7 +79,7 @@ class Maintenance:
             before = dram.used
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.dram is not None:
-                    if rec.ssd is not None:
+                    if rec.ssd is not None or store.ssd is None:  # another copy, or nowhere to demote to
                         store.release_from(dram, rec)
                     else:
                         await self.mover.demote(rec)

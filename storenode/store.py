@@ -173,7 +173,8 @@ class ObjectStore:
     def evict(self, rec: ObjectRecord, reason: str) -> None:
         """Drop an object for good on the node's own decision; the master learns it from REPORT."""
         if self.index.remove(rec):
-            log.debug("evicting %s (%s)", rec.name, reason)
+            if log.isEnabledFor(logging.DEBUG):  # the name costs more than the eviction
+                log.debug("evicting %s (%s)", rec.name, reason)
             self._unindexed(rec, reason=reason)
 
     def drop_copy(self, rec: ObjectRecord, tier: StorageTier) -> None:
