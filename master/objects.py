@@ -205,8 +205,13 @@ class NodeState:
         return self.capacity[tier] - self.used(tier) - self.reserved(tier)
 
     @property
-    def largest_tier(self) -> int:
-        return max(self.capacity.values(), default=0)
+    def capacity(self) -> dict[str, int]:
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, tiers: dict[str, int]) -> None:
+        self._capacity = tiers
+        self.largest_tier = max(tiers.values(), default=0)  # read by every placement
 
 
 class ObjectTable:
