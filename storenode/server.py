@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 STAGING_BYTES = 256 * 1024  # per connection: headers and keys of pipelined frames, and payload prefixes
 SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
 HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
+# After a large WRITE, frames are staged only this far ahead (plenty for pipelined headers), so
+# most of the next large payload is received straight into its extent, not staged and copied;
+# after small ones a whole staging buffer is read at once, which costs fewer receives.
+LARGE_WRITE = 128 * 1024
+READ_AHEAD_AFTER_LARGE = 16 * 1024
 SSD_CHUNK = 1024 * 1024  # SSD WRITE payloads: received into one buffer while the other is written
 DRAIN_LIMIT = 64 * 1024 * 1024  # payload bytes read and dropped after refusing a WRITE
 DRAIN_SECONDS = 2.0
@@ -116,6 +121,7 @@ class _Connection:
         self.buf = bytearray(STAGING_BYTES)
         self.view = memoryview(self.buf)
         self.start = self.end = 0  # unparsed input is buf[start:end]
+        self.read_ahead = STAGING_BYTES  # how much _fill may read at once (see LARGE_WRITE)
         self.out = bytearray()  # replies not sent yet
         self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
         # Shared memory: set by ATTACH. What this client holds through the mapping, given back
@@ -198,6 +204,7 @@ class _Connection:
         except KvpoolError as exc:
             await self._refuse(op, req_id, exc.code, str(exc), length)
             return False
+        self.read_ahead = READ_AHEAD_AFTER_LARGE if length >= LARGE_WRITE else STAGING_BYTES
         received = False
         try:
             if res.tier is self.dram:
@@ -605,7 +612,8 @@ class _Connection:
         # Nothing more to do without the peer: send what it is waiting for first.
         await self._flush()
         while self.end - self.start < n:
-            got = await self.loop.sock_recv_into(self.sock, self.view[self.end:])
+            room = max(n - (self.end - self.start), self.read_ahead)
+            got = await self.loop.sock_recv_into(self.sock, self.view[self.end:self.end + room])
             if not got:
                 raise _Disconnect
             self.end += got
