@@ -2,7 +2,7 @@
 
 One pipelined connection per node address (kvpool/tcp_connection.py), opened
 on first use. Clients (client/tcp.py adds their batched reads and writes), the
-master (FREE, HOLD, REPORT, INVENTORY, COPY) and storage nodes (the WRITE of a
+master (FREE, HOLD, REPORT, EVICTIONS, INVENTORY, COPY) and storage nodes (the WRITE of a
 COPY to another node) all reach nodes through a TcpLink.
 """
 
@@ -21,6 +21,7 @@ from .tcp_connection import Connection
 DEFAULT_CONNECT_TIMEOUT = 3.0
 _WRITE, _FREE, _PING, _HOLD = wire.Op.WRITE, wire.Op.FREE, wire.Op.PING, wire.Op.HOLD
 _REPORT, _INVENTORY, _COPY, _HELLO = wire.Op.REPORT, wire.Op.INVENTORY, wire.Op.COPY, wire.Op.HELLO
+_EVICTIONS = wire.Op.EVICTIONS
 
 
 class TcpLink:
@@ -125,6 +126,11 @@ class TcpLink:
             return inventory.Reply(body)
         except ProtocolError as exc:
             raise ProtocolError(f"node {address}: {exc}") from None
+
+    async def evictions(self, address: str, term: int = 0) -> dict:
+        """Waits (up to wire.EVICTIONS_WAIT) for the node to drop objects; it holds up every later
+        request on the connection meanwhile, so use a TcpLink that sends nothing else."""
+        return await self._json(address, _EVICTIONS, dict, term)
 
     async def _json(self, address: str, op: int, kind: type, arg: int = 0):
         connection = await self._connection(address)

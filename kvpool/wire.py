@@ -42,7 +42,7 @@ MAGIC = b"KV"
 VERSION = 1
 
 # magic, version, op, req_id, key_len, flags, generation, arg, length, checksum
-# arg: HOLD: milliseconds to hold the object; WRITE, REPORT and INVENTORY: the leading master's term (0 = none),
+# arg: HOLD: milliseconds to hold the object; WRITE, REPORT, INVENTORY and EVICTIONS: the leading master's term (0 = none),
 #      so a node refuses WRITEs placed by a master deposed since (NOT_LEADER); otherwise 0.
 REQUEST = struct.Struct("<2sBBIHHQQQQ")
 # After a WRITE's key: ttl_ms (0 = none), soft_pin_ms (0 = not pinned), raw_size (size before compression).
@@ -79,6 +79,10 @@ class Op(IntEnum):
     RELEASE = 12   # drop the reference LOCATE took on (key, generation); never answered
     ALLOCATE = 13  # WRITE without the payload: reserve a DRAM extent, answered MAPPED
     COMMIT = 14    # the ALLOCATEd extent of (key, generation) is filled: verify checksum and keep it
+    # Reply JSON {"evicted": [[key, generation], ...]}: the objects dropped since the last REPORT or
+    # EVICTIONS, answered as soon as there is one, or empty after EVICTIONS_WAIT seconds. The master
+    # keeps one outstanding per node, on a connection of its own (the node answers in order).
+    EVICTIONS = 15
     # The master's control port: one op per Master RPC (see the module docstring).
     PUT_START = 32
     PUT_END = 33
@@ -100,6 +104,7 @@ MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry
 MAX_TOKEN = 1024  # longest cluster token an ATTACH may carry
 
 LOCATE_LEASE = 2.0  # seconds; a client copying for longer reads over the socket instead
+EVICTIONS_WAIT = 5.0  # seconds a node keeps an EVICTIONS request when it has nothing to tell
 
 
 

@@ -21,6 +21,7 @@ from . import takeover
 from .adoption import Adopter
 from .control_port import FRAME_TIMEOUT, ControlPort
 from .election import Election
+from .eviction_watch import EvictionWatch
 from .key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
 from .key_feed import KeyFeed
 from .key_watch import KeyWatch
@@ -127,6 +128,8 @@ class Leader:
         self.tasks.append(loop.create_task(_reclaim_loop(self._table, self._node_io), name="reclaim"))
         self.tasks.append(loop.create_task(ReportPoller(self._table, self._node_io, args.report_interval).run(),
                                            name="node-reports"))
+        self.tasks.append(loop.create_task(EvictionWatch(self._table, self._node_io).run(),
+                                           name="eviction-watch"))
         self.tasks.append(loop.create_task(Repairer(self._table, self._node_io, args.repair_rate).run(),
                                            name="repair"))
         log.info("took over with term %d: %d objects on %d nodes (%d did not answer yet)", self._election.term,

@@ -12,6 +12,7 @@ take_frees() and tells the nodes (best effort: a node checks (key, generation)
 before freeing anything, so a late order is harmless).
 """
 
+import collections
 import itertools
 import math
 import time
@@ -154,8 +155,13 @@ class NodeState:
         return self.capacity[tier] - self.used(tier) - self.reserved(tier)
 
     @property
-    def largest_tier(self) -> int:
-        return max(self.capacity.values(), default=0)
+    def capacity(self) -> dict[str, int]:
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, tiers: dict[str, int]) -> None:
+        self._capacity = tiers
+        self.largest_tier = max(tiers.values(), default=0)  # read by every placement
 
 
 class ObjectTable:
@@ -269,8 +275,20 @@ class ObjectTable:
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
         node.reported_up_to(mark)
         self.counters.reports += 1
+        return self._apply_evicted(node, report.get("evicted"))
+
+    def apply_evictions(self, node_id: str, instance: str, evicted) -> list[str]:
+        """Drop the replicas a node says it evicted ([key, generation] each, from REPORT or
+        EVICTIONS); returns the keys that lost their last replica. Ignored from an instance
+        no longer registered."""
+        node = self.nodes.get(node_id)
+        if node is None or node.instance != instance:
+            return []
+        return self._apply_evicted(node, evicted)
+
+    def _apply_evicted(self, node: NodeState, evicted) -> list[str]:
         removed = []
-        for entry in report.get("evicted") or ():
+        for entry in evicted or ():
             try:
                 key, generation = str(entry[0]), int(entry[1])
             except (TypeError, ValueError, IndexError):

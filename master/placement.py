@@ -36,8 +36,10 @@ class MostFreeSpace:
     """
 
     def choose(self, candidates: Sequence[C], size: int, count: int, tier: str = "dram") -> list[C]:
-        order = (tier, *(t for t in TIER_ORDER if t != tier))
         fitting = [c for c in candidates if c.largest_tier >= size]
+        if len(fitting) <= 1:  # nothing to rank
+            return fitting[:max(count, 0)]
+        order = (tier, *(t for t in TIER_ORDER if t != tier))
         fitting.sort(key=lambda c: (*(-c.free_bytes(t) for t in order), c.node_id))
         return fitting[:max(count, 0)]
 

@@ -97,10 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-id", type=_name, default=None, help="default: node-<random hex>")
     p.add_argument("--data-dir", default=None, help="node-local files; needed with --ssd (unless --ssd-dir)")
     p.add_argument("--ssd-dir", default=None, help="directory of the SSD segment file (default: DATA_DIR/ssd)")
-    p.add_argument("--high-watermark", type=_fraction, default=0.9,
-                   help="fraction of a tier above which it is relieved (default 0.9)")
-    p.add_argument("--low-watermark", type=_fraction, default=0.75,
-                   help="fraction a relieved tier is brought down to (default 0.75)")
+    # A narrow band: giving up victims costs a step each (eviction_order.py), so relieving a tier
+    # far below its high watermark would only throw away cached objects.
+    p.add_argument("--high-watermark", type=_fraction, default=0.95,
+                   help="fraction of a tier above which it is relieved (default 0.95)")
+    p.add_argument("--low-watermark", type=_fraction, default=0.9,
+                   help="fraction a relieved tier is brought down to (default 0.9)")
     p.add_argument("--policy", choices=policy.POLICIES, default=policy.LRU,
                    help="which objects go first: least recently or least frequently used")
     p.add_argument("--promote-after", type=int, default=2, metavar="N",

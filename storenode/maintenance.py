@@ -75,11 +75,11 @@ class Maintenance:
         """Above the high watermark: demote the coldest to SSD (or drop their DRAM copy) down to the low one."""
         store, dram = self.store, self.store.dram
         while (need := dram.excess()) > 0:
-            batch = store.victims(dram, need)[:BATCH]
+            batch = store.victims(dram, need, BATCH)
             before = dram.used
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.dram is not None:
-                    if rec.ssd is not None:
+                    if rec.ssd is not None or store.ssd is None:  # another copy, or nowhere to demote to
                         store.release_from(dram, rec)
                     else:
                         await self.mover.demote(rec)
@@ -91,7 +91,7 @@ class Maintenance:
         """Above the high watermark: evict the coldest SSD objects for good down to the low one."""
         store, ssd = self.store, self.store.ssd
         while ssd and (need := ssd.excess()) > 0:
-            batch = store.victims(ssd, need)[:BATCH]
+            batch = store.victims(ssd, need, BATCH)
             before = ssd.used
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.ssd is not None:

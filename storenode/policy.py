@@ -2,19 +2,16 @@
 
 A record here is anything with the attributes of index.ObjectRecord that these
 functions read (size, expires_at, hard_pin, hold_until, soft_pin_until,
-last_access, hits, refcount), so the rules are unit-tested without a node.
+refcount), so the rules are unit-tested without a node; the order among them
+(coldest first) is kept by eviction_order.py.
 Times are unix seconds (time.time()): expiry is stored on disk as wall-clock time.
 """
 
-import random
+from itertools import islice
 
 LRU = "lru"
 LFU = "lfu"
 POLICIES = (LRU, LFU)
-
-# Ranking every record of a big tier on each sweep would cost more than the
-# eviction itself: above this many, rank a random sample (approximate LRU/LFU).
-SAMPLE = 4096
 
 _EXPIRED, _UNPINNED, _SOFT_PINNED = 0, 1, 2
 
@@ -54,40 +51,44 @@ def victim_class(rec, now: float) -> int | None:
     return _SOFT_PINNED if rec.soft_pin_until > now else _UNPINNED
 
 
-def _coldness(rec, mode: str):
-    if mode == LFU:
-        return (rec.hits, rec.last_access)
-    return (rec.last_access,)
+def _in_order(ordered, now: float):
+    """Evictable records of `ordered` (a tier's records, coldest first): unpinned and expired ones in
+    that order, then the soft-pinned ones in that order. Lazy and one pass, so taking a few victims
+    costs a few steps plus the protected records passed over on the way."""
+    soft = []
+    for rec in ordered:
+        group = victim_class(rec, now)
+        if group == _SOFT_PINNED:
+            soft.append(rec)
+        elif group is not None:
+            yield rec
+    yield from soft
 
 
-def victims(records, now: float, mode: str = LRU, rng: random.Random | None = None) -> list:
-    """Evictable records in the order to give them up: expired (soonest first), then
-    unpinned coldest first, then soft-pinned coldest first. Pinned-hard and held ones are left out.
+def victims(ordered, now: float, limit: int | None = None) -> list:
+    """Up to `limit` evictable records in the order to give them up, from records given coldest first
+    (LRU or LFU order, storenode/eviction_order.py): unpinned ones coldest first, then soft-pinned ones
+    coldest first. Hard-pinned, held and busy ones are left out.
 
     Soft-pinned ones come only after every unpinned one, so callers that stop once
-    they have freed enough touch soft pins only when nothing unpinned is left.
+    they have freed enough touch soft pins only when nothing unpinned is left. An
+    expired object is a victim whatever its pins; the node drops those its expiry
+    queue names before it evicts anything, so here they just rank as unpinned.
+    The result is a list: act on it only after this returns (the order changes then).
     """
-    pool = records if isinstance(records, list) else list(records)
-    if len(pool) > SAMPLE:
-        pool = (rng or random).sample(pool, SAMPLE)
-    ranked = []
-    for rec in pool:
-        group = victim_class(rec, now)
-        if group is not None:
-            key = (rec.expires_at,) if group == _EXPIRED else _coldness(rec, mode)
-            ranked.append(((group, *key), id(rec), rec))
-    ranked.sort(key=lambda item: item[:2])
-    return [rec for _, _, rec in ranked]
+    return list(islice(_in_order(ordered, now), limit))
 
 
-def pick(records, need: int, now: float, mode: str = LRU, size=lambda rec: rec.size) -> list:
-    """The first victims whose sizes add up to at least `need` bytes (all of them if they don't)."""
+def pick(ordered, need: int, now: float, size=lambda rec: rec.size, limit: int | None = None) -> list:
+    """The first victims whose sizes add up to at least `need` bytes (all of them, or `limit`, if they don't)."""
     chosen, freed = [], 0
-    for rec in victims(records, now, mode):
-        if freed >= need:
-            break
+    if need <= 0:
+        return chosen
+    for rec in _in_order(ordered, now):
         chosen.append(rec)
         freed += size(rec)
+        if freed >= need or len(chosen) == limit:
+            break
     return chosen
 
 

@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 STAGING_BYTES = 256 * 1024  # per connection: headers and keys of pipelined frames, and payload prefixes
 SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
 HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
+# After a large WRITE, frames are staged only this far ahead (plenty for pipelined headers), so
+# most of the next large payload is received straight into its extent, not staged and copied;
+# after small ones a whole staging buffer is read at once, which costs fewer receives.
+LARGE_WRITE = 128 * 1024
+READ_AHEAD_AFTER_LARGE = 16 * 1024
 SSD_CHUNK = 1024 * 1024  # SSD WRITE payloads: received into one buffer while the other is written
 DRAIN_LIMIT = 64 * 1024 * 1024  # payload bytes read and dropped after refusing a WRITE
 DRAIN_SECONDS = 2.0
@@ -58,6 +63,8 @@ class DataServer:
         self.metrics = metrics or NodeMetrics()
         self.copier = Copier(store)
         self.term = 0  # highest master term seen (WRITE and REPORT arg): older WRITEs are refused
+        self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
+        store.on_dropped = self.dropped.set
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
@@ -114,6 +121,7 @@ class _Connection:
         self.buf = bytearray(STAGING_BYTES)
         self.view = memoryview(self.buf)
         self.start = self.end = 0  # unparsed input is buf[start:end]
+        self.read_ahead = STAGING_BYTES  # how much _fill may read at once (see LARGE_WRITE)
         self.out = bytearray()  # replies not sent yet
         self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
         # Shared memory: set by ATTACH. What this client holds through the mapping, given back
@@ -129,7 +137,8 @@ class _Connection:
                           wire.Op.INVENTORY: self._inventory, wire.Op.COPY: self._copy,
                           wire.Op.HELLO: self._hello, wire.Op.ATTACH: self._attach,
                           wire.Op.LOCATE: self._locate, wire.Op.RELEASE: self._release,
-                          wire.Op.ALLOCATE: self._allocate, wire.Op.COMMIT: self._commit}
+                          wire.Op.ALLOCATE: self._allocate, wire.Op.COMMIT: self._commit,
+                          wire.Op.EVICTIONS: self._evictions}
 
     async def run(self) -> None:
         self.metrics.connections.inc()
@@ -195,6 +204,7 @@ class _Connection:
         except KvpoolError as exc:
             await self._refuse(op, req_id, exc.code, str(exc), length)
             return False
+        self.read_ahead = READ_AHEAD_AFTER_LARGE if length >= LARGE_WRITE else STAGING_BYTES
         received = False
         try:
             if res.tier is self.dram:
@@ -366,6 +376,28 @@ class _Connection:
     async def _report(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
         self.server.term = max(self.server.term, term)
         self._reply_json(op, req_id, self.store.report(self.server.node_id))
+        return True
+
+    async def _evictions(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
+        """Answer once something was dropped (or after EVICTIONS_WAIT), so the master's table
+        loses an evicted copy a round trip after the eviction, not at its next REPORT."""
+        if term and term < self.server.term:
+            self._error(op, req_id, Code.NOT_LEADER, f"term {term} is older than {self.server.term}")
+            return True
+        self.server.term = max(self.server.term, term)
+        await self._flush()  # replies before this one must not wait for it
+        store, dropped = self.store, self.server.dropped
+        deadline = self.loop.time() + wire.EVICTIONS_WAIT
+        while not store.has_dropped() and (left := deadline - self.loop.time()) > 0:
+            dropped.clear()
+            try:
+                await asyncio.wait_for(dropped.wait(), left)
+            except TimeoutError:
+                break
+        if term and term < self.server.term:  # deposed (maybe while waiting): leave them to the leader
+            self._error(op, req_id, Code.NOT_LEADER, f"term {term} is older than {self.server.term}")
+        else:
+            self._reply_json(op, req_id, {"evicted": store.take_dropped()})
         return True
 
     async def _inventory(self, op, req_id, _key, _generation, _flags, term, *_unused) -> bool:
@@ -580,7 +612,8 @@ class _Connection:
         # Nothing more to do without the peer: send what it is waiting for first.
         await self._flush()
         while self.end - self.start < n:
-            got = await self.loop.sock_recv_into(self.sock, self.view[self.end:])
+            room = max(n - (self.end - self.start), self.read_ahead)
+            got = await self.loop.sock_recv_into(self.sock, self.view[self.end:self.end + room])
             if not got:
                 raise _Disconnect
             self.end += got

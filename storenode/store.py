@@ -18,7 +18,7 @@ from kvpool.errors import NoSpaceError, ValueTooLargeError
 from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry
 from kvpool.wire import WriteFlag
 
-from . import policy
+from . import eviction_order, policy
 from .index import ObjectIndex, ObjectRecord
 from .ssd import StoredObject
 from .tiers import StorageTier
@@ -26,6 +26,7 @@ from .tiers import StorageTier
 log = logging.getLogger(__name__)
 
 MAX_EVICTED_LISTED = 100_000  # bound on the REPORT backlog if nobody polls
+ROOM_BATCH = 16  # victims taken from a tier's order at a time while making room
 # Plain ints: IntFlag arithmetic is slow on the per-request path.
 _HARD_PIN, _PREFER_SSD = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD)
 
@@ -42,6 +43,8 @@ class ObjectStore:
                  promote_window: float = 60.0, clock=time.time):
         self.dram, self.ssd = dram, ssd
         self.tiers = [dram] + ([ssd] if ssd else [])
+        for tier in self.tiers:  # the store's policy decides how each tier orders its members
+            tier.members = eviction_order.new_order(mode)
         self.index = ObjectIndex()
         self.mode = mode
         self.hard_pin_quota = hard_pin_quota
@@ -49,6 +52,7 @@ class ObjectStore:
         self.promote_after, self.promote_window = promote_after, promote_window
         self.clock = clock
         self.on_pressure = lambda: None  # the maintenance task hooks in here
+        self.on_dropped = lambda: None  # the server hooks in here: an EVICTIONS request may be waiting
         self._reserved_hard = 0
         self._evicted: list[list] = []
 
@@ -128,6 +132,9 @@ class ObjectStore:
         now = self.clock()
         rec.last_access = now
         rec.hits += 1
+        for tier in self.tiers:
+            if getattr(rec, tier.name) is not None:
+                tier.members.touch(rec)
         if from_dram:
             self.dram.hits += 1
             return False
@@ -170,7 +177,8 @@ class ObjectStore:
     def evict(self, rec: ObjectRecord, reason: str) -> None:
         """Drop an object for good on the node's own decision; the master learns it from REPORT."""
         if self.index.remove(rec):
-            log.debug("evicting %s (%s)", rec.name, reason)
+            if log.isEnabledFor(logging.DEBUG):  # the name costs more than the eviction
+                log.debug("evicting %s (%s)", rec.name, reason)
             self._unindexed(rec, reason=reason)
 
     def drop_copy(self, rec: ObjectRecord, tier: StorageTier) -> None:
@@ -196,8 +204,8 @@ class ObjectStore:
             self.evict(rec, "expired")
         return len(due)
 
-    def victims(self, tier: StorageTier, need: int) -> list[ObjectRecord]:
-        return policy.pick(tier.members, need, self.clock(), self.mode, tier.extent_length)
+    def victims(self, tier: StorageTier, need: int, limit: int | None = None) -> list[ObjectRecord]:
+        return policy.pick(tier.members, need, self.clock(), tier.extent_length, limit)
 
     def adopt(self, offset: int, obj: StoredObject) -> bool:
         """Index an object found intact on the SSD at start; False if that version is indexed already.
@@ -218,6 +226,15 @@ class ObjectStore:
         """List an object the node lost on its own (e.g. found torn) for the next REPORT."""
         if len(self._evicted) < MAX_EVICTED_LISTED:
             self._evicted.append([key.decode("utf-8", "surrogateescape"), generation])
+            self.on_dropped()
+
+    def has_dropped(self) -> bool:
+        return bool(self._evicted)
+
+    def take_dropped(self) -> list[list]:
+        """The objects dropped since the last REPORT or call, [key, generation] each, for the master."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
 
     def stored_object(self, rec: ObjectRecord) -> StoredObject:
         return StoredObject(rec.key, rec.generation, rec.size, rec.checksum, rec.flags, rec.raw_size,
@@ -226,9 +243,8 @@ class ObjectStore:
     # -- REPORT / INVENTORY
 
     def report(self, node_id: str) -> dict:
-        evicted, self._evicted = self._evicted, []
         tiers = {tier.name: tier.stats() for tier in self.tiers}
-        return {"node_id": node_id, "tiers": tiers, "evicted": evicted}
+        return {"node_id": node_id, "tiers": tiers, "evicted": self.take_dropped()}
 
     def inventory(self) -> list[Entry]:
         return inventory.decode(self.inventory_reply())
@@ -250,12 +266,21 @@ class ObjectStore:
     # -- bookkeeping
 
     def make_room(self, tier: StorageTier, length: int) -> int | None:
-        """Give up victims of `tier` one by one until an extent of `length` fits; its offset, or None."""
-        for rec in policy.victims(tier.members, self.clock(), self.mode):
-            self.release_from(tier, rec)
+        """Give up victims of `tier` one by one until an extent of `length` fits; its offset, or None.
+        What ran out of time goes first; then the coldest, taken a few at a time off the tier's order."""
+        if self.expire_due():
             offset = tier.alloc.allocate(length)
             if offset is not None:
                 return offset
+        while batch := policy.victims(tier.members, self.clock(), ROOM_BATCH):
+            before = len(tier.members)
+            for rec in batch:
+                self.release_from(tier, rec)
+                offset = tier.alloc.allocate(length)
+                if offset is not None:
+                    return offset
+            if len(tier.members) >= before:  # nothing left the tier: no way to make room
+                break
         return None
 
     def _unindexed(self, rec: ObjectRecord, reason: str | None) -> None:

@@ -2,13 +2,14 @@
 
 from kvpool.allocator import ExtentAllocator
 
-from . import policy
+from . import eviction_order, policy
 
 
 class StorageTier:
     """A segment (DramSegment or SsdSegment) with its own extent allocator.
 
-    `members` holds the records with a copy in this tier; counters are totals
+    `members` holds the records with a copy in this tier, coldest first (eviction_order.py; the
+    store sets the kind, LRU or LFU); counters are totals
     since start. Each tier counts the moves it takes part in: a demotion counts
     in DRAM and in SSD alike, as does a promotion.
     """
@@ -18,7 +19,7 @@ class StorageTier:
         self.name = segment.name
         self.alloc = ExtentAllocator(segment.capacity, segment.alignment)
         self.high, self.low = high, low
-        self.members: set = set()
+        self.members = eviction_order.LruOrder()
         self.pinned_bytes = 0  # hard-pinned objects with a copy here
         self.hits = self.misses = 0
         self.demotions = self.promotions = 0

@@ -23,6 +23,8 @@ def nodes(etcd, tmp_path):
     started = []
 
     def start(*args, node_id="t1", dram="4MiB"):
+        # The band these tests' sizes were chosen for, whatever the default.
+        args = ("--high-watermark", "0.9", "--low-watermark", "0.75", *args)
         node = start_node(etcd, tmp_path, node_id=node_id, dram=dram, args=args)
         started.append(node)
         return node
@@ -99,6 +101,23 @@ def test_soft_pinned_survive_a_sweep_that_evicts_unpinned(nodes):
     wait_until(lambda: log.poll()["tiers"]["dram"]["watermark"] != "high" and log.keys, 10, what="eviction")
     assert log.keys == [key.decode() for key, _ in plain[:len(log.keys)]]  # soft ones are older, yet stay
     for key, data in soft:
+        assert get(node, key, 1, len(data)) == (Code.OK, data)
+
+
+def test_lfu_keeps_the_most_read_though_others_came_later(nodes):
+    node = nodes("--policy", "lfu")  # DRAM only: relief means eviction
+    popular = objects(4, 256 * KiB, "popular")
+    plain = objects(12, 256 * KiB, "plain")
+    for key, data in popular:
+        put(node, key, 1, data)
+        for _ in range(3):
+            assert get(node, key, 1, len(data)) == (Code.OK, data)
+    for key, data in plain:  # newer than every read of the popular ones: LRU would drop those first
+        put(node, key, 1, data)
+    log = EvictedLog(node)
+    wait_until(lambda: log.poll()["tiers"]["dram"]["watermark"] != "high" and log.keys, 10, what="eviction")
+    assert log.keys == [key.decode() for key, _ in plain[:len(log.keys)]]
+    for key, data in popular:
         assert get(node, key, 1, len(data)) == (Code.OK, data)
 
 

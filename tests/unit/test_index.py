@@ -179,6 +179,38 @@ def test_expired_objects_are_not_served_and_are_listed(make_store):
     assert store.expire_due() == 1 and store.inventory() == []
 
 
+def test_expired_objects_go_before_the_coldest_live_one(make_store):
+    store = make_store(dram=4 * 4096)
+    cold = put(store, b"cold", b"c" * 4000)
+    store.clock.now += 1
+    soon = put(store, b"soon", b"s" * 4000, ttl_ms=2000, soft_pin_ms=60_000)  # pins do not keep it
+    store.clock.now += 1
+    put(store, b"later", b"l" * 4000, ttl_ms=60_000)
+    put(store, b"hot", b"h" * 4000)
+    store.clock.now += 5
+    put(store, b"new", b"n" * 4000)  # full: what ran out goes, however recently used
+    assert not soon.live and cold.live
+    assert store.report("n")["evicted"] == [["soon", 1]]
+    put(store, b"newer", b"n" * 4000)  # then the coldest
+    assert not cold.live
+
+
+def test_reads_keep_objects_warm_lru_and_lfu(make_store):
+    # LRU keeps what was read last; LFU what was read most, and an unread newcomer goes first.
+    for mode, survivors in (("lru", {b"b", b"d", b"e"}), ("lfu", {b"a", b"b", b"e"})):
+        store = make_store(dram=3 * 4096, mode=mode)
+        a = put(store, b"a", b"a" * 4000)
+        for _ in range(3):
+            store.count_read(a, from_dram=True)
+        store.clock.now += 1
+        b = put(store, b"b", b"b" * 4000)
+        put(store, b"c", b"c" * 4000)
+        store.count_read(b, from_dram=True)  # the most recent read; a has the most
+        put(store, b"d", b"d" * 4000)
+        put(store, b"e", b"e" * 4000)
+        assert {r.key for r in store.index} == survivors, mode
+
+
 def test_soft_pinned_go_only_after_unpinned(make_store):
     store = make_store(dram=4 * 1024)
     soft = put(store, b"soft", b"s" * 1024, soft_pin_ms=60_000)

@@ -301,6 +301,35 @@ def test_report_from_a_previous_instance_is_ignored(table):
     assert table.exists("k2") and table.nodes["n1"].used(DRAM) == 0
 
 
+def test_evictions_between_reports_drop_replicas_and_leave_usage_alone(table):
+    v = put(table, "k")
+    put(table, "stays")
+    node = table.nodes["n1"]
+    reserved = node.reserved(DRAM)
+    assert table.apply_evictions("n1", "i1", [["k", v.generation], ["k", v.generation + 7], "garbage"]) == ["k"]
+    assert not table.exists("k") and table.exists("stays")
+    assert node.reserved(DRAM) == reserved  # usage comes with the next REPORT
+    table.put_end("k", table.put_start("k", 100, 0).generation)  # stored again at once
+    assert table.apply_evictions("n1", "i0", [["stays", v.generation + 1]]) == []  # an older instance
+    assert table.apply_evictions("gone", "i1", [["stays", v.generation + 1]]) == []
+    assert table.exists("stays")
+
+
+def test_reserved_bytes_follow_puts_and_reports(table):
+    node = table.nodes["n1"]
+    a = table.put_start("a", 300, 0)
+    b = table.put_start("b", 200, 0)
+    assert node.reserved(DRAM) == 500
+    mark = table.report_mark()
+    table.put_end("a", a.generation)  # committed after the report was asked for: still counted
+    table.put_revoke("b", b.generation)
+    assert node.reserved(DRAM) == 300
+    table.apply_report("n1", "i1", report(dram_used=1000), mark)
+    assert node.reserved(DRAM) == 300 and node.estimated_use(DRAM) == (4, 1300)
+    table.apply_report("n1", "i1", report(dram_used=1300), table.report_mark())
+    assert node.reserved(DRAM) == 0 and node.free_bytes(DRAM) == MiB - 1300
+
+
 def test_evicted_before_put_end_fails_the_put_end(table):
     v = table.put_start("k", 100, 0)
     table.apply_report("n1", "i1", report(evicted=[("k", v.generation)]), table.report_mark())

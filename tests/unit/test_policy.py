@@ -1,11 +1,11 @@
 """The eviction and promotion rules of storenode/policy.py, on plain records."""
 
-import random
 from dataclasses import dataclass
 
 import pytest
 
 from kvpool.storenode import policy
+from kvpool.storenode.eviction_order import LfuOrder, LruOrder, new_order
 
 NOW = 1_000_000.0
 
@@ -29,6 +29,14 @@ def names(records):
     return [r.name for r in records]
 
 
+def ordered(recs, mode=policy.LRU):
+    """A tier's order after the records were last used in last_access order (with their hits counted)."""
+    order = new_order(mode)
+    for rec in sorted(recs, key=lambda r: r.last_access):
+        order.add(rec)
+    return order
+
+
 @pytest.mark.parametrize("used,state", [(0, "low"), (75, "low"), (76, "normal"), (90, "normal"), (91, "high")])
 def test_watermark_states(used, state):
     assert policy.watermark(used, 100, high=0.9, low=0.75) == state
@@ -43,55 +51,91 @@ def test_excess_is_down_to_low_and_only_above_high():
 
 def test_lru_order_coldest_first():
     recs = [Rec("warm", last_access=50), Rec("cold", last_access=10), Rec("hot", last_access=90)]
-    assert names(policy.victims(recs, NOW)) == ["cold", "warm", "hot"]
+    assert names(policy.victims(ordered(recs), NOW)) == ["cold", "warm", "hot"]
+
+
+def test_lru_order_follows_accesses():
+    a, b, c = Rec("a"), Rec("b"), Rec("c")
+    order = LruOrder()
+    for rec in (a, b, c):
+        order.add(rec)
+    order.touch(a)
+    assert names(order) == ["b", "c", "a"]
+    order.discard(c)
+    order.touch(c)  # no longer a member: stays out
+    assert names(order) == ["b", "a"] and len(order) == 2 and c not in order
 
 
 def test_lfu_order_fewest_hits_first_then_oldest():
     recs = [Rec("popular", hits=9, last_access=1), Rec("rare-new", hits=1, last_access=80),
             Rec("rare-old", hits=1, last_access=20)]
-    assert names(policy.victims(recs, NOW, policy.LFU)) == ["rare-old", "rare-new", "popular"]
+    assert names(policy.victims(ordered(recs, policy.LFU), NOW)) == ["rare-old", "rare-new", "popular"]
 
 
-def test_expired_first_then_unpinned_then_soft_pinned():
+def test_lfu_order_moves_a_record_up_on_each_hit():
+    a, b, c = Rec("a"), Rec("b"), Rec("c")
+    order = LfuOrder()
+    for rec in (a, b, c):
+        order.add(rec)
+    b.hits += 1
+    order.touch(b)
+    a.hits += 1
+    order.touch(a)  # same count as b, and more recent
+    assert names(order) == ["c", "b", "a"]
+    c.hits += 2
+    order.touch(c)
+    assert names(order) == ["b", "a", "c"]
+    order.discard(b)
+    assert names(order) == ["a", "c"] and len(order) == 2
+
+
+def test_unpinned_and_expired_then_soft_pinned():
+    # Expired ones the node drops first from its expiry queue (test_index); one still here ranks as unpinned.
     recs = [Rec("soft", last_access=1, soft_pin_until=NOW + 10),
             Rec("plain-hot", last_access=99),
-            Rec("expired-late", last_access=100, expires_at=NOW - 1),
+            Rec("expired-soft", last_access=100, expires_at=NOW - 1, soft_pin_until=NOW + 10),
             Rec("plain-cold", last_access=5),
-            Rec("expired-early", last_access=100, expires_at=NOW - 50),
             Rec("lapsed-soft", last_access=50, soft_pin_until=NOW - 1)]  # a lapsed pin counts as none
-    assert names(policy.victims(recs, NOW)) == [
-        "expired-early", "expired-late", "plain-cold", "lapsed-soft", "plain-hot", "soft"]
+    assert names(policy.victims(ordered(recs), NOW)) == [
+        "plain-cold", "lapsed-soft", "plain-hot", "expired-soft", "soft"]
 
 
 def test_hard_pinned_held_and_busy_are_never_victims():
     recs = [Rec("hard", hard_pin=True), Rec("held", hold_until=NOW + 1), Rec("busy", refcount=1),
             Rec("free")]
-    assert names(policy.victims(recs, NOW)) == ["free"]
+    assert names(policy.victims(ordered(recs), NOW)) == ["free"]
     # A lapsed hold protects nothing.
-    assert names(policy.victims([Rec("was-held", hold_until=NOW - 0.001)], NOW)) == ["was-held"]
+    assert names(policy.victims(ordered([Rec("was-held", hold_until=NOW - 0.001)]), NOW)) == ["was-held"]
 
 
 def test_expired_goes_even_if_pinned_or_held_but_not_while_busy():
     recs = [Rec("hard", hard_pin=True, expires_at=NOW), Rec("held", hold_until=NOW + 5, expires_at=NOW - 1),
             Rec("busy", refcount=2, expires_at=NOW - 1)]
-    assert names(policy.victims(recs, NOW)) == ["held", "hard"]
+    assert names(policy.victims(ordered(recs), NOW)) == ["hard", "held"]
 
 
 def test_pick_stops_once_enough_and_reaches_soft_pins_only_when_needed():
     recs = [Rec("a", size=100, last_access=1), Rec("b", size=100, last_access=2),
             Rec("soft", size=100, last_access=0, soft_pin_until=NOW + 60)]
-    assert names(policy.pick(recs, 150, NOW)) == ["a", "b"]
-    assert names(policy.pick(recs, 250, NOW)) == ["a", "b", "soft"]
-    assert names(policy.pick(recs, 10_000, NOW)) == ["a", "b", "soft"]  # all there is
-    assert policy.pick(recs, 0, NOW) == []
-    assert names(policy.pick(recs, 150, NOW, size=lambda r: 1000)) == ["a"]
+    order = ordered(recs)
+    assert names(policy.pick(order, 150, NOW)) == ["a", "b"]
+    assert names(policy.pick(order, 250, NOW)) == ["a", "b", "soft"]
+    assert names(policy.pick(order, 10_000, NOW)) == ["a", "b", "soft"]  # all there is
+    assert names(policy.pick(order, 10_000, NOW, limit=1)) == ["a"]
+    assert policy.pick(order, 0, NOW) == []
+    assert names(policy.pick(order, 150, NOW, size=lambda r: 1000)) == ["a"]
 
 
-def test_big_tiers_rank_a_sample():
-    recs = [Rec(str(i), last_access=i) for i in range(policy.SAMPLE * 2)]
-    order = policy.victims(recs, NOW, rng=random.Random(1))
-    assert len(order) == policy.SAMPLE
-    assert [r.last_access for r in order] == sorted(r.last_access for r in order)
+def test_taking_a_few_victims_reads_only_the_cold_end_of_a_big_tier():
+    order = ordered([Rec(str(i), last_access=i) for i in range(100_000)])
+    read = []
+
+    def watched():
+        for rec in order:
+            read.append(rec)
+            yield rec
+    assert names(policy.victims(watched(), NOW, limit=3)) == ["0", "1", "2"]
+    assert len(read) == 3
 
 
 def test_promotion_needs_enough_hits_inside_the_window():
