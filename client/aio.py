@@ -61,11 +61,12 @@ class AsyncClient:
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  transport: Transport | None = None, compress_above: int | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
-                 token: str | None = None):
+                 token: str | None = None, _blocking: bool = False):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self._compress_above = compression.check_threshold(compress_above)
-        self._master = MasterLink(address, etcd, cluster, rpc_timeout)
+        # _blocking: set by the blocking Client, whose loop runs only inside one caller's call.
+        self._master = MasterLink(address, etcd, cluster, rpc_timeout, blocking=_blocking)
         if transport is None:
             try:
                 allowed = transport_names.parse(transports if transports is not None
