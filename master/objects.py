@@ -27,6 +27,7 @@ from kvpool.wire import WriteFlag
 
 from .changes import ChangeTrackingDict
 from .placement import MostFreeSpace, PlacementPolicy, spread_zones
+from .tally import PendingBytes, Unreported
 
 DRAM = "dram"
 SSD = "ssd"
@@ -150,8 +151,8 @@ class NodeState:
         self.versions: dict[int, str] = {}
         # Bytes the last REPORT cannot show yet: pending puts (by generation), and puts
         # committed after that report was asked for (with the table sequence of the commit).
-        self.pending: dict[int, tuple[str, int]] = {}
-        self.unreported: list[tuple[int, str, int]] = []
+        self.pending = PendingBytes()  # generation -> (tier, bytes)
+        self.unreported = Unreported()  # (seq, tier, bytes)
 
     def used(self, tier: str) -> int:
         return int(self.reported.get(tier, {}).get("used", 0))
@@ -160,15 +161,13 @@ class NodeState:
         """(objects, bytes) in a tier: the last REPORT plus puts committed since, so a put
         shows at once. Bytes are capped at the capacity: the node has been making room
         (demoting, evicting) since that report too."""
-        sizes = [n for _, t, n in self.unreported if t == tier]
         reported = self.reported.get(tier, {})
-        objects = int(reported.get("objects") or 0) + len(sizes)
-        used = self.used(tier) + sum(sizes)
+        objects = int(reported.get("objects") or 0) + self.unreported.count_by_tier[tier]
+        used = self.used(tier) + self.unreported.bytes_by_tier[tier]
         return objects, min(used, self.capacity.get(tier, used))
 
     def reserved(self, tier: str) -> int:
-        return (sum(n for t, n in self.pending.values() if t == tier)
-                + sum(n for _, t, n in self.unreported if t == tier))
+        return self.pending.by_tier[tier] + self.unreported.bytes_by_tier[tier]
 
     def free_bytes(self, tier: str) -> int:
         """Capacity minus reported use minus bytes sent since; may be negative (the node evicts)."""
@@ -293,7 +292,7 @@ class ObjectTable:
             return []
         tiers = report.get("tiers") or {}
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
-        node.unreported = [u for u in node.unreported if u[0] > mark]
+        node.unreported.drop_through(mark)
         self.counters.reports += 1
         removed = []
         for entry in report.get("evicted") or ():
