@@ -74,7 +74,7 @@ class AsyncClient:
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from None
             token = os.environ.get("KVPOOL_TOKEN", "") if token is None else token
-            transport = TransportSelector(connect_timeout, allowed, token)
+            transport = TransportSelector(connect_timeout, allowed, token, inline=_blocking)
         self._transport = transport
         self._cache = PlacementCache(cache_size)
         self._replicas = replicas
