@@ -212,16 +212,19 @@ class AsyncClient:
             # The placing leader's term goes with the WRITEs: nodes refuse it once a newer leader spoke.
             await write(replicas[0].address, raw, info.generation, data, digest, options, term=info.term)
             return {}
-        # Every write must be over before a revoke frees the copies, so no early exit.
-        outcomes = await asyncio.gather(
-            *(write(r.address, raw, info.generation, data, digest, options, term=info.term) for r in replicas),
-            return_exceptions=True)
+        # Every write must be over before a revoke frees the copies, so no early exit. write_many,
+        # unlike write, never goes inline (TcpTransport.inline): the copies travel at once.
+        item = WriteItem(raw, info.generation, data, digest, options, info.term)
+        outcomes = await asyncio.gather(*(self._transport.write_many(r.address, (item,)) for r in replicas),
+                                        return_exceptions=True)
         failed = {}
         for replica, outcome in zip(replicas, outcomes):
-            if outcome is not None:
+            if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception):
                     raise outcome  # cancelled: not a node failure
                 failed[replica.node_id] = outcome
+            elif outcome[0] is not None:
+                failed[replica.node_id] = outcome[0]
         return failed
 
     async def _write_batch(self, raws, views, digests, options, started, needed: int) -> tuple[dict, dict]:
