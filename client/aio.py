@@ -61,11 +61,12 @@ class AsyncClient:
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  transport: Transport | None = None, compress_above: int | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
-                 token: str | None = None):
+                 token: str | None = None, _blocking: bool = False):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self._compress_above = compression.check_threshold(compress_above)
-        self._master = MasterLink(address, etcd, cluster, rpc_timeout)
+        # _blocking: set by the blocking Client, whose loop runs only inside one caller's call.
+        self._master = MasterLink(address, etcd, cluster, rpc_timeout, blocking=_blocking)
         if transport is None:
             try:
                 allowed = transport_names.parse(transports if transports is not None
@@ -73,7 +74,7 @@ class AsyncClient:
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from None
             token = os.environ.get("KVPOOL_TOKEN", "") if token is None else token
-            transport = TransportSelector(connect_timeout, allowed, token)
+            transport = TransportSelector(connect_timeout, allowed, token, inline=_blocking)
         self._transport = transport
         self._cache = PlacementCache(cache_size)
         self._replicas = replicas
@@ -211,16 +212,19 @@ class AsyncClient:
             # The placing leader's term goes with the WRITEs: nodes refuse it once a newer leader spoke.
             await write(replicas[0].address, raw, info.generation, data, digest, options, term=info.term)
             return {}
-        # Every write must be over before a revoke frees the copies, so no early exit.
-        outcomes = await asyncio.gather(
-            *(write(r.address, raw, info.generation, data, digest, options, term=info.term) for r in replicas),
-            return_exceptions=True)
+        # Every write must be over before a revoke frees the copies, so no early exit. write_many,
+        # unlike write, never goes inline (TcpTransport.inline): the copies travel at once.
+        item = WriteItem(raw, info.generation, data, digest, options, info.term)
+        outcomes = await asyncio.gather(*(self._transport.write_many(r.address, (item,)) for r in replicas),
+                                        return_exceptions=True)
         failed = {}
         for replica, outcome in zip(replicas, outcomes):
-            if outcome is not None:
+            if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception):
                     raise outcome  # cancelled: not a node failure
                 failed[replica.node_id] = outcome
+            elif outcome[0] is not None:
+                failed[replica.node_id] = outcome[0]
         return failed
 
     async def _write_batch(self, raws, views, digests, options, started, needed: int) -> tuple[dict, dict]:

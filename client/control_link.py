@@ -14,31 +14,20 @@ the master closed meanwhile is replaced, and the call goes out on the new one.
 import asyncio
 import functools
 import socket
+import time
 
 from kvpool import control
 from kvpool.cluster_layout import parse_hostport
-from kvpool.errors import Code, NotLeaderError, ProtocolError, UnavailableError, error_for
+from kvpool.errors import UnavailableError
 from kvpool.wire import MAGIC, REPLY, VERSION
+
+from .control_answer import LeaderHint, NotSent, answer
+from .control_blocking import BlockingControlConnection
 
 _REPLY_SIZE = REPLY.size
 _unpack_reply = REPLY.unpack_from
-_OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
 _ESTABLISHED = 1
-
-
-class LeaderHint(NotLeaderError):
-    """A master answered NOT_LEADER; it names the `leader` (gRPC) and its `control_address`
-    ("" for what it does not know)."""
-
-    def __init__(self, message: str, leader: str, control_address: str):
-        super().__init__(message)
-        self.leader = leader
-        self.control_address = control_address
-
-
-class NotSent(UnavailableError):
-    """The call never reached the master: no connection, or one found closed before the frame left."""
 
 
 class _Call:
@@ -156,18 +145,10 @@ class ControlConnection(asyncio.Protocol):
         future = call.future
         if future.done():
             return
-        if status == _OK:
-            try:
-                future.set_result(control.MESSAGES[call.method][1].FromString(bytes(body)))
-            except Exception as exc:  # noqa: BLE001 - a garbled answer fails that call only
-                future.set_exception(ProtocolError(f"master {self.address} {call.method}: bad answer: {exc}"))
-        elif status == _NOT_LEADER:
-            leader, control_address = control.parse_not_leader(bytes(body))
-            future.set_exception(LeaderHint(f"master {self.address} {call.method}: not leader", leader,
-                                            control_address))
-        else:
-            message = bytes(body).decode("utf-8", "replace")
-            future.set_exception(error_for(status, f"master {self.address} {call.method}: {message}"))
+        try:
+            future.set_result(answer(self.address, call.method, status, body))
+        except Exception as exc:  # noqa: BLE001 - each answer's error goes to its own caller
+            future.set_exception(exc)
 
     def _watch(self, deadline: float) -> None:
         if self._watchdog is not None:
@@ -213,19 +194,36 @@ class ControlConnection(asyncio.Protocol):
 
 class ControlLinks:
     """One ControlConnection per control address, opened on first use (concurrent first calls share
-    the attempt) and again after it closed."""
+    the attempt) and again after it closed. `blocking`: for a loop that runs only inside one
+    blocking caller's call, each call waits on its own socket (control_blocking.py)."""
 
-    def __init__(self):
+    def __init__(self, blocking: bool = False):
         self._connections: dict[str, ControlConnection] = {}
         self._opening: dict[str, asyncio.Future] = {}
+        self._blocking = blocking
+        self._plain: dict = {}  # control address -> BlockingControlConnection
 
     async def call(self, address: str, method: str, request, deadline: float):
         """Master.<method> through the control port at `address`, answered by `deadline` (loop time)."""
         loop = asyncio.get_running_loop()
+        if self._blocking:
+            return self._call_blocking(address, method, request, time.monotonic() + deadline - loop.time())
         for attempt in range(2):
             connection = await self._connection(address, deadline - loop.time())
             try:
                 return await connection.call(method, request, deadline - loop.time())
+            except NotSent:
+                if attempt:
+                    raise
+
+    def _call_blocking(self, address: str, method: str, request, deadline: float):
+        for attempt in range(2):
+            connection = self._plain.get(address)
+            if connection is None or connection.closed:
+                connection = self._plain[address] = BlockingControlConnection.open(address,
+                                                                                   deadline - time.monotonic())
+            try:
+                return connection.call(method, request, deadline)
             except NotSent:
                 if attempt:
                     raise
@@ -268,7 +266,8 @@ class ControlLinks:
     async def close(self) -> None:
         for opening in list(self._opening.values()):
             opening.cancel()
-        for connection in list(self._connections.values()):
+        for connection in [*self._connections.values(), *self._plain.values()]:
             connection.close("client closed")
         self._connections.clear()
+        self._plain.clear()
         await asyncio.sleep(0)  # the transports close their sockets in the loop's next turn

@@ -71,7 +71,8 @@ def _leader_hint(exc: grpc.aio.AioRpcError) -> str | None:
 
 class MasterLink:
     def __init__(self, address: str | None = None, etcd: str | None = None,
-                 cluster: str = DEFAULT_CLUSTER, rpc_timeout: float = DEFAULT_RPC_TIMEOUT):
+                 cluster: str = DEFAULT_CLUSTER, rpc_timeout: float = DEFAULT_RPC_TIMEOUT,
+                 blocking: bool = False):
         if (address is None) == (etcd is None):
             raise InvalidArgumentError("give either the master address(es) or the etcd endpoint (not both)")
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] if address is not None else []
@@ -90,7 +91,7 @@ class MasterLink:
         self._stubs: dict[str, kvpool_pb2_grpc.MasterStub] = {}
         self._controls: dict[str, str] = {}  # master (gRPC address) -> its control port ("": none)
         self._learning: dict[str, asyncio.Future] = {}  # Stats asked of a master, shared by its callers
-        self._links = ControlLinks()
+        self._links = ControlLinks(blocking)  # blocking: see ControlLinks
 
     @property
     def _can_move(self) -> bool:

@@ -40,12 +40,14 @@ def _make_ucx() -> DataPath | None:
 
 class TransportSelector(Transport):
     """allowed: transport names (kvpool.transports), default $KVPOOL_TRANSPORTS or all of them.
-    token: the cluster token shown to nodes before mapping their memory."""
+    token: the cluster token shown to nodes before mapping their memory.
+    inline: for the blocking Client (TcpTransport.inline)."""
 
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, allowed: Sequence[str] | None = None,
-                 token: str = ""):
+                 token: str = "", inline: bool = False):
         self.allowed = tuple(allowed) if allowed is not None else transports.from_environment()
         self.tcp = TcpTransport(connect_timeout)
+        self.tcp.inline = inline  # see TcpTransport.inline
         self._fast: dict[str, DataPath] = {}
         if transports.SHM in self.allowed:
             self._fast[transports.SHM] = ShmPath(self.tcp, token)

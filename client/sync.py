@@ -33,7 +33,7 @@ class Client:
     """Client("HOST:PORT") or Client(etcd="HOST:PORT", cluster="default"); options as AsyncClient."""
 
     def __init__(self, address: str | None = None, **options):
-        self._client = AsyncClient(address, **options)
+        self._client = AsyncClient(address, _blocking=True, **options)
         self._loop = asyncio.new_event_loop()
         self._turn = threading.Lock()  # one thread runs the loop at a time
         self._closed = False

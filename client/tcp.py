@@ -9,6 +9,7 @@ from kvpool.errors import KvpoolError
 from kvpool.tcp_link import TcpLink
 from kvpool.wire import Op
 
+from . import tcp_inline
 from .transport import ReadItem, Transport, WriteItem
 
 _WRITE, _READ = Op.WRITE, Op.READ
@@ -19,6 +20,16 @@ class TcpTransport(TcpLink, Transport):
     by every coroutine on the event loop that first used them."""
 
     takes_parts = True  # sends from and receives into each part
+    # Set for the blocking Client: a WRITE on an idle connection is sent and answered in place
+    # (client/tcp_inline.py) instead of through the event loop.
+    inline = False
+
+    async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
+        if self.inline:
+            connection = await self._connection(address)
+            if connection.idle():
+                return tcp_inline.write(connection, key, generation, term, data, checksum, options)
+        return await super().write(address, key, generation, data, checksum, options, term)
 
     async def read_into(self, address, key, generation, buf) -> int:
         connection = await self._connection(address)

@@ -2,14 +2,33 @@
 
 import asyncio
 import logging
+import os
 import sys
 
+# KVPOOL_EVENT_LOOP=asyncio runs a server that asks for uvloop on the standard loop instead.
+EVENT_LOOP_ENV = "KVPOOL_EVENT_LOOP"
 
-def run_server(main_coro) -> int:
-    """Run `main_coro` (returning an exit code) with the common logging setup."""
+
+def _loop_factory(fast: bool):
+    """uvloop's loop when `fast` and it is installed: it serves a small request several times cheaper
+    than the standard loop (measured on the master's control port). Only for servers that do not use
+    loop.sock_sendfile, which uvloop lacks (the storage node's SSD reads do)."""
+    if not fast or os.environ.get(EVENT_LOOP_ENV, "").strip().lower() == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def run_server(main_coro, fast_loop: bool = False) -> int:
+    """Run `main_coro` (returning an exit code) with the common logging setup; on uvloop if
+    `fast_loop` (see _loop_factory)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return asyncio.run(main_coro)
+        with asyncio.Runner(loop_factory=_loop_factory(fast_loop)) as runner:
+            return runner.run(main_coro)
     except KeyboardInterrupt:
         return 0

@@ -112,6 +112,21 @@ class Connection:
         self._deferred_flush: asyncio.TimerHandle | None = None
         self.reader = self.loop.create_task(self._read_replies(), name=f"kvpool-reply-reader {address}")
 
+    # -- for a caller that sends and reads a request on the socket itself (client/tcp_inline.py)
+
+    def idle(self) -> bool:
+        """Nothing in flight or being sent: the next bytes from the node answer the next request."""
+        return not self._pending and not self._send_lock.locked() and not self.closed
+
+    def new_req_id(self) -> int:
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        return self._next_id
+
+    def take_deferred(self) -> list[bytes]:
+        """The unanswered frames waiting to ride along with the next request (see defer)."""
+        frames, self._deferred = self._deferred, []
+        return frames
+
     # -- sending
 
     async def request(self, op: int, key: bytes, generation: int, arg: int, length: int,

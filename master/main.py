@@ -292,4 +292,4 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"kvpool-master: --etcd: {exc}", file=sys.stderr)
         return 2
-    return run_server(serve(args))
+    return run_server(serve(args), fast_loop=True)  # no sendfile here: uvloop serves the control port

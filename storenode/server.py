@@ -1,9 +1,9 @@
 """The node's data server: the protocol of kvpool.wire over plain TCP on asyncio.
 
-Raw non-blocking sockets with loop.sock_* calls, so a DRAM WRITE payload is
-received straight into the segment and a DRAM READ reply is sent straight from
-it; SSD payloads go through a small reusable buffer to pwrite, and SSD READs
-leave with sendfile. Each connection is one task that handles its requests
+Raw non-blocking sockets (received through kvpool/socket_input.py, sent with
+loop.sock_*), so a DRAM WRITE payload is received straight into the segment and
+a DRAM READ reply is sent straight from it; SSD payloads go through a small
+reusable buffer to pwrite, and SSD READs leave with sendfile. Each connection is one task that handles its requests
 strictly in order; replies to pipelined requests are gathered and sent
 together before the task waits for more input.
 """
@@ -19,6 +19,7 @@ from kvpool import transports, wire
 from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
+from kvpool.socket_input import SocketInput
 
 from .copier import Copier
 from .index import ObjectRecord
@@ -118,6 +119,7 @@ class _Connection:
         self.metrics = server.metrics
         self.sock = sock
         self.loop = asyncio.get_running_loop()
+        self.input = SocketInput(sock, self.loop)  # every receive on sock goes through it
         self.buf = bytearray(STAGING_BYTES)
         self.view = memoryview(self.buf)
         self.start = self.end = 0  # unparsed input is buf[start:end]
@@ -156,6 +158,7 @@ class _Connection:
         finally:
             self._give_back()
             self.metrics.connections.dec()
+            self.input.stop()
             self.sock.close()
 
     async def _serve_one(self) -> bool:
@@ -247,7 +250,7 @@ class _Connection:
             await self._flush()
             received = staged
             while received < length:
-                got = await self.loop.sock_recv_into(self.sock, target[received:received + HASH_CHUNK])
+                got = await self.input.recv_into(target[received:received + HASH_CHUNK])
                 if not got:
                     raise _Disconnect
                 digest.update(target[received:received + got])
@@ -277,7 +280,7 @@ class _Connection:
                 which ^= 1
                 filled = 0
                 while filled < len(chunk):
-                    got = await self.loop.sock_recv_into(self.sock, chunk[filled:filled + HASH_CHUNK])
+                    got = await self.input.recv_into(chunk[filled:filled + HASH_CHUNK])
                     if not got:
                         raise _Disconnect
                     digest.update(chunk[filled:filled + got])
@@ -591,7 +594,7 @@ class _Connection:
         try:
             async with asyncio.timeout(DRAIN_SECONDS):
                 while left > 0:
-                    got = await self.loop.sock_recv_into(self.sock, self.view)
+                    got = await self.input.recv_into(self.view)
                     if not got:
                         break
                     left -= got
@@ -613,7 +616,7 @@ class _Connection:
         await self._flush()
         while self.end - self.start < n:
             room = max(n - (self.end - self.start), self.read_ahead)
-            got = await self.loop.sock_recv_into(self.sock, self.view[self.end:self.end + room])
+            got = await self.input.recv_into(self.view[self.end:self.end + room])
             if not got:
                 raise _Disconnect
             self.end += got

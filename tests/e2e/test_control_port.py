@@ -186,6 +186,10 @@ def test_a_follower_redirects_to_the_leader(own_cluster):
 def test_a_client_given_one_master_fails_over_to_the_others(own_cluster):
     cluster = own_cluster(nodes=1, masters=2, master_args=FAST_ELECTION)
     leader, follower = cluster.masters
+    # The leader reads the standby masters from etcd every third of the election ttl; a client that
+    # asks before that learns of no other master to fail over to.
+    wait_until(lambda: follower.info["address"] in cluster.master_stats().followers, 10,
+               what="the leader to list the standby master")
     # The address `kvpool up --masters 2` prints: the first master's alone.
     with Client(cluster.master_address, rpc_timeout=20) as client:
         client.put("before-kill", b"v" * 1000)

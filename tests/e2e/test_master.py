@@ -412,10 +412,11 @@ def test_placement_follows_what_nodes_report(own_cluster, data_path):
     node0 = cluster.nodes[0].info
     # Bytes the master never placed: only node-0's REPORT can tell it they are there.
     data_path.write(node0["address"], "unplaced", 12345, b"u" * (6 * MiB))
-    reported = wait_until(lambda: dram_of(n := node_stats(stub, "node-0")).used >= 6 * MiB and n, 10,
-                          what="node-0's report of the unplaced bytes")
+    # A REPORT taken while the WRITE was still arriving shows its extent but no object yet: wait for both.
+    reported = wait_until(lambda: (d := dram_of(n := node_stats(stub, "node-0"))).used >= 6 * MiB
+                          and d.objects == 1 and n, 10, what="node-0's report of the unplaced bytes")
     dram = dram_of(reported)
-    assert dram.capacity == 16 * MiB and dram.objects == 1 and dram.watermark in ("low", "normal", "high")
+    assert dram.capacity == 16 * MiB and dram.watermark in ("low", "normal", "high")
     # With equal free space node-0 would win on its id; it has less, so node-1 takes the puts.
     for i in range(3):
         info = store(stub, data_path, f"p/{i}", b"p" * KiB)

@@ -1,0 +1,114 @@
+"""The master's control port for the blocking Client: one call at a time on a plain socket.
+
+The blocking Client runs its event loop only inside a caller's call, and one
+caller at a time. Waiting for a control answer through that loop costs several
+turns of it per call (a task, the selector, a future's callbacks), which is
+most of a round trip's price on this path. Here the call instead sends its
+frame and waits on the socket itself, with the call's deadline as the socket
+timeout. Calls that share a turn of the loop (a gather) simply take turns.
+
+Same frames, same answers and the same NotSent contract as control_link.py.
+A reply left over from a call that gave up is skipped by its req_id; a call
+that runs out of time closes the connection (the next one opens a new one).
+"""
+
+import socket
+import time
+
+from kvpool import control
+from kvpool.cluster_layout import parse_hostport
+from kvpool.errors import ProtocolError, UnavailableError
+from kvpool.wire import MAGIC, REPLY, VERSION
+
+from .control_answer import NotSent, answer
+
+_REPLY_SIZE = REPLY.size
+_unpack_reply = REPLY.unpack_from
+_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
+_ESTABLISHED = 1
+
+
+class BlockingControlConnection:
+    def __init__(self, address: str, sock: socket.socket):
+        self.address = address
+        self.closed = False
+        self._sock = sock
+        self._next_id = 0
+        self._header = bytearray(_REPLY_SIZE)
+
+    @classmethod
+    def open(cls, address: str, timeout: float) -> "BlockingControlConnection":
+        try:
+            host, port = parse_hostport(address)
+        except ValueError as exc:
+            raise UnavailableError(f"bad master control address {address!r}: {exc}") from None
+        try:
+            sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
+        except TimeoutError:
+            raise NotSent(f"master control port {address}: connect timed out") from None
+        except OSError as exc:
+            raise NotSent(f"master control port {address}: cannot connect: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(address, sock)
+
+    def call(self, method: str, request, deadline: float):
+        """The response of Master.<method>, answered by `deadline` (time.monotonic); raises as
+        ControlConnection.call does."""
+        if self.closed or self._peer_left():
+            self.close()
+            raise NotSent(f"master control port {self.address}: connection closed")
+        req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        frame = control.pack_call(control.OP_BY_RPC[method], req_id, request.SerializeToString())
+        sock = self._sock
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.sendall(frame)
+        except OSError as exc:  # a frame cut short is never served
+            self.close()
+            raise NotSent(f"master control port {self.address}: send failed: {exc}") from None
+        try:
+            while True:
+                status, got, body = self._reply(deadline)
+                if got == req_id:
+                    return answer(self.address, method, status, body)
+        except TimeoutError:
+            self.close()
+            raise UnavailableError(f"master {self.address} {method}: no answer in time") from None
+        except (OSError, EOFError) as exc:
+            self.close()
+            raise UnavailableError(f"master control port {self.address}: connection lost: {exc}") from None
+
+    def _reply(self, deadline: float) -> tuple[int, int, bytes]:
+        header = self._header
+        self._recv_into(memoryview(header), deadline)
+        magic, version, _op, req_id, status, _flags, length, _sum = _unpack_reply(header)
+        if magic != MAGIC or version != VERSION:
+            self.close()
+            raise ProtocolError(f"master {self.address}: bad reply frame (magic {bytes(magic)!r}, version {version})")
+        body = bytearray(length)
+        if length:
+            self._recv_into(memoryview(body), deadline)
+        return status, req_id, body
+
+    def _recv_into(self, view: memoryview, deadline: float) -> None:
+        sock, got, size = self._sock, 0, len(view)
+        while got < size:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            more = sock.recv_into(view[got:])
+            if not more:
+                raise EOFError("closed by the master")
+            got += more
+
+    def _peer_left(self) -> bool:
+        """Whether the master closed this connection since the last call."""
+        if _TCP_INFO is None:
+            return False
+        try:
+            return self._sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0] != _ESTABLISHED
+        except OSError:
+            return True
+
+    def close(self, reason: str = "closed") -> None:
+        if not self.closed:
+            self.closed = True
+            self._sock.close()
