@@ -78,6 +78,11 @@ class ObjectStore:
             offset = tier.alloc.allocate(tier.segment.extent_length(len(key), size))
             if offset is not None:
                 return self._reserved(tier, offset, hard)
+        if dram_only and self.ssd is not None:
+            # Making room in DRAM here would throw away objects the sweep could demote; a WRITE
+            # over the socket can land on SSD (or make room there, where the coldest data is).
+            self.on_pressure()
+            raise NoSpaceError(f"DRAM full ({self.dram.used}/{self.dram.capacity} used); write through the socket")
         # The coldest data lives in the last tier: make room there first.
         for tier in reversed(self.tiers):
             if tier in order:

@@ -108,6 +108,20 @@ def test_write_falls_back_to_ssd_then_evicts_coldest(make_store):
     assert store.ssd.evictions == 1 and store.ssd.evicted_bytes == 3000
 
 
+def test_a_shared_memory_write_into_full_dram_evicts_nothing_when_an_ssd_can_take_it(make_store):
+    store = make_store(dram=8192, ssd=4 * 4096)
+    a = put(store, b"a", b"x" * 8000)
+    pressed = []
+    store.on_pressure = lambda: pressed.append(True)
+    with pytest.raises(NoSpaceError, match="through the socket"):
+        store.reserve(b"b", 3000, 0, dram_only=True)
+    assert a.live and a.dram is not None and store.dram.evictions == 0 and pressed  # the sweep is woken instead
+    assert put(store, b"b", b"y" * 3000).ssd is not None  # the socket WRITE the client falls back to
+    only_dram = make_store(dram=8192)
+    put(only_dram, b"a", b"x" * 8000)
+    assert only_dram.reserve(b"b", 3000, 0, dram_only=True).tier is only_dram.dram  # no SSD: room is made
+
+
 def test_nothing_evictable_is_no_space_and_too_big_is_too_large(make_store):
     store = make_store(dram=8192, hard_pin_quota=8192)
     put(store, b"pinned", b"p" * 4096, flags=WriteFlag.HARD_PIN)
