@@ -189,19 +189,46 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     # ----- one item each -----
 
     def _put_start(self, req: pb.PutStartRequest) -> pb.PutStartResponse:
-        validate_key(req.key)
         options = put_options(req.options) if req.HasField("options") else NO_OPTIONS
-        version = self._table.put_start(req.key, req.size, req.checksum, req.overwrite, req.replicas or 1,
-                                        options=options, compressed=req.compressed, raw_size=req.raw_size,
-                                        min_replicas=req.min_replicas)
+        return self._started(req.key, req.size, req.checksum, req, options, req.compressed, req.raw_size)
+
+    def _started(self, key: str, size: int, checksum: int, common: pb.PutStartRequest, options: PutOptions,
+                 compressed: bool, raw_size: int) -> pb.PutStartResponse:
+        """One put opened: `common` gives overwrite, replicas and min_replicas."""
+        validate_key(key)
+        version = self._table.put_start(key, size, checksum, common.overwrite, common.replicas or 1,
+                                        options=options, compressed=compressed, raw_size=raw_size,
+                                        min_replicas=common.min_replicas)
         info = object_info(version)
         info.term = self.term  # WRITEs carry it so nodes refuse a deposed leader's placements
         return pb.PutStartResponse(status=pb.OK, object=info)
+
+    def _put_starts(self, request: pb.BatchPutStartRequest) -> list:
+        """The columnar puts of a BatchPutStart, each answered as its own PutStart."""
+        keys, sizes, checksums = request.keys, request.sizes, request.checksums
+        count = len(keys)
+        compressed = request.compressed or [False] * count
+        raw_sizes = request.raw_sizes or [0] * count
+        common = request.common
+        try:
+            if not len(sizes) == len(checksums) == len(compressed) == len(raw_sizes) == count:
+                raise InvalidArgumentError(f"{count} keys but {len(sizes)} sizes, {len(checksums)} checksums, "
+                                           f"{len(compressed)} compressed, {len(raw_sizes)} raw sizes")
+            options = put_options(common.options) if common.HasField("options") else NO_OPTIONS
+        except KvpoolError as exc:
+            return [pb.PutStartResponse(status=int(exc.code), message=str(exc))] * count
+        started = self._started
+        return [_answer(pb.PutStartResponse, started, *put, common, options, c, r)
+                for put, c, r in zip(zip(keys, sizes, checksums), compressed, raw_sizes)]
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
         validate_key(req.key)
         self._table.put_end(req.key, req.generation, req.failed_nodes)
         return pb.StatusResponse(status=pb.OK)
+
+    def _ended(self, key: str, generation: int) -> None:
+        validate_key(key)
+        self._table.put_end(key, generation)
 
     def _put_revoke(self, req: pb.PutRevokeRequest) -> pb.StatusResponse:
         validate_key(req.key)
@@ -288,13 +315,28 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     @_rpc
     def BatchPutStart(self, request):
-        return pb.BatchPutStartResponse(items=[_answer(pb.PutStartResponse, self._put_start, item)
-                                               for item in request.items])
+        items = [_answer(pb.PutStartResponse, self._put_start, item) for item in request.items]
+        if request.keys:
+            items += self._put_starts(request)
+        return pb.BatchPutStartResponse(items=items)
 
     @_rpc
     def BatchPutEnd(self, request):
-        return pb.BatchStatusResponse(items=[_answer(pb.StatusResponse, self._put_end, item)
-                                             for item in request.items])
+        response = pb.BatchStatusResponse(items=[_answer(pb.StatusResponse, self._put_end, item)
+                                                 for item in request.items])
+        keys, generations = request.keys, request.generations
+        if len(keys) != len(generations):
+            message = f"{len(keys)} keys but {len(generations)} generations"
+            response.items.extend([pb.StatusResponse(status=pb.INVALID_ARGUMENT, message=message)] * len(keys))
+            return response
+        add, ended = response.items.add, self._ended
+        for key, generation in zip(keys, generations):
+            # An empty item is OK: cheaper than building one per put.
+            item = add()
+            error = _answer(pb.StatusResponse, ended, key, generation)  # None when it ended
+            if error is not None:
+                item.status, item.message = error.status, error.message
+        return response
 
     @_rpc
     def BatchPutRevoke(self, request):
