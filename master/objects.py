@@ -150,9 +150,13 @@ class NodeState:
 
     def free_bytes(self, tier: str) -> int:
         """Capacity minus reported use minus bytes sent since; may be negative (the node evicts)."""
-        if tier not in self.capacity:
+        # Inlined used() and reserved(): every placement asks this of every node.
+        capacity = self._capacity.get(tier)
+        if capacity is None:
             return 0
-        return self.capacity[tier] - self.used(tier) - self.reserved(tier)
+        reported = self.reported.get(tier)
+        used = int(reported.get("used", 0)) if reported else 0
+        return capacity - used - self._pending_bytes.get(tier, 0) - self._unreported_bytes.get(tier, 0)
 
     @property
     def capacity(self) -> dict[str, int]:

@@ -39,8 +39,12 @@ class MostFreeSpace:
         fitting = [c for c in candidates if c.largest_tier >= size]
         if len(fitting) <= 1:  # nothing to rank
             return fitting[:max(count, 0)]
-        order = (tier, *(t for t in TIER_ORDER if t != tier))
-        fitting.sort(key=lambda c: (*(-c.free_bytes(t) for t in order), c.node_id))
+        first, *rest = (tier, *(t for t in TIER_ORDER if t != tier))
+        if len(rest) == 1:  # the usual two tiers, without a generator per node
+            second = rest[0]
+            fitting.sort(key=lambda c: (-c.free_bytes(first), -c.free_bytes(second), c.node_id))
+        else:
+            fitting.sort(key=lambda c: (-c.free_bytes(first), *(-c.free_bytes(t) for t in rest), c.node_id))
         return fitting[:max(count, 0)]
 
 
