@@ -504,13 +504,19 @@ class ObjectTable:
     def _place(self, size: int, count: int, tier: str) -> tuple[Replica, ...]:
         if not self.nodes:
             raise NoSpaceError("no storage nodes")
-        limit = self.max_object_size
+        # One pass for max_object_size and the candidates: this runs for every put.
+        candidates, largest = [], 0
+        for n in self.nodes.values():
+            largest = max(largest, n.largest_tier)
+            if not n.draining:
+                candidates.append(n)
+        limit = largest if self._max_object_size is None else min(self._max_object_size, largest)
         if size > limit:
             raise ValueTooLargeError(f"object of {size} bytes exceeds the maximum of {limit}")
-        candidates = [n for n in self.nodes.values() if not n.draining]
         if not candidates:
             raise NoSpaceError("every storage node is draining")
-        ranked = self.placement.choose(candidates, size, len(candidates), tier)
+        # One copy: the best node is the whole answer (spread_zones takes the first); more: rank them all.
+        ranked = self.placement.choose(candidates, size, len(candidates) if count > 1 else 1, tier)
         chosen = spread_zones(ranked, count)
         if not chosen:  # only when every node is smaller than the object
             raise NoSpaceError(f"no storage node can hold {size} bytes")

@@ -42,9 +42,15 @@ class MostFreeSpace:
         first, *rest = (tier, *(t for t in TIER_ORDER if t != tier))
         if len(rest) == 1:  # the usual two tiers, without a generator per node
             second = rest[0]
-            fitting.sort(key=lambda c: (-c.free_bytes(first), -c.free_bytes(second), c.node_id))
+
+            def rank(c):
+                return -c.free_bytes(first), -c.free_bytes(second), c.node_id
         else:
-            fitting.sort(key=lambda c: (-c.free_bytes(first), *(-c.free_bytes(t) for t in rest), c.node_id))
+            def rank(c):
+                return -c.free_bytes(first), *(-c.free_bytes(t) for t in rest), c.node_id
+        if count == 1:  # the best one: no need to order the rest
+            return [min(fitting, key=rank)]
+        fitting.sort(key=rank)
         return fitting[:max(count, 0)]
 
 
