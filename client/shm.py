@@ -42,7 +42,8 @@ _PREFER_SSD = wire.WriteFlag.PREFER_SSD
 # ALLOCATE only takes DRAM: a value the node would rather place on SSD goes over the socket.
 _NOT_IN_DRAM = (NoSpaceError, ValueTooLargeError)
 # Below this a value goes in one WRITE frame over the socket: ALLOCATE + copy + COMMIT costs two
-# requests per value, which for small values is more than the bytes the socket would carry.
+# requests per value, which for small values is more than the bytes the socket would carry
+# (batch_put here: TCP ahead up to 16 KiB, shm from 32 KiB).
 SMALL_WRITE = 16 * 1024
 
 
