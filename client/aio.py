@@ -165,11 +165,16 @@ class AsyncClient:
         digests = [checksum_of(view) for view in views]
         if not keys:
             return
-        request = pb.BatchPutStartRequest(items=[
-            pb.PutStartRequest(key=key, size=len(view), checksum=digest, overwrite=overwrite,
-                               replicas=count, min_replicas=needed, options=choices.request,
-                               compressed=p is not None, raw_size=raw_size)
-            for key, view, digest, p, raw_size in zip(keys, views, digests, packed, raw_sizes)])
+        sizes = [len(view) for view in views]
+        # Columnar: what every put shares goes once, the rest as packed lists.
+        request = pb.BatchPutStartRequest(
+            common=pb.PutStartRequest(overwrite=overwrite, replicas=count, min_replicas=needed,
+                                      options=choices.request),
+            keys=keys, sizes=sizes, checksums=digests)
+        compressed = any(p is not None for p in packed)
+        if compressed:
+            request.compressed.extend([p is not None for p in packed])
+            request.raw_sizes.extend(raw_sizes)
         answers = _items(await self._master.call("BatchPutStart", request), len(keys), "BatchPutStart")
         errors = {}
         started = []  # (index, ObjectInfo) of puts the master opened
@@ -178,7 +183,10 @@ class AsyncClient:
                 errors[keys[i]] = error_for(answer.status, answer.message)
             else:
                 started.append((i, answer.object))
-        options = [choices.write_options(p is not None, raw_size) for p, raw_size in zip(packed, raw_sizes)]
+        if compressed:
+            options = [choices.write_options(p is not None, raw_size) for p, raw_size in zip(packed, raw_sizes)]
+        else:
+            options = [choices.write_options(False, 0)] * len(keys)  # one immutable WriteOptions for all
         try:
             failed, partial = await self._write_batch(raws, views, digests, options, started, needed)
         except BaseException:
@@ -188,11 +196,15 @@ class AsyncClient:
             await self._revoke([(keys[i], info.generation) for i, info in started if i in failed])
             for i, exc in failed.items():
                 errors[keys[i]] = exc
-        written = [(i, info) for i, info in started if i not in failed]
+        # Puts with a copy missing go as items (they name the nodes), the rest as two lists.
+        partly = [(i, info) for i, info in started if i in partial]
+        whole = [(i, info) for i, info in started if i not in failed and i not in partial]
+        written = partly + whole
         if written:
-            request = pb.BatchPutEndRequest(items=[
-                pb.PutEndRequest(key=keys[i], generation=info.generation, failed_nodes=list(partial.get(i, ())))
-                for i, info in written])
+            request = pb.BatchPutEndRequest(
+                items=[pb.PutEndRequest(key=keys[i], generation=info.generation, failed_nodes=list(partial[i]))
+                       for i, info in partly],
+                keys=[keys[i] for i, _ in whole], generations=[info.generation for _, info in whole])
             ends = _items(await self._master.call("BatchPutEnd", request), len(written), "BatchPutEnd")
             for (i, info), end in zip(written, ends):
                 if end.status:
@@ -591,9 +603,9 @@ _LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", socket.gethostname()}
 def _nearest_first(info) -> None:
     """Order replicas for reading: nodes on this host first (cheapest to reach), the rest as
     the master listed them. Reads fail over down this list."""
-    replicas = list(info.replicas)
-    if len(replicas) < 2:
+    if len(info.replicas) < 2:
         return
+    replicas = list(info.replicas)
     ordered = sorted(replicas, key=lambda r: r.address.rpartition(":")[0].strip("[]") not in _LOCAL_HOSTS)
     if ordered != replicas:
         _set_replicas(info, ordered)

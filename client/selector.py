@@ -183,8 +183,12 @@ class TransportSelector(Transport):
         return await self._one(address, len(buf), read)
 
     async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
-        return await self._many(address, items, lambda path, some: path.write_many(
-            address, [item._replace(data=_whole(path, item.data)) for item in some]))
+        def write(path, some):
+            if not path.takes_parts and any(isinstance(item.data, Parts) for item in some):
+                some = [item._replace(data=_whole(path, item.data)) for item in some]
+            return path.write_many(address, some)
+
+        return await self._many(address, items, write)
 
     async def read_many(self, address: str, items: Sequence[ReadItem]) -> list:
         async def read(path, some):

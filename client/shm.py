@@ -41,6 +41,10 @@ _ALLOCATE, _COMMIT = wire.Op.ALLOCATE, wire.Op.COMMIT
 _PREFER_SSD = wire.WriteFlag.PREFER_SSD
 # ALLOCATE only takes DRAM: a value the node would rather place on SSD goes over the socket.
 _NOT_IN_DRAM = (NoSpaceError, ValueTooLargeError)
+# Below this a value goes in one WRITE frame over the socket: ALLOCATE + copy + COMMIT costs two
+# requests per value, which for small values is more than the bytes the socket would carry
+# (batch_put here: TCP ahead up to 16 KiB, shm from 32 KiB).
+SMALL_WRITE = 16 * 1024
 
 
 class _Mapping:
@@ -233,7 +237,7 @@ class ShmPath(DataPath):
         return result
 
     async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
-        if options is not None and options.flags & _PREFER_SSD:
+        if len(data) < SMALL_WRITE or options is not None and options.flags & _PREFER_SSD:
             return await self._by_socket(len(data), self.tcp.write(
                 address, key, generation, data, checksum, options, term))
         mapping = await self._mapping(address)
@@ -256,7 +260,8 @@ class ShmPath(DataPath):
         results: list = [None] * len(items)
         mapped, by_socket = [], []
         for i, item in enumerate(items):
-            (by_socket if item.options and item.options.flags & _PREFER_SSD else mapped).append(i)
+            by_tcp = len(item.data) < SMALL_WRITE or item.options and item.options.flags & _PREFER_SSD
+            (by_socket if by_tcp else mapped).append(i)
         if mapped:
             mapping = await self._mapping(address)
             connection = mapping.connection

@@ -255,7 +255,8 @@ def _carrier(moved: dict, wanted: str | None) -> str:
 
 def _probe(client, wanted: str | None) -> None:
     """One small put and get, so a transport that cannot carry bytes is found before it is timed."""
-    value = os.urandom(4096)
+    # 64 KiB: big enough to take the transport's own path (shm sends values below 16 KiB on its socket).
+    value = os.urandom(64 * 1024)
     client.put("bench/probe", value, overwrite=True)
     if client.get("bench/probe") != value:
         raise Skipped("the probe read back different bytes")

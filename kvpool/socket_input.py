@@ -23,6 +23,13 @@ class SocketInput:
         self._view = None  # where the waiting recv_into wants its bytes
         self._watching = False
 
+    def try_recv_into(self, view) -> int | None:
+        """Bytes received into `view` (0: the peer closed), or None when none are there yet."""
+        try:
+            return self.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return None
+
     async def recv_into(self, view) -> int:
         """Bytes received into `view` (0: the peer closed), after waiting for input if none is there."""
         try:

@@ -23,6 +23,7 @@ from .write_options import NO_OPTIONS, WriteOptions
 
 _IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
 _DRAIN_BYTES = 64 * 1024
+_READ_AHEAD = 64 * 1024
 _HASH_CHUNK = 128 * 1024  # received and hashed while still in cache (measured: faster than 512 KiB)
 _REPLY_SIZE = wire.REPLY.size
 _unpack_reply = wire.REPLY.unpack
@@ -106,6 +107,9 @@ class Connection:
         self._pending: collections.deque[_Request] = collections.deque()
         self._send_lock = asyncio.Lock()
         self._header = bytearray(_REPLY_SIZE)
+        # Replies are received ahead into this buffer: a batch's replies then cost one recv, not one each.
+        self._ahead = memoryview(bytearray(_READ_AHEAD))
+        self._ahead_start = self._ahead_end = 0
         self._drain_buf: memoryview | None = None
         self._posting: set[asyncio.Task] = set()
         self._deferred: list[bytes] = []  # unanswered frames that ride along with the next send
@@ -116,7 +120,8 @@ class Connection:
 
     def idle(self) -> bool:
         """Nothing in flight or being sent: the next bytes from the node answer the next request."""
-        return not self._pending and not self._send_lock.locked() and not self.closed
+        return (not self._pending and not self._send_lock.locked() and not self.closed
+                and self._ahead_start == self._ahead_end)
 
     def new_req_id(self) -> int:
         self._next_id = (self._next_id + 1) & 0xFFFFFFFF
@@ -258,7 +263,7 @@ class Connection:
         pending = self._pending
         try:
             while True:
-                await self._recv_exactly(header_view)
+                await self._recv_header(header_view)
                 magic, version, op, req_id, status, flags, length, stored_checksum = _unpack_reply(header)
                 if magic != wire.MAGIC or version != wire.VERSION:
                     raise ProtocolError(f"bad reply frame (magic {magic!r}, version {version})")
@@ -326,7 +331,10 @@ class Connection:
         recv_into, sock = self.loop.sock_recv_into, self.sock
         left = length
         for view in pieces(buf):
-            got, size = 0, len(view)
+            got, size = self._take_ahead(view), len(view)
+            if got:
+                digest.update(view[:got])
+                left -= got
             while got < size:
                 if request.abandoned():
                     # The caller gave up (e.g. timed out and is reading another replica into
@@ -342,9 +350,38 @@ class Connection:
                 left -= more
         return digest.intdigest()
 
+    async def _recv_header(self, view: memoryview) -> None:
+        """Fill `view` from the read-ahead buffer, receiving as much as is there when it runs short."""
+        need, ahead = len(view), self._ahead
+        start, end = self._ahead_start, self._ahead_end
+        if end - start < need:
+            if start == end:
+                start = end = 0
+            elif start + need > len(ahead):
+                tail = end - start  # shorter than a header: move it to the front
+                ahead[:tail] = ahead[start:end]
+                start, end = 0, tail
+            recv_into, sock = self.loop.sock_recv_into, self.sock
+            while end - start < need:
+                more = await recv_into(sock, ahead[end:])
+                if not more:
+                    raise EOFError("connection closed by the node")
+                end += more
+        view[:] = ahead[start:start + need]
+        self._ahead_start, self._ahead_end = start + need, end
+
+    def _take_ahead(self, view: memoryview) -> int:
+        """Copy what the read-ahead buffer holds (up to len(view)) into `view`; returns how much."""
+        start = self._ahead_start
+        n = min(len(view), self._ahead_end - start)
+        if n:
+            view[:n] = self._ahead[start:start + n]
+            self._ahead_start = start + n
+        return n
+
     async def _recv_exactly(self, view: memoryview) -> None:
         recv_into, sock = self.loop.sock_recv_into, self.sock
-        got, total = 0, len(view)
+        got, total = self._take_ahead(view), len(view)
         while got < total:
             more = await recv_into(sock, view[got:] if got else view)
             if not more:

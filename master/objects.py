@@ -150,9 +150,13 @@ class NodeState:
 
     def free_bytes(self, tier: str) -> int:
         """Capacity minus reported use minus bytes sent since; may be negative (the node evicts)."""
-        if tier not in self.capacity:
+        # Inlined used() and reserved(): every placement asks this of every node.
+        capacity = self._capacity.get(tier)
+        if capacity is None:
             return 0
-        return self.capacity[tier] - self.used(tier) - self.reserved(tier)
+        reported = self.reported.get(tier)
+        used = int(reported.get("used", 0)) if reported else 0
+        return capacity - used - self._pending_bytes.get(tier, 0) - self._unreported_bytes.get(tier, 0)
 
     @property
     def capacity(self) -> dict[str, int]:
@@ -500,13 +504,19 @@ class ObjectTable:
     def _place(self, size: int, count: int, tier: str) -> tuple[Replica, ...]:
         if not self.nodes:
             raise NoSpaceError("no storage nodes")
-        limit = self.max_object_size
+        # One pass for max_object_size and the candidates: this runs for every put.
+        candidates, largest = [], 0
+        for n in self.nodes.values():
+            largest = max(largest, n.largest_tier)
+            if not n.draining:
+                candidates.append(n)
+        limit = largest if self._max_object_size is None else min(self._max_object_size, largest)
         if size > limit:
             raise ValueTooLargeError(f"object of {size} bytes exceeds the maximum of {limit}")
-        candidates = [n for n in self.nodes.values() if not n.draining]
         if not candidates:
             raise NoSpaceError("every storage node is draining")
-        ranked = self.placement.choose(candidates, size, len(candidates), tier)
+        # One copy: the best node is the whole answer (spread_zones takes the first); more: rank them all.
+        ranked = self.placement.choose(candidates, size, len(candidates) if count > 1 else 1, tier)
         chosen = spread_zones(ranked, count)
         if not chosen:  # only when every node is smaller than the object
             raise NoSpaceError(f"no storage node can hold {size} bytes")

@@ -39,8 +39,18 @@ class MostFreeSpace:
         fitting = [c for c in candidates if c.largest_tier >= size]
         if len(fitting) <= 1:  # nothing to rank
             return fitting[:max(count, 0)]
-        order = (tier, *(t for t in TIER_ORDER if t != tier))
-        fitting.sort(key=lambda c: (*(-c.free_bytes(t) for t in order), c.node_id))
+        first, *rest = (tier, *(t for t in TIER_ORDER if t != tier))
+        if len(rest) == 1:  # the usual two tiers, without a generator per node
+            second = rest[0]
+
+            def rank(c):
+                return -c.free_bytes(first), -c.free_bytes(second), c.node_id
+        else:
+            def rank(c):
+                return -c.free_bytes(first), *(-c.free_bytes(t) for t in rest), c.node_id
+        if count == 1:  # the best one: no need to order the rest
+            return [min(fitting, key=rank)]
+        fitting.sort(key=rank)
         return fitting[:max(count, 0)]
 
 

@@ -111,17 +111,24 @@ def put_options(message: pb.PutOptions) -> PutOptions:
 
 
 def object_info(version: ObjectVersion) -> pb.ObjectInfo:
+    info = pb.ObjectInfo()
+    fill_object_info(info, version)
+    return info
+
+
+def fill_object_info(info: pb.ObjectInfo, version: ObjectVersion) -> None:
+    """Write `version` into an empty ObjectInfo in place (e.g. inside a batch's answer: no copies)."""
+    info.key, info.size, info.checksum, info.generation = version.key, version.size, version.checksum, \
+        version.generation
+    add = info.replicas.add
+    for r in version.replicas:
+        add(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED), length=version.size)
+    info.compressed, info.raw_size = version.compressed, version.raw_size
     o = version.options
-    options = None if o == NO_OPTIONS else pb.PutOptions(
-        tier=TIERS.get(o.tier, pb.TIER_UNSPECIFIED), pin=PINS[o.pin], pin_ttl_seconds=o.pin_ttl_seconds,
-        ttl_seconds=o.ttl_seconds)
-    return pb.ObjectInfo(
-        key=version.key, size=version.size, checksum=version.checksum, generation=version.generation,
-        replicas=[pb.Replica(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED),
-                             length=version.size) for r in version.replicas],
-        compressed=version.compressed, raw_size=version.raw_size, options=options,
-        target_replicas=version.target_replicas,
-    )
+    if o != NO_OPTIONS:
+        info.options.tier, info.options.pin = TIERS.get(o.tier, pb.TIER_UNSPECIFIED), PINS[o.pin]
+        info.options.pin_ttl_seconds, info.options.ttl_seconds = o.pin_ttl_seconds, o.ttl_seconds
+    info.target_replicas = version.target_replicas
 
 
 def tier_stats(node: NodeState, name: str) -> pb.TierStats:
@@ -189,19 +196,53 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     # ----- one item each -----
 
     def _put_start(self, req: pb.PutStartRequest) -> pb.PutStartResponse:
-        validate_key(req.key)
         options = put_options(req.options) if req.HasField("options") else NO_OPTIONS
-        version = self._table.put_start(req.key, req.size, req.checksum, req.overwrite, req.replicas or 1,
-                                        options=options, compressed=req.compressed, raw_size=req.raw_size,
-                                        min_replicas=req.min_replicas)
-        info = object_info(version)
+        response = pb.PutStartResponse(status=pb.OK)
+        self._started(response, req.key, req.size, req.checksum, req, options, req.compressed, req.raw_size)
+        return response
+
+    def _started(self, response: pb.PutStartResponse, key: str, size: int, checksum: int,
+                 common: pb.PutStartRequest, options: PutOptions, compressed: bool, raw_size: int) -> None:
+        """Open one put (`common` gives overwrite, replicas and min_replicas) and write its answer."""
+        validate_key(key)
+        version = self._table.put_start(key, size, checksum, common.overwrite, common.replicas or 1,
+                                        options=options, compressed=compressed, raw_size=raw_size,
+                                        min_replicas=common.min_replicas)
+        info = response.object
+        fill_object_info(info, version)
         info.term = self.term  # WRITEs carry it so nodes refuse a deposed leader's placements
-        return pb.PutStartResponse(status=pb.OK, object=info)
+
+    def _put_starts(self, request: pb.BatchPutStartRequest, response: pb.BatchPutStartResponse) -> None:
+        """The columnar puts of a BatchPutStart, each answered as its own PutStart, in place."""
+        keys, sizes, checksums = request.keys, request.sizes, request.checksums
+        count = len(keys)
+        compressed = request.compressed or [False] * count
+        raw_sizes = request.raw_sizes or [0] * count
+        common = request.common
+        try:
+            if not len(sizes) == len(checksums) == len(compressed) == len(raw_sizes) == count:
+                raise InvalidArgumentError(f"{count} keys but {len(sizes)} sizes, {len(checksums)} checksums, "
+                                           f"{len(compressed)} compressed, {len(raw_sizes)} raw sizes")
+            options = put_options(common.options) if common.HasField("options") else NO_OPTIONS
+        except KvpoolError as exc:
+            response.items.extend([pb.PutStartResponse(status=int(exc.code), message=str(exc))] * count)
+            return
+        add, started = response.items.add, self._started
+        for key, size, checksum, c, r in zip(keys, sizes, checksums, compressed, raw_sizes):
+            item = add()
+            error = _answer(pb.PutStartResponse, started, item, key, size, checksum, common, options, c, r)
+            if error is not None:
+                item.Clear()
+                item.status, item.message = error.status, error.message
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
         validate_key(req.key)
         self._table.put_end(req.key, req.generation, req.failed_nodes)
         return pb.StatusResponse(status=pb.OK)
+
+    def _ended(self, key: str, generation: int) -> None:
+        validate_key(key)
+        self._table.put_end(key, generation)
 
     def _put_revoke(self, req: pb.PutRevokeRequest) -> pb.StatusResponse:
         validate_key(req.key)
@@ -288,13 +329,29 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     @_rpc
     def BatchPutStart(self, request):
-        return pb.BatchPutStartResponse(items=[_answer(pb.PutStartResponse, self._put_start, item)
-                                               for item in request.items])
+        response = pb.BatchPutStartResponse(items=[_answer(pb.PutStartResponse, self._put_start, item)
+                                                   for item in request.items])
+        if request.keys:
+            self._put_starts(request, response)
+        return response
 
     @_rpc
     def BatchPutEnd(self, request):
-        return pb.BatchStatusResponse(items=[_answer(pb.StatusResponse, self._put_end, item)
-                                             for item in request.items])
+        response = pb.BatchStatusResponse(items=[_answer(pb.StatusResponse, self._put_end, item)
+                                                 for item in request.items])
+        keys, generations = request.keys, request.generations
+        if len(keys) != len(generations):
+            message = f"{len(keys)} keys but {len(generations)} generations"
+            response.items.extend([pb.StatusResponse(status=pb.INVALID_ARGUMENT, message=message)] * len(keys))
+            return response
+        add, ended = response.items.add, self._ended
+        for key, generation in zip(keys, generations):
+            # An empty item is OK: cheaper than building one per put.
+            item = add()
+            error = _answer(pb.StatusResponse, ended, key, generation)  # None when it ended
+            if error is not None:
+                item.status, item.message = error.status, error.message
+        return response
 
     @_rpc
     def BatchPutRevoke(self, request):

@@ -172,10 +172,22 @@ class StatusResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class BatchPutStartRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "common", "keys", "sizes", "checksums", "compressed", "raw_sizes")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    COMMON_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    RAW_SIZES_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PutStartRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[PutStartRequest, _Mapping]]] = ...) -> None: ...
+    common: PutStartRequest
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    compressed: _containers.RepeatedScalarFieldContainer[bool]
+    raw_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartRequest, _Mapping]]] = ..., common: _Optional[_Union[PutStartRequest, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., compressed: _Optional[_Iterable[bool]] = ..., raw_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchPutStartResponse(_message.Message):
     __slots__ = ("items",)
@@ -184,10 +196,14 @@ class BatchPutStartResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[PutStartResponse, _Mapping]]] = ...) -> None: ...
 
 class BatchPutEndRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "keys", "generations")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PutEndRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    generations: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ..., keys: _Optional[_Iterable[str]] = ..., generations: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchPutRevokeRequest(_message.Message):
     __slots__ = ("items",)

@@ -247,10 +247,9 @@ class _Connection:
         # Hash each chunk as it lands, while it is still in cache and the client keeps sending.
         digest = Digest(target[:staged])
         if staged < length:
-            await self._flush()
             received = staged
             while received < length:
-                got = await self.input.recv_into(target[received:received + HASH_CHUNK])
+                got = await self._recv_into(target[received:received + HASH_CHUNK])
                 if not got:
                     raise _Disconnect
                 digest.update(target[received:received + got])
@@ -612,14 +611,21 @@ class _Connection:
             tail = bytes(self.view[self.start:self.end])
             self.view[:len(tail)] = tail
             self.start, self.end = 0, len(tail)
-        # Nothing more to do without the peer: send what it is waiting for first.
-        await self._flush()
         while self.end - self.start < n:
             room = max(n - (self.end - self.start), self.read_ahead)
-            got = await self.input.recv_into(self.view[self.end:self.end + room])
+            got = await self._recv_into(self.view[self.end:self.end + room])
             if not got:
                 raise _Disconnect
             self.end += got
+
+    async def _recv_into(self, view) -> int:
+        """Receive what is there; only when nothing is, send the replies owed first (the peer may
+        be waiting for them), then wait. A pipelined batch's replies so leave together."""
+        got = self.input.try_recv_into(view)
+        if got is None:
+            await self._flush()
+            got = await self.input.recv_into(view)
+        return got
 
     async def _send_all(self, head: bytearray, data: memoryview) -> None:
         try:

@@ -226,6 +226,33 @@ def test_batch_rpcs_answer_per_item(master, node):
     assert stats.hits == 2 and stats.misses == 1
 
 
+def test_columnar_batch_puts_answer_per_put_after_the_items(master, node):
+    stub = master.stub
+    common = pb.PutStartRequest(replicas=1, options=pb.PutOptions(ttl_seconds=600))
+    started = stub.BatchPutStart(pb.BatchPutStartRequest(
+        items=[pb.PutStartRequest(key="c/0", size=10)], common=common,
+        keys=["c/1", "", "c/2", "c/3"], sizes=[100, 100, 0, CAPACITY * 2], checksums=[1, 2, 3, 4]))
+    assert [i.status for i in started.items] == [pb.OK, pb.OK, pb.INVALID_KEY, pb.OK, pb.TOO_LARGE]
+    first = started.items[1].object
+    assert first.checksum == 1 and first.options.ttl_seconds == 600 and not first.compressed
+    compressed = stub.BatchPutStart(pb.BatchPutStartRequest(
+        common=common, keys=["c/4"], sizes=[10], checksums=[5], compressed=[True], raw_sizes=[40]))
+    assert compressed.items[0].object.compressed and compressed.items[0].object.raw_size == 40
+    uneven = stub.BatchPutStart(pb.BatchPutStartRequest(keys=["c/5", "c/6"], sizes=[1], checksums=[1, 2]))
+    assert [i.status for i in uneven.items] == [pb.INVALID_ARGUMENT] * 2
+
+    ended = stub.BatchPutEnd(pb.BatchPutEndRequest(
+        items=[pb.PutEndRequest(key="c/0", generation=started.items[0].object.generation)],
+        keys=["c/1", "c/2", "c/3", ""],
+        generations=[first.generation, started.items[3].object.generation, 1, 1]))
+    assert [i.status for i in ended.items] == [pb.OK, pb.OK, pb.OK, pb.PUT_EXPIRED, pb.INVALID_KEY]
+    assert stub.BatchPutEnd(pb.BatchPutEndRequest(keys=["c/4"], generations=[])).items[0].status == \
+        pb.INVALID_ARGUMENT
+    exists = stub.BatchExists(pb.BatchExistsRequest(keys=["c/0", "c/1", "c/2", "c/3", "c/4"]))
+    assert list(exists.exists) == [True, True, True, False, False]  # c/4 never ended: invisible
+    stub.RemoveByPrefix(pb.RemoveByPrefixRequest(prefix="c/"))
+
+
 def test_put_never_ended_is_reclaimed(master, node):
     stub = master.stub
     started = stub.PutStart(pb.PutStartRequest(key="stuck", size=4096))
