@@ -74,14 +74,7 @@ class VersionStore:
     def take_appeared_and_gone(self) -> tuple[list, list]:
         return self._records.take_appeared_and_gone()
 
-    def mark(self, key: str) -> None:
-        self._records.mark(key)
-
     # --- the mapping
-    def shared_replicas(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
-        """The store's one copy of an equal tuple of replicas (what get() hands out)."""
-        return self._replica_sets.values[self._replica_sets.id_of(replicas)]
-
     def _pack(self, v: ObjectVersion) -> bytes:
         extra = (v.options != NO_OPTIONS or v.compressed or v.raw_size != v.size or v.expires_at is not None)
         core = _CORE.pack(v.generation, v.checksum, v.size, self._replica_sets.id_of(v.replicas),
@@ -183,7 +176,3 @@ class VersionStore:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._records)
-
-    def items(self) -> Iterator[tuple[str, ObjectVersion]]:
-        for key, record in self._records.items():
-            yield key, self._unpack(key, record)
