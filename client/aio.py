@@ -28,6 +28,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
 
 from . import compression, put_options
+from .commits import Commits
 from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink, check
 from .placement_cache import DEFAULT_CAPACITY, PlacementCache
 from .selector import TransportSelector
@@ -54,6 +55,10 @@ class AsyncClient:
     $KVPOOL_TRANSPORTS, else all: shared memory with nodes on this host, UCX, TCP).
     token: the cluster token nodes ask for before letting this client map their memory
     (default $KVPOOL_TOKEN).
+    confirm_puts: a put of a new key returns once its copies are written and the frame that ends it
+    has left for the master, which every later call of this client reaches after it; True waits for
+    the master's answer too, as overwrites always do (client/commits.py). flush() waits for and
+    reports those answers.
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,
@@ -61,7 +66,7 @@ class AsyncClient:
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  transport: Transport | None = None, compress_above: int | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
-                 token: str | None = None, _blocking: bool = False):
+                 token: str | None = None, confirm_puts: bool = False, _blocking: bool = False):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self._compress_above = compression.check_threshold(compress_above)
@@ -77,6 +82,7 @@ class AsyncClient:
             transport = TransportSelector(connect_timeout, allowed, token, inline=_blocking)
         self._transport = transport
         self._cache = PlacementCache(cache_size)
+        self._commits = Commits(self._master, self._cache.invalidate, confirm_puts)
         self._replicas = replicas
         if not read_timeout > 0:
             raise InvalidArgumentError(f"read_timeout must be positive, got {read_timeout!r}")
@@ -100,7 +106,16 @@ class AsyncClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+    async def flush(self) -> None:
+        """Wait until the master answered the end of every put; raises BatchError naming the puts
+        that did not end since the last flush (they are not stored)."""
+        await self._commits.flush()
+
     async def close(self) -> None:
+        try:
+            await self._commits.flush()
+        except KvpoolError:
+            pass  # logged as each answer came
         await self._transport.close()
         await self._master.close()
 
@@ -140,8 +155,8 @@ class AsyncClient:
             except BaseException:
                 await self._revoke([(key, info.generation)])
                 raise
-        check(await self._master.call("PutEnd", pb.PutEndRequest(key=key, generation=info.generation,
-                                                                 failed_nodes=list(failed))))
+        await self._commits.end(key, pb.PutEndRequest(key=key, generation=info.generation, failed_nodes=list(failed)),
+                                overwrite)
         _drop_replicas(info, failed)
         self._remember(key, info, len(data), digest, packed is not None, raw_size)
 
@@ -205,10 +220,10 @@ class AsyncClient:
                 items=[pb.PutEndRequest(key=keys[i], generation=info.generation, failed_nodes=list(partial[i]))
                        for i, info in partly],
                 keys=[keys[i] for i, _ in whole], generations=[info.generation for _, info in whole])
-            ends = _items(await self._master.call("BatchPutEnd", request), len(written), "BatchPutEnd")
-            for (i, info), end in zip(written, ends):
-                if end.status:
-                    errors[keys[i]] = error_for(end.status, end.message)
+            ended = await self._commits.end_batch([keys[i] for i, _ in written], request, overwrite) or {}
+            for n, (i, info) in enumerate(written):
+                if n in ended:
+                    errors[keys[i]] = ended[n]
                 else:
                     _drop_replicas(info, partial.get(i, {}))
                     self._remember(keys[i], info, len(views[i]), digests[i], packed[i] is not None, raw_sizes[i])

@@ -10,6 +10,10 @@ timeout. Calls that share a turn of the loop (a gather) simply take turns.
 Same frames, same answers and the same NotSent contract as control_link.py.
 A reply left over from a call that gave up is skipped by its req_id; a call
 that runs out of time closes the connection (the next one opens a new one).
+
+A posted call (post) sends its frame and returns; its answer is read by
+whichever call or drain comes next on the connection and handed to the
+poster's callback (an error if the connection ends first).
 """
 
 import socket
@@ -35,6 +39,7 @@ class BlockingControlConnection:
         self._sock = sock
         self._next_id = 0
         self._header = bytearray(_REPLY_SIZE)
+        self._posted: dict = {}  # req_id -> (method, callback) of posted calls not answered yet
 
     @classmethod
     def open(cls, address: str, timeout: float) -> "BlockingControlConnection":
@@ -54,6 +59,21 @@ class BlockingControlConnection:
     def call(self, method: str, request, deadline: float):
         """The response of Master.<method>, answered by `deadline` (time.monotonic); raises as
         ControlConnection.call does."""
+        req_id = self._send(method, request, deadline)
+        return self._read_until(lambda: req_id, method, deadline)
+
+    def post(self, method: str, request, deadline: float, callback) -> None:
+        """Send Master.<method> and return; callback(response or error) runs when a later call or
+        drain() reads its answer, or the connection ends. Raises NotSent if the frame did not leave."""
+        req_id = self._send(method, request, deadline)
+        self._posted[req_id] = (method, callback)
+
+    def drain(self, deadline: float) -> None:
+        """Read the answers of every posted call (each to its callback)."""
+        if self._posted:
+            self._read_until(lambda: next(iter(self._posted), None), "posted calls", deadline)
+
+    def _send(self, method: str, request, deadline: float) -> int:
         if self.closed or self._peer_left():
             self.close()
             raise NotSent(f"master control port {self.address}: connection closed")
@@ -66,17 +86,26 @@ class BlockingControlConnection:
         except OSError as exc:  # a frame cut short is never served
             self.close()
             raise NotSent(f"master control port {self.address}: send failed: {exc}") from None
+        return req_id
+
+    def _read_until(self, wanted, method: str, deadline: float):
+        """Read replies, handing posted calls' to their callbacks, up to the one `wanted()` names
+        (None: nothing more is wanted); returns that call's answer."""
         try:
-            while True:
+            while (req_id := wanted()) is not None:
                 status, got, body = self._reply(deadline)
-                if got == req_id:
+                posted = self._posted.pop(got, None)
+                if posted is not None:
+                    _settle(posted[1], self.address, posted[0], status, body)
+                if got == req_id and posted is None:
                     return answer(self.address, method, status, body)
         except TimeoutError:
-            self.close()
+            self.close("no answer in time")
             raise UnavailableError(f"master {self.address} {method}: no answer in time") from None
         except (OSError, EOFError) as exc:
-            self.close()
+            self.close(f"connection lost: {exc}")
             raise UnavailableError(f"master control port {self.address}: connection lost: {exc}") from None
+        return None
 
     def _reply(self, deadline: float) -> tuple[int, int, bytes]:
         header = self._header
@@ -112,3 +141,14 @@ class BlockingControlConnection:
         if not self.closed:
             self.closed = True
             self._sock.close()
+        posted, self._posted = self._posted, {}
+        for method, callback in posted.values():
+            callback(UnavailableError(f"master control port {self.address}: {reason} before {method} was answered"))
+
+
+def _settle(callback, address: str, method: str, status: int, body) -> None:
+    try:
+        result = answer(address, method, status, body)
+    except Exception as exc:  # noqa: BLE001 - the poster's to handle
+        result = exc
+    callback(result)

@@ -93,6 +93,22 @@ class ControlConnection(asyncio.Protocol):
     async def call(self, method: str, request, timeout: float):
         """The response of Master.<method>; raises LeaderHint, UnavailableError (NotSent if the frame
         never left), or the typed error of a refused frame."""
+        req_id, future = self._send(method, request, timeout)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._forget(req_id)
+            raise
+
+    def post(self, method: str, request, timeout: float, callback) -> None:
+        """Send Master.<method> without waiting: callback(response or error) runs when it is answered
+        (or fails as call would). Raises NotSent if the connection is closed."""
+        _, future = self._send(method, request, timeout)
+        future.add_done_callback(lambda done: callback(
+            UnavailableError(f"master {self.address} {method}: cancelled") if done.cancelled()
+            else done.exception() or done.result()))
+
+    def _send(self, method: str, request, timeout: float) -> tuple[int, asyncio.Future]:
         idle = not self._calls
         if idle and not self.closed and self._peer_left():
             self.close("closed by the master")
@@ -112,11 +128,7 @@ class ControlConnection(asyncio.Protocol):
                 self.loop.call_soon(self._flush)
             self._queued.append(frame)
             self._queued_ids.append(req_id)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._forget(req_id)
-            raise
+        return req_id, future
 
     def _peer_left(self) -> bool:
         """Whether the master closed this connection while the loop was not there to see it."""
@@ -171,6 +183,9 @@ class ControlConnection(asyncio.Protocol):
         if nearest is not None:
             self._watch(nearest)
 
+    def pending(self) -> list[_Call]:
+        return list(self._calls.values())
+
     def _forget(self, req_id: int) -> None:
         self._calls.pop(req_id, None)
 
@@ -215,6 +230,42 @@ class ControlLinks:
             except NotSent:
                 if attempt:
                     raise
+
+    def post(self, address: str, method: str, request, deadline: float, callback) -> bool:
+        """Send Master.<method> through the open connection to `address` without waiting for it
+        (see ControlConnection.post); False, with nothing sent, when no connection is open."""
+        if self._blocking:
+            connection = self._plain.get(address)
+            if connection is None or connection.closed:
+                return False
+            try:
+                connection.post(method, request, time.monotonic() + deadline - asyncio.get_running_loop().time(),
+                                callback)
+            except NotSent:
+                return False
+            return True
+        connection = self._connections.get(address)
+        if connection is None or connection.closed or connection.loop is not asyncio.get_running_loop():
+            return False
+        try:
+            connection.post(method, request, deadline - connection.loop.time(), callback)
+        except NotSent:
+            return False
+        return True
+
+    async def drain(self, deadline: float) -> None:
+        """Wait until every posted call was answered (or failed), by `deadline` (loop time)."""
+        loop = asyncio.get_running_loop()
+        for connection in list(self._plain.values()):
+            if not connection.closed:
+                try:
+                    connection.drain(time.monotonic() + deadline - loop.time())
+                except UnavailableError:
+                    pass  # the connection closed: its posted calls were failed to their callbacks
+        for connection in list(self._connections.values()):
+            pending = [call.future for call in connection.pending()]
+            if pending:
+                await asyncio.wait(pending, timeout=max(deadline - loop.time(), 0))
 
     def _call_blocking(self, address: str, method: str, request, deadline: float):
         for attempt in range(2):

@@ -121,6 +121,8 @@ class MasterLink:
                     control = await self._learn(address, deadline)
                 if control and method in OP_BY_RPC:
                     return await self._links.call(control, method, request, deadline)
+                # Posted calls first: a gRPC call must not overtake what this client sent before it.
+                await self._links.drain(deadline)
                 remaining = deadline - loop.time()
                 return await getattr(self._stub(address), method)(request, timeout=max(remaining, 0.001))
             except grpc.aio.AioRpcError as exc:
@@ -134,6 +136,22 @@ class MasterLink:
                     relearned = True  # its port may have moved (a master restarted): ask its Stats again
                     continue
                 pause = await self._follow(None, True, exc, address, deadline, pause)
+
+    def post(self, method: str, request, callback) -> bool:
+        """Send Master.<method> to the leader's control port without waiting for the answer, which
+        goes to callback(response or error) once read; later calls through this link reach the
+        master after it. False, with nothing sent, when no control connection to the leader is open
+        (then call() it)."""
+        control = self._controls.get(self.address) if self.address is not None else None
+        if not control:
+            return False
+        deadline = asyncio.get_running_loop().time() + self.rpc_timeout
+        return self._links.post(control, method, request, deadline, callback)
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Wait for the answers of every posted call."""
+        loop = asyncio.get_running_loop()
+        await self._links.drain(loop.time() + (self.rpc_timeout if timeout is None else timeout))
 
     async def _learn(self, address: str, deadline: float) -> str:
         """The control port of the master at `address` ("" if it has none), from its Stats, which
@@ -180,6 +198,7 @@ class MasterLink:
         pause = RETRY_BACKOFF[0]
         if self.address is None:
             self.address = await self._resolve()
+        await self._links.drain(deadline)  # what this client posted comes first
         while True:
             address = self.address
             call = getattr(self._stub(address), method)(request)

@@ -80,6 +80,7 @@ class Client:
     remove_prefix = _blocking(AsyncClient.remove_prefix)
     stats = _blocking(AsyncClient.stats)
     drain = _blocking(AsyncClient.drain)
+    flush = _blocking(AsyncClient.flush)
 
     def register_buffer(self, buffer) -> None:
         self._client.register_buffer(buffer)

@@ -24,7 +24,7 @@ import numpy as np
 
 from kvpool.cluster_layout import NodeRecord
 from kvpool.errors import (
-    InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError,
+    InvalidArgumentError, KeyExistsError, KeyNotFoundError, KvpoolError, NoSpaceError, PutExpiredError,
     UnavailableError, ValueTooLargeError,
 )
 from kvpool.inventory import DRAM_BIT, SSD_BIT, Columns, Entry
@@ -190,6 +190,7 @@ class ObjectTable:
         self.counters = Counters()
         # Keys that may have fewer live copies than their target (repair.py checks and clears).
         self.repair_keys: set[str] = set()
+        self._replica_sets: dict = {}  # (node ids, tier) -> replicas placed there; dropped as nodes change
 
     def reset(self) -> None:
         """Forget every node, object and pending put (a deposed leader's table may be stale; the next
@@ -203,6 +204,7 @@ class ObjectTable:
         self._bytes = 0
         self._frees = []
         self.repair_keys = set()
+        self._replica_sets = {}
 
     def _new_generation(self) -> int:
         generation = self._next_generation
@@ -214,6 +216,7 @@ class ObjectTable:
     def upsert_node(self, record: NodeRecord) -> Dropped | None:
         """Add a node, or refresh one; a new instance of a known node lost what it held
         (until its inventory gives some of it back)."""
+        self._replica_sets = {}  # an address may change
         node = self.nodes.get(record.node_id)
         if node is not None and node.instance == record.instance:
             node.address = record.address
@@ -228,6 +231,7 @@ class ObjectTable:
 
     def drop_node(self, node_id: str) -> Dropped:
         """Forget a node and every replica on it; unknown nodes are a no-op."""
+        self._replica_sets = {}
         dropped = Dropped(node_id)
         node = self.nodes.pop(node_id, None)
         if node is None:
@@ -468,59 +472,102 @@ class ObjectTable:
 
         `replicas` distinct nodes (distinct zones first) when that many can hold it, else as
         many as can; with `min_replicas` > 0, fewer than that many candidates is NO_SPACE."""
-        if size < 0:
-            raise InvalidArgumentError(f"size must not be negative, got {size}")
+        (started,) = self.put_start_many((key,), (size,), (checksum,), overwrite, replicas, options,
+                                         (compressed,), (raw_size,), min_replicas)
+        if isinstance(started, KvpoolError):
+            raise started
+        return started
+
+    def put_start_many(self, keys, sizes, checksums, overwrite: bool = False, replicas: int = 1,
+                       options: PutOptions = NO_OPTIONS, compressed=None, raw_sizes=None,
+                       min_replicas: int = 0) -> list:
+        """put_start of every key with the same settings (compressed and raw_sizes: per key, or None
+        for uncompressed values). One result per key: its pending ObjectVersion, or the KvpoolError
+        that refused it. Settings no key could be put with raise."""
         replicas = max(replicas, 1)
         if min_replicas < 0 or min_replicas > replicas:
             raise InvalidArgumentError(f"min_replicas must be between 0 and replicas ({replicas}), "
                                        f"got {min_replicas}")
         options.validate()
-        if not compressed and raw_size not in (0, size):
-            raise InvalidArgumentError(f"raw_size {raw_size} differs from size {size} of an uncompressed value")
-        self._expire_if_due(key)
-        self._expire_object_if_due(key)
-        if key in self._pending:
-            raise KeyExistsError(f"put of {key!r} in progress")
-        if key in self._committed and not overwrite:
-            raise KeyExistsError(f"{key!r} already exists")
         tier = options.tier or DRAM
-        placed: tuple[Replica, ...] = ()
-        if size > 0:
-            placed = self._place(size, replicas, tier)
-            if len(placed) < min_replicas:
-                raise NoSpaceError(f"only {len(placed)} storage nodes can take {key!r}; "
-                                   f"min_replicas is {min_replicas}")
+        place = self._placer(replicas, tier)
         now = self._clock()
-        version = ObjectVersion(key, size, checksum, self._new_generation(), placed, options=options,
-                                compressed=compressed, raw_size=raw_size if compressed else size,
-                                expires_at=now + options.ttl_seconds if options.ttl_seconds > 0 else None,
-                                target_replicas=replicas if size > 0 else 0)
-        for r in placed:
-            node = self.nodes[r.node_id]
-            node.reserve(version.generation, tier, size, key)
-        self._pending[key] = _Pending(version, now + self.put_timeout, min_replicas)
-        return version
+        deadline = now + self.put_timeout
+        expires_at = now + options.ttl_seconds if options.ttl_seconds > 0 else None
+        pending, committed, nodes = self._pending, self._committed, self.nodes
+        results = []
+        for i, key in enumerate(keys):
+            size = sizes[i]
+            packed = bool(compressed[i]) if compressed is not None else False
+            raw_size = raw_sizes[i] if raw_sizes is not None else 0
+            try:
+                if size < 0:
+                    raise InvalidArgumentError(f"size must not be negative, got {size}")
+                if not packed and raw_size not in (0, size):
+                    raise InvalidArgumentError(f"raw_size {raw_size} differs from size {size} of an uncompressed value")
+                if key in pending:
+                    self._expire_if_due(key)
+                    if key in pending:
+                        raise KeyExistsError(f"put of {key!r} in progress")
+                if self._committed.expiring:
+                    self._expire_object_if_due(key)
+                if not overwrite and key in committed:
+                    raise KeyExistsError(f"{key!r} already exists")
+                placed: tuple[Replica, ...] = ()
+                if size > 0:
+                    placed = place(size)
+                    if len(placed) < min_replicas:
+                        raise NoSpaceError(f"only {len(placed)} storage nodes can take {key!r}; "
+                                           f"min_replicas is {min_replicas}")
+            except KvpoolError as exc:
+                results.append(exc)
+                continue
+            version = ObjectVersion(key, size, checksums[i], self._new_generation(), placed, options=options,
+                                    compressed=packed, raw_size=raw_size if packed else size,
+                                    expires_at=expires_at, target_replicas=replicas if size > 0 else 0)
+            for r in placed:
+                nodes[r.node_id].reserve(version.generation, tier, size, key)
+            pending[key] = _Pending(version, deadline, min_replicas)
+            results.append(version)
+        return results
 
-    def _place(self, size: int, count: int, tier: str) -> tuple[Replica, ...]:
-        if not self.nodes:
-            raise NoSpaceError("no storage nodes")
-        # One pass for max_object_size and the candidates: this runs for every put.
+    def _placer(self, count: int, tier: str):
+        """place(size) -> the replicas for an object of that size, for puts that share `count` and
+        `tier`: what every one of them would look at once (the candidates, the size limit) is
+        looked at once. Raises for a size no node can take."""
         candidates, largest = [], 0
         for n in self.nodes.values():
             largest = max(largest, n.largest_tier)
             if not n.draining:
                 candidates.append(n)
         limit = largest if self._max_object_size is None else min(self._max_object_size, largest)
-        if size > limit:
-            raise ValueTooLargeError(f"object of {size} bytes exceeds the maximum of {limit}")
-        if not candidates:
-            raise NoSpaceError("every storage node is draining")
         # One copy: the best node is the whole answer (spread_zones takes the first); more: rank them all.
-        ranked = self.placement.choose(candidates, size, len(candidates) if count > 1 else 1, tier)
-        chosen = spread_zones(ranked, count)
-        if not chosen:  # only when every node is smaller than the object
-            raise NoSpaceError(f"no storage node can hold {size} bytes")
-        return tuple(Replica(n.node_id, n.address, tier) for n in chosen)
+        wanted = len(candidates) if count > 1 else 1
+        choose, shared = self.placement.choose, self._replica_sets
+        only = candidates[0] if len(candidates) == 1 and isinstance(self.placement, MostFreeSpace) else None
+
+        def place(size: int) -> tuple[Replica, ...]:
+            if not self.nodes:
+                raise NoSpaceError("no storage nodes")
+            if size > limit:
+                raise ValueTooLargeError(f"object of {size} bytes exceeds the maximum of {limit}")
+            if not candidates:
+                raise NoSpaceError("every storage node is draining")
+            if only is not None:  # one node to choose from: the usual small cluster
+                chosen = [only] if only.largest_tier >= size else []
+            else:
+                chosen = choose(candidates, size, wanted, tier)
+                if count > 1:
+                    chosen = spread_zones(chosen, count)
+            if not chosen:  # only when every node is smaller than the object
+                raise NoSpaceError(f"no storage node can hold {size} bytes")
+            ids = tuple(n.node_id for n in chosen)
+            replicas = shared.get((ids, tier))
+            if replicas is None:
+                replicas = shared[(ids, tier)] = tuple(Replica(n.node_id, n.address, tier) for n in chosen)
+            return replicas
+
+        return place
 
     def put_end(self, key: str, generation: int, failed_nodes=()) -> ObjectVersion:
         """Make the pending version visible; frees whatever version it replaces.
@@ -528,7 +575,7 @@ class ObjectTable:
         `failed_nodes`: targets the client could not write. The rest are committed if they are at
         least the put's min_replicas (the object is then repaired up to its target); else the put
         stays pending for the client to revoke."""
-        failed = set(failed_nodes)
+        failed = set(failed_nodes) if failed_nodes else None
         pending = self._pending.get(key)
         current = self._committed.get(key)
         if (pending is None or pending.version.generation != generation) and current is not None \
@@ -564,6 +611,20 @@ class ObjectTable:
         self._bytes += version.size
         self.counters.puts += 1
         return version
+
+    def put_end_many(self, keys, generations) -> list:
+        """put_end of each (key, generation) with every copy written: None for each that ended,
+        else the KvpoolError that refused it."""
+        results = []
+        end = self.put_end
+        for key, generation in zip(keys, generations):
+            try:
+                end(key, generation)
+            except KvpoolError as exc:
+                results.append(exc)
+            else:
+                results.append(None)
+        return results
 
     def _check_written(self, key: str, generation: int, failed: set) -> None:
         self._expire_if_due(key)

@@ -216,33 +216,46 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         """The columnar puts of a BatchPutStart, each answered as its own PutStart, in place."""
         keys, sizes, checksums = request.keys, request.sizes, request.checksums
         count = len(keys)
-        compressed = request.compressed or [False] * count
-        raw_sizes = request.raw_sizes or [0] * count
         common = request.common
+        add = response.items.add
         try:
-            if not len(sizes) == len(checksums) == len(compressed) == len(raw_sizes) == count:
+            if not len(sizes) == len(checksums) == count or \
+                    (request.compressed or request.raw_sizes) and not len(request.compressed) == len(request.raw_sizes) == count:
                 raise InvalidArgumentError(f"{count} keys but {len(sizes)} sizes, {len(checksums)} checksums, "
-                                           f"{len(compressed)} compressed, {len(raw_sizes)} raw sizes")
+                                           f"{len(request.compressed)} compressed, {len(request.raw_sizes)} raw sizes")
             options = put_options(common.options) if common.HasField("options") else NO_OPTIONS
+            bad = {}
+            for i, key in enumerate(keys):
+                try:
+                    validate_key(key)
+                except KvpoolError as exc:
+                    bad[i] = exc
+            good = [i for i in range(count) if i not in bad] if bad else None
+            pick = (lambda column: [column[i] for i in good]) if bad else list
+            started = self._table.put_start_many(
+                pick(keys), pick(sizes), pick(checksums), common.overwrite, common.replicas or 1, options,
+                pick(request.compressed) if request.compressed else None,
+                pick(request.raw_sizes) if request.raw_sizes else None, common.min_replicas)
         except KvpoolError as exc:
             response.items.extend([pb.PutStartResponse(status=int(exc.code), message=str(exc))] * count)
             return
-        add, started = response.items.add, self._started
-        for key, size, checksum, c, r in zip(keys, sizes, checksums, compressed, raw_sizes):
+        if bad:  # back into request order
+            results = iter(started)
+            started = [bad[i] if i in bad else next(results) for i in range(count)]
+        term = self.term
+        for result in started:
             item = add()
-            error = _answer(pb.PutStartResponse, started, item, key, size, checksum, common, options, c, r)
-            if error is not None:
-                item.Clear()
-                item.status, item.message = error.status, error.message
+            if isinstance(result, KvpoolError):
+                item.status, item.message = int(result.code), str(result)
+            else:
+                info = item.object
+                fill_object_info(info, result)
+                info.term = term
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
         validate_key(req.key)
         self._table.put_end(req.key, req.generation, req.failed_nodes)
         return pb.StatusResponse(status=pb.OK)
-
-    def _ended(self, key: str, generation: int) -> None:
-        validate_key(key)
-        self._table.put_end(key, generation)
 
     def _put_revoke(self, req: pb.PutRevokeRequest) -> pb.StatusResponse:
         validate_key(req.key)
@@ -344,13 +357,23 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             message = f"{len(keys)} keys but {len(generations)} generations"
             response.items.extend([pb.StatusResponse(status=pb.INVALID_ARGUMENT, message=message)] * len(keys))
             return response
-        add, ended = response.items.add, self._ended
-        for key, generation in zip(keys, generations):
-            # An empty item is OK: cheaper than building one per put.
-            item = add()
-            error = _answer(pb.StatusResponse, ended, key, generation)  # None when it ended
+        bad = {}
+        for i, key in enumerate(keys):
+            try:
+                validate_key(key)
+            except KvpoolError as exc:
+                bad[i] = exc
+        if bad:
+            good = [i for i in range(len(keys)) if i not in bad]
+            results = iter(self._table.put_end_many([keys[i] for i in good], [generations[i] for i in good]))
+            ended = [bad[i] if i in bad else next(results) for i in range(len(keys))]
+        else:
+            ended = self._table.put_end_many(keys, generations)
+        add = response.items.add
+        for error in ended:
+            item = add()  # an empty item is OK: cheaper than building one per put
             if error is not None:
-                item.status, item.message = error.status, error.message
+                item.status, item.message = int(error.code), str(error)
         return response
 
     @_rpc

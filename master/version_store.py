@@ -76,7 +76,7 @@ class VersionStore:
 
     # --- the mapping
     def _pack(self, v: ObjectVersion) -> bytes:
-        extra = (v.options != NO_OPTIONS or v.compressed or v.raw_size != v.size or v.expires_at is not None)
+        extra = ((v.options is not NO_OPTIONS and v.options != NO_OPTIONS) or v.compressed or v.raw_size != v.size or v.expires_at is not None)
         core = _CORE.pack(v.generation, v.checksum, v.size, self._replica_sets.id_of(v.replicas),
                           min(v.target_replicas, 255), extra)
         if not extra:

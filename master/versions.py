@@ -39,10 +39,10 @@ class PutOptions:
 NO_OPTIONS = PutOptions()
 
 
-@dataclass(frozen=True, slots=True)
-class Replica:
+class Replica(NamedTuple):
     """One copy of a version (its bytes: the version's size). Few distinct ones exist: the table
-    shares them, and the tuples of them, between objects."""
+    shares them, and the tuples of them, between objects (a tuple: hashed and compared in C, as
+    every put looks its replica set up)."""
 
     node_id: str
     address: str  # HOST:PORT of the node's data port

@@ -19,6 +19,7 @@ from kvpool import transports, wire
 from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
+from kvpool.sendfile import send_file
 from kvpool.socket_input import SocketInput
 
 from .copier import Copier
@@ -183,9 +184,7 @@ class _Connection:
         name = _OP_NAMES[op]
         began = time.perf_counter()
         keep_open = await handler(op, req_id, key, generation, flags, arg, length, value_checksum)
-        count, latency = self.metrics.per_op(name)
-        count.inc()
-        latency.observe(time.perf_counter() - began)
+        self.metrics.per_op(name).record(time.perf_counter() - began)
         return keep_open
 
     # -- requests: each returns whether the connection stays usable
@@ -353,7 +352,7 @@ class _Connection:
         self.store.acquire(rec)
         try:
             await self._flush()
-            await self.loop.sock_sendfile(self.sock, segment.file, position, rec.size)
+            await send_file(self.sock, segment.file, position, rec.size)
         finally:
             self.store.release(rec)
 
@@ -573,7 +572,7 @@ class _Connection:
 
     def _error(self, op: int, req_id: int, code: Code, message: str, name: str | None = None) -> None:
         self.out += wire.pack_error(op, req_id, code, message)
-        self.metrics.errors.labels(name or _OP_NAMES[op], code.name).inc()
+        self.metrics.error(name or _OP_NAMES[op], code.name)
 
     async def _fail(self, op: int, req_id: int, code: Code, message: str, name: str | None = None) -> None:
         """Send an error reply before the connection is closed."""

@@ -61,7 +61,7 @@ class SsdSegment:
         os.makedirs(directory, exist_ok=True)
         self.capacity = capacity
         self.path = os.path.join(directory, SEGMENT_FILE)
-        # Unbuffered binary file object: loop.sock_sendfile wants one; all I/O is positional.
+        # Unbuffered binary file object (SSD READs send from its descriptor); all I/O is positional.
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         self.file = open(self.fd, "r+b", buffering=0)  # noqa: SIM115 (lives as long as the node)
         try:

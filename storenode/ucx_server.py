@@ -283,7 +283,7 @@ class _Connection:
         self.send(layout.tag_of(layout.REPLY, low), frame, 0)
 
     def _error(self, op: int, req_id: int, low: int, code: Code, message: str) -> None:
-        self.metrics.errors.labels(_OP_NAMES.get(op, "unknown"), code.name).inc()
+        self.metrics.error(_OP_NAMES.get(op, "unknown"), code.name)
         self._reply(low, wire.pack_error(op, req_id, code, message))
 
     def _refuse(self, op: int, req_id: int, low: int, code: Code, message: str, length: int) -> None:
@@ -337,9 +337,7 @@ class _Connection:
             self._error(op, req_id, low, Code.PROTOCOL,
                         f"op {_OP_NAMES.get(op, op)} is not served over UCX; use the node's TCP connection")
             return True
-        count, latency = self.metrics.per_op(_OP_NAMES[op])
-        count.inc()
-        latency.observe(time.perf_counter() - began)
+        self.metrics.per_op(_OP_NAMES[op]).record(time.perf_counter() - began)
         return True
 
     async def _write(self, op, req_id, low, key, generation, flags, term, length, value_checksum, options) -> None:

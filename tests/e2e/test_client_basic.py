@@ -442,3 +442,38 @@ def test_object_its_node_no_longer_holds_is_not_found(cluster):
         assert writer.get("kept") == b"k"
         writer.remove_prefix("gone/")
         writer.remove("kept")
+
+
+def test_puts_of_new_keys_end_posted_and_are_seen_by_every_later_call(cluster):
+    """A put of a new key returns before the master answers its PutEnd; what the writer does next,
+    and what another client asks after the put returned, still finds it."""
+    with Client(cluster.address) as writer, Client(cluster.address) as other:
+        for i in range(50):
+            writer.put(f"posted/{i}", bytes([i]) * 3000)
+            assert writer.exists(f"posted/{i}")
+            assert other.get(f"posted/{i}") == bytes([i]) * 3000
+        writer.batch_put([f"posted/b{i}" for i in range(20)], [b"v%d" % i for i in range(20)])
+        assert other.batch_exists([f"posted/b{i}" for i in range(20)]) == [True] * 20
+        assert writer.stats().objects >= 70  # a gRPC-routed call does not overtake the posted ends
+        writer.flush()  # every end was answered OK: nothing to raise
+        assert writer.remove_prefix("posted/") == 70
+
+
+def test_a_posted_put_end_that_fails_is_raised_by_flush(own_cluster):
+    from kvpool.errors import PutExpiredError
+
+    # Every put outlives this timeout before its PutEnd arrives, so every PutEnd fails.
+    cluster = own_cluster(nodes=1, put_timeout=0.0001)
+    with Client(cluster.master_address) as client:
+        client.put("late/one", b"x" * 1000)  # returns: its end was posted
+        client.batch_put(["late/two", "late/three"], [b"y" * 1000, b"z" * 1000])
+        with pytest.raises(BatchError) as caught:
+            client.flush()
+        assert set(caught.value.errors) == {"late/one", "late/two", "late/three"}
+        assert all(isinstance(e, PutExpiredError) for e in caught.value.errors.values())
+        assert client.batch_exists(["late/one", "late/two", "late/three"]) == [False] * 3
+        with pytest.raises(KeyNotFoundError):  # its cached placement was dropped with the failure
+            client.get("late/one")
+        client.flush()  # each failure is raised once
+    with Client(cluster.master_address, confirm_puts=True) as client, pytest.raises(PutExpiredError):
+        client.put("late/four", b"x" * 1000)
