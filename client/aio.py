@@ -270,8 +270,11 @@ class AsyncClient:
         if not groups:
             return {}, {}
         addresses = list(groups)
-        outcomes = await asyncio.gather(
-            *(self._transport.write_many(address, groups[address][1]) for address in addresses))
+        if len(addresses) == 1:  # one node: no task for a gather to wait on
+            outcomes = [await self._transport.write_many(addresses[0], groups[addresses[0]][1])]
+        else:
+            outcomes = await asyncio.gather(
+                *(self._transport.write_many(address, groups[address][1]) for address in addresses))
         missing: dict[int, dict] = {}
         for address, results in zip(addresses, outcomes):
             for (i, node_id), result in zip(groups[address][0], results):

@@ -1,6 +1,7 @@
 """What every kvpool server process does around its asyncio main: logging to stderr, Ctrl-C as a clean exit."""
 
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -25,6 +26,9 @@ def _loop_factory(fast: bool):
 def run_server(main_coro, fast_loop: bool = False) -> int:
     """Run `main_coro` (returning an exit code) with the common logging setup; on uvloop if
     `fast_loop` (see _loop_factory)."""
+    # A server keeps millions of long-lived records (the master's table, a node's index) and frees
+    # almost everything by reference count: collect the young generation 20x less often.
+    gc.set_threshold(14_000, 10, 10)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -544,7 +544,9 @@ class ObjectTable:
         # One copy: the best node is the whole answer (spread_zones takes the first); more: rank them all.
         wanted = len(candidates) if count > 1 else 1
         choose, shared = self.placement.choose, self._replica_sets
-        only = candidates[0] if len(candidates) == 1 and isinstance(self.placement, MostFreeSpace) else None
+        simple = isinstance(self.placement, MostFreeSpace)
+        only = candidates[0] if len(candidates) == 1 and simple else None
+        pick = self.placement.one_at_a_time(candidates, tier) if simple and count == 1 and not only else None
 
         def place(size: int) -> tuple[Replica, ...]:
             if not self.nodes:
@@ -555,6 +557,9 @@ class ObjectTable:
                 raise NoSpaceError("every storage node is draining")
             if only is not None:  # one node to choose from: the usual small cluster
                 chosen = [only] if only.largest_tier >= size else []
+            elif pick is not None:
+                best = pick(size)
+                chosen = [best] if best is not None else []
             else:
                 chosen = choose(candidates, size, wanted, tier)
                 if count > 1:

@@ -54,6 +54,30 @@ class MostFreeSpace:
         return fitting[:max(count, 0)]
 
 
+    def one_at_a_time(self, candidates: Sequence[C], tier: str = "dram"):
+        """pick(size) -> what choose(candidates, size, 1, tier) would answer, for puts of one copy
+        placed one after another, each then reserving its size in `tier` of the node picked: free
+        space is read of every node once and kept up to date here, so a batch is placed in time
+        linear in its size. None when no candidate can hold `size`."""
+        first, *rest = (tier, *(t for t in TIER_ORDER if t != tier))
+        # [-free in the preferred tier, -free in the others, node id, largest tier, candidate]
+        state = [[-c.free_bytes(first), tuple(-c.free_bytes(t) for t in rest), c.node_id, c.largest_tier, c]
+                 for c in candidates]
+
+        def pick(size: int):
+            best = None
+            for e in state:
+                if e[3] >= size and (best is None or e[0] < best[0] or e[0] == best[0] and (
+                        e[1] < best[1] or e[1] == best[1] and e[2] < best[2])):
+                    best = e
+            if best is None:
+                return None
+            best[0] += size
+            return best[4]
+
+        return pick
+
+
 def spread_zones(ranked: Sequence[C], count: int, taken: Sequence[str] = ()) -> list[C]:
     """Up to `count` of `ranked` (best first), taking nodes in zones not yet used (`taken`, then
     each pick's) before a second node of any zone, so one lost zone costs as few copies as possible.

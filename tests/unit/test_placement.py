@@ -64,3 +64,21 @@ def test_ties_break_by_node_id():
 def test_satisfies_protocol():
     policy: PlacementPolicy = MostFreeSpace()
     assert ids(policy.choose([Node("a", 1)], 1, 1)) == ["a"]
+
+
+def test_one_at_a_time_picks_what_choose_would_for_each_put_in_turn():
+    import random
+
+    rng = random.Random(5)
+    for tier in ("dram", "ssd"):
+        nodes = [Node(f"n{i}", rng.randrange(0, 5000), ssd=rng.randrange(0, 5000),
+                      capacity={"dram": rng.choice([800, 5000])}) for i in range(5)]
+        twins = [Node(n.node_id, n.dram, n.ssd, dict(n.capacity)) for n in nodes]
+        pick = MostFreeSpace().one_at_a_time(twins, tier)
+        for _ in range(300):
+            size = rng.choice([1, 10, 300, 900, 6000])
+            expected = MostFreeSpace().choose(nodes, size, 1, tier)
+            got = pick(size)
+            assert ids(expected) == ([got.node_id] if got is not None else [])
+            for n in expected:  # the put reserves its size in the preferred tier
+                setattr(n, tier, getattr(n, tier) - size)
