@@ -14,7 +14,6 @@ so callers only ever see raw values.
 
 import asyncio
 import os
-import socket
 
 from kvpool import transports as transport_names
 from kvpool.cluster_layout import DEFAULT_CLUSTER
@@ -27,9 +26,11 @@ from kvpool.parts import Parts
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
 
+from . import batch_put as batch_puts
 from . import compression, put_options
 from .commits import Commits
 from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink, check
+from .replica_order import drop_replicas, nearest_first
 from .placement_cache import DEFAULT_CAPACITY, PlacementCache
 from .selector import TransportSelector
 from .transport import ReadItem, Transport, WriteItem
@@ -157,7 +158,7 @@ class AsyncClient:
                 raise
         await self._commits.end(key, pb.PutEndRequest(key=key, generation=info.generation, failed_nodes=list(failed)),
                                 overwrite)
-        _drop_replicas(info, failed)
+        drop_replicas(info, failed)
         self._remember(key, info, len(data), digest, packed is not None, raw_size)
 
     async def batch_put(self, keys, values, overwrite: bool = False, *, tier: str | None = None,
@@ -180,56 +181,14 @@ class AsyncClient:
         digests = [checksum_of(view) for view in views]
         if not keys:
             return
-        sizes = [len(view) for view in views]
-        # Columnar: what every put shares goes once, the rest as packed lists.
-        request = pb.BatchPutStartRequest(
-            common=pb.PutStartRequest(overwrite=overwrite, replicas=count, min_replicas=needed,
-                                      options=choices.request),
-            keys=keys, sizes=sizes, checksums=digests)
-        compressed = any(p is not None for p in packed)
-        if compressed:
-            request.compressed.extend([p is not None for p in packed])
-            request.raw_sizes.extend(raw_sizes)
-        answers = _items(await self._master.call("BatchPutStart", request), len(keys), "BatchPutStart")
-        errors = {}
-        started = []  # (index, ObjectInfo) of puts the master opened
-        for i, answer in enumerate(answers):
-            if answer.status:
-                errors[keys[i]] = error_for(answer.status, answer.message)
-            else:
-                started.append((i, answer.object))
-        if compressed:
+        if any(p is not None for p in packed):
             options = [choices.write_options(p is not None, raw_size) for p, raw_size in zip(packed, raw_sizes)]
         else:
             options = [choices.write_options(False, 0)] * len(keys)  # one immutable WriteOptions for all
-        try:
-            failed, partial = await self._write_batch(raws, views, digests, options, started, needed)
-        except BaseException:
-            await self._revoke([(keys[i], info.generation) for i, info in started])
-            raise
-        if failed:
-            await self._revoke([(keys[i], info.generation) for i, info in started if i in failed])
-            for i, exc in failed.items():
-                errors[keys[i]] = exc
-        # Puts with a copy missing go as items (they name the nodes), the rest as two lists.
-        partly = [(i, info) for i, info in started if i in partial]
-        whole = [(i, info) for i, info in started if i not in failed and i not in partial]
-        written = partly + whole
-        if written:
-            request = pb.BatchPutEndRequest(
-                items=[pb.PutEndRequest(key=keys[i], generation=info.generation, failed_nodes=list(partial[i]))
-                       for i, info in partly],
-                keys=[keys[i] for i, _ in whole], generations=[info.generation for _, info in whole])
-            ended = await self._commits.end_batch([keys[i] for i, _ in written], request, overwrite) or {}
-            for n, (i, info) in enumerate(written):
-                if n in ended:
-                    errors[keys[i]] = ended[n]
-                else:
-                    _drop_replicas(info, partial.get(i, {}))
-                    self._remember(keys[i], info, len(views[i]), digests[i], packed[i] is not None, raw_sizes[i])
-        if errors:
-            first_key, first = next(iter(errors.items()))
-            raise BatchError(f"{len(errors)} of {len(keys)} puts failed (first: {first_key!r}: {first})", errors)
+        # What every put shares goes once, the rest as packed lists (client/batch_put.py).
+        common = pb.PutStartRequest(overwrite=overwrite, replicas=count, min_replicas=needed, options=choices.request)
+        await batch_puts.batch_put(self, keys, raws, views, digests, packed, raw_sizes, common, options, needed,
+                                   overwrite)
 
     async def _write_replicas(self, raw: bytes, info, data: memoryview, digest: int, options) -> dict:
         """Write every replica; node id -> error of each that failed."""
@@ -254,42 +213,6 @@ class AsyncClient:
                 failed[replica.node_id] = outcome[0]
         return failed
 
-    async def _write_batch(self, raws, views, digests, options, started, needed: int) -> tuple[dict, dict]:
-        """Write every replica of the started puts, one pipelined stream per node.
-
-        Returns (index -> first error of puts with too few copies written, index -> {node id: error}
-        of puts that succeeded with some copies missing)."""
-        groups: dict[str, tuple[list, list]] = {}
-        for i, info in started:
-            for replica in info.replicas:
-                group = groups.get(replica.address)
-                if group is None:
-                    group = groups[replica.address] = ([], [])
-                group[0].append((i, replica.node_id))
-                group[1].append(WriteItem(raws[i], info.generation, views[i], digests[i], options[i], info.term))
-        if not groups:
-            return {}, {}
-        addresses = list(groups)
-        if len(addresses) == 1:  # one node: no task for a gather to wait on
-            outcomes = [await self._transport.write_many(addresses[0], groups[addresses[0]][1])]
-        else:
-            outcomes = await asyncio.gather(
-                *(self._transport.write_many(address, groups[address][1]) for address in addresses))
-        missing: dict[int, dict] = {}
-        for address, results in zip(addresses, outcomes):
-            for (i, node_id), result in zip(groups[address][0], results):
-                if result is not None:
-                    missing.setdefault(i, {})[node_id] = result
-        infos = dict(started)
-        failed, partial = {}, {}
-        for i, errors in missing.items():
-            written = len(infos[i].replicas) - len(errors)
-            if written < (needed or len(infos[i].replicas)):
-                failed[i] = next(iter(errors.values()))
-            else:
-                partial[i] = errors
-        return failed, partial
-
     async def _revoke(self, puts: list) -> None:
         """Best effort: a put the master never hears about again is reclaimed after --put-timeout."""
         if not puts:
@@ -308,7 +231,7 @@ class AsyncClient:
         # The client knows what it committed first-hand; don't depend on the echo.
         info.key, info.size, info.checksum = key, size, digest
         info.compressed, info.raw_size = compressed, raw_size
-        _nearest_first(info)
+        nearest_first(info)
         self._cache.put(key, info)
 
     # -- get
@@ -413,7 +336,7 @@ class AsyncClient:
         if answer.status == Code.NOT_FOUND:
             raise KeyNotFoundError(f"key {key!r} not found")
         info = check(answer).object
-        _nearest_first(info)
+        nearest_first(info)
         self._cache.put(key, info)
         return info
 
@@ -537,7 +460,7 @@ class AsyncClient:
                 results[i] = None if answer.status == Code.NOT_FOUND else error_for(answer.status, answer.message)
             else:
                 infos[i] = answer.object
-                _nearest_first(answer.object)
+                nearest_first(answer.object)
                 self._cache.put(keys[i], answer.object)
 
     # -- metadata
@@ -597,36 +520,6 @@ def _check_enough_written(info, failed: dict, needed: int) -> None:
     """Raise the first write error when fewer copies than `needed` (0 = all) were written."""
     if failed and len(info.replicas) - len(failed) < (needed or len(info.replicas)):
         raise next(iter(failed.values()))
-
-
-def _set_replicas(info, replicas: list) -> None:
-    clones = []
-    for replica in replicas:
-        clone = pb.Replica()
-        clone.CopyFrom(replica)
-        clones.append(clone)
-    del info.replicas[:]
-    info.replicas.extend(clones)
-
-
-def _drop_replicas(info, failed) -> None:
-    """Forget the copies that were never written, so reads do not try them."""
-    if failed:
-        _set_replicas(info, [r for r in info.replicas if r.node_id not in failed])
-
-
-_LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", socket.gethostname()})
-
-
-def _nearest_first(info) -> None:
-    """Order replicas for reading: nodes on this host first (cheapest to reach), the rest as
-    the master listed them. Reads fail over down this list."""
-    if len(info.replicas) < 2:
-        return
-    replicas = list(info.replicas)
-    ordered = sorted(replicas, key=lambda r: r.address.rpartition(":")[0].strip("[]") not in _LOCAL_HOSTS)
-    if ordered != replicas:
-        _set_replicas(info, ordered)
 
 
 def _items(response, expected: int, method: str):

@@ -56,8 +56,11 @@ async def _answer_async(response_cls, fn, *args):
 
 
 def _error_statuses(response) -> list[str]:
-    if "items" in response.DESCRIPTOR.fields_by_name:
+    fields = response.DESCRIPTOR.fields_by_name
+    if "items" in fields:
         statuses = [item.status for item in response.items]
+        if "errors" in fields:  # a BatchPutStart's columnar answers
+            statuses += [error.status for error in response.errors]
     else:
         statuses = [getattr(response, "status", pb.OK)]
     return [Code(s).name if s in Code._value2member_map_ else str(s) for s in statuses if s != pb.OK]
@@ -213,11 +216,10 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         info.term = self.term  # WRITEs carry it so nodes refuse a deposed leader's placements
 
     def _put_starts(self, request: pb.BatchPutStartRequest, response: pb.BatchPutStartResponse) -> None:
-        """The columnar puts of a BatchPutStart, each answered as its own PutStart, in place."""
+        """The columnar puts of a BatchPutStart, answered in the response's columns (see kvpool.proto)."""
         keys, sizes, checksums = request.keys, request.sizes, request.checksums
         count = len(keys)
         common = request.common
-        add = response.items.add
         try:
             if not len(sizes) == len(checksums) == count or \
                     (request.compressed or request.raw_sizes) and not len(request.compressed) == len(request.raw_sizes) == count:
@@ -237,20 +239,35 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                 pick(request.compressed) if request.compressed else None,
                 pick(request.raw_sizes) if request.raw_sizes else None, common.min_replicas)
         except KvpoolError as exc:
-            response.items.extend([pb.PutStartResponse(status=int(exc.code), message=str(exc))] * count)
+            response.generations.extend([0] * count)
+            response.placement.extend([0] * count)
+            response.refused.extend(range(count))
+            response.errors.extend([pb.StatusResponse(status=int(exc.code), message=str(exc))] * count)
             return
         if bad:  # back into request order
             results = iter(started)
             started = [bad[i] if i in bad else next(results) for i in range(count)]
         term = self.term
-        for result in started:
-            item = add()
+        generations, placement, refused = [], [], []
+        index_of: dict = {}  # id of the table's shared replica tuple -> its place in placements
+        for i, result in enumerate(started):
             if isinstance(result, KvpoolError):
-                item.status, item.message = int(result.code), str(result)
-            else:
-                info = item.object
-                fill_object_info(info, result)
-                info.term = term
+                generations.append(0)
+                placement.append(0)
+                refused.append(i)
+                response.errors.add(status=int(result.code), message=str(result))
+                continue
+            generations.append(result.generation)
+            where = index_of.get(id(result.replicas))
+            if where is None:
+                where = index_of[id(result.replicas)] = len(response.placements)
+                placed = response.placements.add(term=term)
+                for r in result.replicas:
+                    placed.replicas.add(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED))
+            placement.append(where)
+        response.generations.extend(generations)
+        response.placement.extend(placement)
+        response.refused.extend(refused)
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
         validate_key(req.key)

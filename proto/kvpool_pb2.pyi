@@ -190,10 +190,20 @@ class BatchPutStartRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[PutStartRequest, _Mapping]]] = ..., common: _Optional[_Union[PutStartRequest, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., compressed: _Optional[_Iterable[bool]] = ..., raw_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchPutStartResponse(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "generations", "placement", "placements", "refused", "errors")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PutStartResponse]
-    def __init__(self, items: _Optional[_Iterable[_Union[PutStartResponse, _Mapping]]] = ...) -> None: ...
+    generations: _containers.RepeatedScalarFieldContainer[int]
+    placement: _containers.RepeatedScalarFieldContainer[int]
+    placements: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
+    refused: _containers.RepeatedScalarFieldContainer[int]
+    errors: _containers.RepeatedCompositeFieldContainer[StatusResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartResponse, _Mapping]]] = ..., generations: _Optional[_Iterable[int]] = ..., placement: _Optional[_Iterable[int]] = ..., placements: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., refused: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[_Union[StatusResponse, _Mapping]]] = ...) -> None: ...
 
 class BatchPutEndRequest(_message.Message):
     __slots__ = ("items", "keys", "generations")

@@ -226,25 +226,32 @@ def test_batch_rpcs_answer_per_item(master, node):
     assert stats.hits == 2 and stats.misses == 1
 
 
-def test_columnar_batch_puts_answer_per_put_after_the_items(master, node):
+def test_columnar_batch_puts_answer_in_columns_after_the_items(master, node):
     stub = master.stub
     common = pb.PutStartRequest(replicas=1, options=pb.PutOptions(ttl_seconds=600))
     started = stub.BatchPutStart(pb.BatchPutStartRequest(
         items=[pb.PutStartRequest(key="c/0", size=10)], common=common,
         keys=["c/1", "", "c/2", "c/3"], sizes=[100, 100, 0, CAPACITY * 2], checksums=[1, 2, 3, 4]))
-    assert [i.status for i in started.items] == [pb.OK, pb.OK, pb.INVALID_KEY, pb.OK, pb.TOO_LARGE]
-    first = started.items[1].object
-    assert first.checksum == 1 and first.options.ttl_seconds == 600 and not first.compressed
+    assert [i.status for i in started.items] == [pb.OK]
+    generations = list(started.generations)
+    assert generations[0] and generations[2] and generations[1] == generations[3] == 0
+    assert len(set(generations[i] for i in (0, 2)) | {started.items[0].object.generation}) == 3
+    assert list(started.refused) == [1, 3]
+    assert [e.status for e in started.errors] == [pb.INVALID_KEY, pb.TOO_LARGE]
+    placed = started.placements[started.placement[0]]  # where c/1 goes: the one node, this term
+    assert [r.node_id for r in placed.replicas] == ["n1"] and placed.term == started.items[0].object.term > 0
+    assert not started.placements[started.placement[2]].replicas  # an empty value needs no copy
     compressed = stub.BatchPutStart(pb.BatchPutStartRequest(
         common=common, keys=["c/4"], sizes=[10], checksums=[5], compressed=[True], raw_sizes=[40]))
-    assert compressed.items[0].object.compressed and compressed.items[0].object.raw_size == 40
+    assert compressed.generations[0] and not compressed.refused
     uneven = stub.BatchPutStart(pb.BatchPutStartRequest(keys=["c/5", "c/6"], sizes=[1], checksums=[1, 2]))
-    assert [i.status for i in uneven.items] == [pb.INVALID_ARGUMENT] * 2
+    assert list(uneven.generations) == [0, 0] and list(uneven.refused) == [0, 1]
+    assert [e.status for e in uneven.errors] == [pb.INVALID_ARGUMENT] * 2
 
     ended = stub.BatchPutEnd(pb.BatchPutEndRequest(
         items=[pb.PutEndRequest(key="c/0", generation=started.items[0].object.generation)],
         keys=["c/1", "c/2", "c/3", ""],
-        generations=[first.generation, started.items[3].object.generation, 1, 1]))
+        generations=[generations[0], generations[2], 1, 1]))
     assert [i.status for i in ended.items] == [pb.OK, pb.OK, pb.OK, pb.PUT_EXPIRED, pb.INVALID_KEY]
     assert stub.BatchPutEnd(pb.BatchPutEndRequest(keys=["c/4"], generations=[])).items[0].status == \
         pb.INVALID_ARGUMENT

@@ -4,7 +4,7 @@ replicas in (this host's nodes first, then the master's order)."""
 import pytest
 
 from kvpool.client import put_options
-from kvpool.client.aio import _drop_replicas, _nearest_first
+from kvpool.client.replica_order import drop_replicas, nearest_first
 from kvpool.errors import InvalidArgumentError
 from kvpool.proto import kvpool_pb2 as pb
 
@@ -24,14 +24,14 @@ def test_replica_counts_default_and_bounds():
 
 def test_reads_try_this_hosts_nodes_first_then_the_masters_order():
     placed = info("10.9.9.1:70", "127.0.0.1:71", "10.9.9.2:72", "[::1]:73")
-    _nearest_first(placed)
+    nearest_first(placed)
     assert [r.node_id for r in placed.replicas] == ["n1", "n3", "n0", "n2"]
     remote = info("10.9.9.1:70", "10.9.9.2:72")
-    _nearest_first(remote)
+    nearest_first(remote)
     assert [r.node_id for r in remote.replicas] == ["n0", "n1"]
 
 
 def test_copies_never_written_are_not_read():
     placed = info("127.0.0.1:70", "127.0.0.1:71", "127.0.0.1:72")
-    _drop_replicas(placed, {"n1": RuntimeError("down")})
+    drop_replicas(placed, {"n1": RuntimeError("down")})
     assert [(r.node_id, r.address) for r in placed.replicas] == [("n0", "127.0.0.1:70"), ("n2", "127.0.0.1:72")]
