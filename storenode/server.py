@@ -43,6 +43,10 @@ DRAIN_LIMIT = 64 * 1024 * 1024  # payload bytes read and dropped after refusing 
 DRAIN_SECONDS = 2.0
 _HEADER = wire.REQUEST.size
 _OPTIONS = wire.WRITE_OPTIONS.size
+_unpack_request = wire.REQUEST.unpack_from
+_unpack_options = wire.WRITE_OPTIONS.unpack_from
+_MAGIC, _VERSION = wire.MAGIC, wire.VERSION
+_clock = time.perf_counter
 _OP_NAMES = {op.value: op.name.lower() for op in wire.Op}
 
 
@@ -135,13 +139,15 @@ class _Connection:
         self.located: dict[tuple, list[tuple[ObjectRecord, float]]] = {}
         self.allocated: dict[tuple, tuple] = {}
         self._lease_timer: asyncio.TimerHandle | None = None
-        self._handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read, wire.Op.FREE: self._free,
-                          wire.Op.PING: self._ping, wire.Op.HOLD: self._hold, wire.Op.REPORT: self._report,
-                          wire.Op.INVENTORY: self._inventory, wire.Op.COPY: self._copy,
-                          wire.Op.HELLO: self._hello, wire.Op.ATTACH: self._attach,
-                          wire.Op.LOCATE: self._locate, wire.Op.RELEASE: self._release,
-                          wire.Op.ALLOCATE: self._allocate, wire.Op.COMMIT: self._commit,
-                          wire.Op.EVICTIONS: self._evictions}
+        handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read, wire.Op.FREE: self._free,
+                    wire.Op.PING: self._ping, wire.Op.HOLD: self._hold, wire.Op.REPORT: self._report,
+                    wire.Op.INVENTORY: self._inventory, wire.Op.COPY: self._copy,
+                    wire.Op.HELLO: self._hello, wire.Op.ATTACH: self._attach,
+                    wire.Op.LOCATE: self._locate, wire.Op.RELEASE: self._release,
+                    wire.Op.ALLOCATE: self._allocate, wire.Op.COMMIT: self._commit,
+                    wire.Op.EVICTIONS: self._evictions}
+        # op -> (handler, its request counters), looked up once per request
+        self._serving = {int(op): (handler, self.metrics.per_op(_OP_NAMES[op])) for op, handler in handlers.items()}
 
     async def run(self) -> None:
         self.metrics.connections.inc()
@@ -164,34 +170,39 @@ class _Connection:
 
     async def _serve_one(self) -> bool:
         """Handle the next request; False when the connection must end."""
-        await self._fill(_HEADER)
+        if self.end - self.start < _HEADER:  # (the awaits only when input is short: no coroutine per request)
+            await self._fill(_HEADER)
+        start = self.start
         magic, version, op, req_id, key_len, flags, generation, arg, length, value_checksum = \
-            wire.REQUEST.unpack_from(self.buf, self.start)
-        if magic != wire.MAGIC or version != wire.VERSION:
+            _unpack_request(self.buf, start)
+        if magic != _MAGIC or version != _VERSION:
             log.warning("closing a data connection: bad magic/version %r/%d", magic, version)
             return False
         if key_len > MAX_KEY_BYTES:
             log.warning("closing a data connection: key_len %d > %d", key_len, MAX_KEY_BYTES)
             return False
-        await self._fill(_HEADER + key_len)
-        key = bytes(self.view[self.start + _HEADER:self.start + _HEADER + key_len])
-        self.start += _HEADER + key_len
+        if self.end - start < _HEADER + key_len:
+            await self._fill(_HEADER + key_len)
+            start = self.start
+        key = bytes(self.view[start + _HEADER:start + _HEADER + key_len])
+        self.start = start + _HEADER + key_len
 
-        handler = self._handlers.get(op)  # not every wire.Op is a node's (the master's control ops)
-        if handler is None:
+        serving = self._serving.get(op)  # not every wire.Op is a node's (the master's control ops)
+        if serving is None:
             await self._fail(op, req_id, Code.PROTOCOL, f"unknown op {op}", "unknown")
             return False
-        name = _OP_NAMES[op]
-        began = time.perf_counter()
+        handler, stats = serving
+        began = _clock()
         keep_open = await handler(op, req_id, key, generation, flags, arg, length, value_checksum)
-        self.metrics.per_op(name).record(time.perf_counter() - began)
+        stats.record(_clock() - began)
         return keep_open
 
     # -- requests: each returns whether the connection stays usable
 
     async def _write(self, op, req_id, key, generation, flags, term, length, value_checksum) -> bool:
-        await self._fill(_OPTIONS)
-        ttl_ms, soft_pin_ms, raw_size = wire.WRITE_OPTIONS.unpack_from(self.buf, self.start)
+        if self.end - self.start < _OPTIONS:
+            await self._fill(_OPTIONS)
+        ttl_ms, soft_pin_ms, raw_size = _unpack_options(self.buf, self.start)
         self.start += _OPTIONS
         if not self._term_current(term):  # placed by a master that no longer leads
             await self._refuse(op, req_id, Code.NOT_LEADER,
@@ -209,7 +220,9 @@ class _Connection:
         self.read_ahead = READ_AHEAD_AFTER_LARGE if length >= LARGE_WRITE else STAGING_BYTES
         received = False
         try:
-            if res.tier is self.dram:
+            if res.tier is self.dram and self.end - self.start >= length:  # all here: no waiting
+                digest = self._take_staged(res.offset, length)
+            elif res.tier is self.dram:
                 digest = await self._receive_to_dram(res.offset, length)
             else:
                 digest = await self._receive_to_ssd(res, key, length)
@@ -237,6 +250,14 @@ class _Connection:
                 return False
             self.server.term = term
         return True
+
+    def _take_staged(self, offset: int, length: int) -> int:
+        """Copy a payload that is all in the staging buffer into DRAM; its digest."""
+        start = self.start
+        target = self.dram.segment.view(offset, length)
+        target[:] = self.view[start:start + length]
+        self.start = start + length
+        return checksum(target)
 
     async def _receive_to_dram(self, offset: int, length: int) -> int:
         target = self.dram.segment.view(offset, length)
