@@ -66,6 +66,30 @@ def _error_statuses(response) -> list[str]:
     return [Code(s).name if s in Code._value2member_map_ else str(s) for s in statuses if s != pb.OK]
 
 
+def _invalid_keys(keys) -> dict:
+    """index -> the error of each of a batch's keys that is not a valid key."""
+    bad = {}
+    for i, key in enumerate(keys):
+        try:
+            validate_key(key)
+        except KvpoolError as exc:
+            bad[i] = exc
+    return bad
+
+
+def _valid_only(column, bad: dict) -> list:
+    """A batch's column without the entries of its invalid keys."""
+    return [value for i, value in enumerate(column) if i not in bad] if bad else list(column)
+
+
+def _in_request_order(count: int, bad: dict, results: list) -> list:
+    """The results of the valid keys, in order, with the invalid keys' errors put back in their places."""
+    if not bad:
+        return results
+    valid = iter(results)
+    return [bad[i] if i in bad else next(valid) for i in range(count)]
+
+
 FOLLOWER_RPCS = ("Stats",)  # what a master that does not lead still answers itself
 
 
@@ -226,27 +250,19 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                 raise InvalidArgumentError(f"{count} keys but {len(sizes)} sizes, {len(checksums)} checksums, "
                                            f"{len(request.compressed)} compressed, {len(request.raw_sizes)} raw sizes")
             options = put_options(common.options) if common.HasField("options") else NO_OPTIONS
-            bad = {}
-            for i, key in enumerate(keys):
-                try:
-                    validate_key(key)
-                except KvpoolError as exc:
-                    bad[i] = exc
-            good = [i for i in range(count) if i not in bad] if bad else None
-            pick = (lambda column: [column[i] for i in good]) if bad else list
+            bad = _invalid_keys(keys)
             started = self._table.put_start_many(
-                pick(keys), pick(sizes), pick(checksums), common.overwrite, common.replicas or 1, options,
-                pick(request.compressed) if request.compressed else None,
-                pick(request.raw_sizes) if request.raw_sizes else None, common.min_replicas)
+                _valid_only(keys, bad), _valid_only(sizes, bad), _valid_only(checksums, bad), common.overwrite,
+                common.replicas or 1, options,
+                _valid_only(request.compressed, bad) if request.compressed else None,
+                _valid_only(request.raw_sizes, bad) if request.raw_sizes else None, common.min_replicas)
         except KvpoolError as exc:
             response.generations.extend([0] * count)
             response.placement.extend([0] * count)
             response.refused.extend(range(count))
             response.errors.extend([pb.StatusResponse(status=int(exc.code), message=str(exc))] * count)
             return
-        if bad:  # back into request order
-            results = iter(started)
-            started = [bad[i] if i in bad else next(results) for i in range(count)]
+        started = _in_request_order(count, bad, started)
         term = self.term
         generations, placement, refused = [], [], []
         index_of: dict = {}  # id of the table's shared replica tuple -> its place in placements
@@ -374,18 +390,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             message = f"{len(keys)} keys but {len(generations)} generations"
             response.items.extend([pb.StatusResponse(status=pb.INVALID_ARGUMENT, message=message)] * len(keys))
             return response
-        bad = {}
-        for i, key in enumerate(keys):
-            try:
-                validate_key(key)
-            except KvpoolError as exc:
-                bad[i] = exc
-        if bad:
-            good = [i for i in range(len(keys)) if i not in bad]
-            results = iter(self._table.put_end_many([keys[i] for i in good], [generations[i] for i in good]))
-            ended = [bad[i] if i in bad else next(results) for i in range(len(keys))]
-        else:
-            ended = self._table.put_end_many(keys, generations)
+        bad = _invalid_keys(keys)
+        ended = _in_request_order(len(keys), bad, self._table.put_end_many(_valid_only(keys, bad),
+                                                                           _valid_only(generations, bad)))
         add = response.items.add
         for error in ended:
             item = add()  # an empty item is OK: cheaper than building one per put
