@@ -37,6 +37,7 @@ from .transport import ReadItem, Transport, WriteItem
 from .values import bytes_of, checksum_of, fresh_bytes_view, readable_view, value_parts, writable_view
 
 DEFAULT_READ_TIMEOUT = 5.0
+CLOSE_FLUSH_TIMEOUT = 2.0  # how long close() waits for the master's answers to posted put ends
 
 # A replica read that fails like this may mean the placement moved on: ask the master again.
 _REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)
@@ -114,7 +115,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         try:
-            await self._commits.flush()
+            await self._commits.flush(CLOSE_FLUSH_TIMEOUT)
         except KvpoolError:
             pass  # logged as each answer came
         await self._transport.close()

@@ -27,10 +27,10 @@ class Started:
         self.generation = list(generations)
         self.placement = list(placement)
         self.placements = list(response.placements)
-        if any(p >= len(self.placements) for p in set(self.placement)):
-            raise InternalError("BatchPutStart answered a placement it did not send")
         self.refused = dict(zip(response.refused, response.errors))
         self.indices = [i for i, generation in enumerate(self.generation) if generation]
+        if any(self.placement[i] >= len(self.placements) for i in self.indices):
+            raise InternalError("BatchPutStart answered a placement it did not send")
 
     def info(self, i: int) -> pb.ObjectInfo:
         """An ObjectInfo of put i (replicas, generation, term)."""

@@ -79,12 +79,21 @@ class Commits:
             self._failed[keys[i]] = exc
             log.warning("put of %r did not end: %s", keys[i], exc)
 
-    async def flush(self) -> None:
-        """Wait for the answer to every posted end; raise BatchError naming the puts whose end
-        failed since the last flush (those values are not stored)."""
-        await self._master.drain()
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait for the answer to every posted end (for up to `timeout` seconds, then give up on the
+        rest: the master reclaims a put it never hears the end of); raise BatchError naming the puts
+        whose end failed since the last flush (those values are not stored)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        await self._master.drain(timeout)
         while self._retries:
-            await asyncio.wait(list(self._retries))
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                for retry in self._retries:
+                    retry.cancel()
+                await asyncio.wait(list(self._retries))
+                break
+            await asyncio.wait(list(self._retries), timeout=left)
         failed, self._failed = self._failed, {}
         if failed:
             first_key, first = next(iter(failed.items()))

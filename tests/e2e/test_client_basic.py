@@ -477,3 +477,17 @@ def test_a_posted_put_end_that_fails_is_raised_by_flush(own_cluster):
         client.flush()  # each failure is raised once
     with Client(cluster.master_address, confirm_puts=True) as client, pytest.raises(PutExpiredError):
         client.put("late/four", b"x" * 1000)
+
+
+def test_batch_put_of_keys_that_all_exist_names_each(cluster):
+    with Client(cluster.address) as client:
+        client.batch_put(["every/1", "every/2"], [b"a" * 100, b"b" * 100])
+        with pytest.raises(BatchError) as caught:  # none is started: the master's answer has no placement
+            client.batch_put(["every/1", "every/2"], [b"c" * 100, b"d" * 100])
+        assert set(caught.value.errors) == {"every/1", "every/2"}
+        assert all(isinstance(e, KeyExistsError) for e in caught.value.errors.values())
+        with pytest.raises(BatchError) as caught:  # some new, some not: the new ones are stored
+            client.batch_put(["every/2", "every/3"], [b"e" * 100, b"f" * 100])
+        assert list(caught.value.errors) == ["every/2"]
+        assert client.batch_get(["every/1", "every/2", "every/3"]) == [b"a" * 100, b"b" * 100, b"f" * 100]
+        assert client.remove_prefix("every/") == 3
