@@ -23,7 +23,7 @@ from .maintenance import Maintenance
 from .metrics import NodeMetrics
 from .recovery import recover
 from .registration import NodeRegistration
-from .server import DataServer
+from .server import FRAME_TIMEOUT, DataServer
 from .ssd import SsdSegment
 from .store import ObjectStore
 from .tiers import StorageTier
@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hard-pin-quota", type=_size, default=None, metavar="SIZE",
                    help="bytes of hard-pinned objects allowed (default: half of --dram)")
     p.add_argument("--max-hold", type=float, default=300.0, metavar="SECONDS", help="cap on one HOLD")
+    p.add_argument("--frame-timeout", type=float, default=FRAME_TIMEOUT, metavar="SECONDS",
+                   help="a request half-received with no byte for this long closes its connection and frees "
+                        "what it reserved")
     p.add_argument("--lease-ttl", type=float, default=5.0, metavar="SECONDS",
                    help="etcd lease TTL; the master drops the node this long after it dies")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: none)")
@@ -133,6 +136,8 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--ssd needs --data-dir (or --ssd-dir)")
     if args.promote_after < 1 or args.promote_window <= 0 or args.max_hold < 0:
         parser.error("--promote-after must be >= 1, --promote-window > 0 and --max-hold >= 0")
+    if not args.frame_timeout > 0:  # also NaN
+        parser.error("--frame-timeout must be positive")
 
 
 def main(argv=None) -> int:
@@ -178,7 +183,8 @@ async def _serve(args) -> int:
     maintenance = Maintenance(store)
     metrics = NodeMetrics()
     metrics.track_tiers(store.tiers)
-    server = DataServer(store, maintenance, node_id, metrics, instance=instance, token=args.token)
+    server = DataServer(store, maintenance, node_id, metrics, instance=instance, token=args.token,
+                        frame_timeout=args.frame_timeout)
     if transports.SHM in args.transports and dram.segment.path:
         server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None

@@ -41,6 +41,7 @@ READ_AHEAD_AFTER_LARGE = 16 * 1024
 SSD_CHUNK = 1024 * 1024  # SSD WRITE payloads: received into one buffer while the other is written
 DRAIN_LIMIT = 64 * 1024 * 1024  # payload bytes read and dropped after refusing a WRITE
 DRAIN_SECONDS = 2.0
+FRAME_TIMEOUT = 10.0  # default --frame-timeout: seconds a half-received request may go without a byte
 _HEADER = wire.REQUEST.size
 _OPTIONS = wire.WRITE_OPTIONS.size
 _unpack_request = wire.REQUEST.unpack_from
@@ -59,8 +60,10 @@ class DataServer:
     to clients of this host whose ATTACH carries `token` (any token when it is empty)."""
 
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
-                 metrics: NodeMetrics | None = None, instance: str = "", token: str = ""):
+                 metrics: NodeMetrics | None = None, instance: str = "", token: str = "",
+                 frame_timeout: float = FRAME_TIMEOUT):
         self.store = store
+        self.frame_timeout = frame_timeout  # a request half-received with no byte for this long closes its connection
         self.maintenance = maintenance
         self.node_id = node_id
         self.instance = instance
@@ -171,7 +174,7 @@ class _Connection:
     async def _serve_one(self) -> bool:
         """Handle the next request; False when the connection must end."""
         if self.end - self.start < _HEADER:  # (the awaits only when input is short: no coroutine per request)
-            await self._fill(_HEADER)
+            await self._fill(_HEADER, between_requests=self.start == self.end)
         start = self.start
         magic, version, op, req_id, key_len, flags, generation, arg, length, value_checksum = \
             _unpack_request(self.buf, start)
@@ -299,7 +302,7 @@ class _Connection:
                 which ^= 1
                 filled = 0
                 while filled < len(chunk):
-                    got = await self.input.recv_into(chunk[filled:filled + HASH_CHUNK])
+                    got = await self._recv_mid_frame(chunk[filled:filled + HASH_CHUNK])
                     if not got:
                         raise _Disconnect
                     digest.update(chunk[filled:filled + got])
@@ -620,8 +623,9 @@ class _Connection:
         except TimeoutError:
             pass
 
-    async def _fill(self, n: int) -> None:
-        """Make sure at least n unparsed bytes are staged (n <= STAGING_BYTES)."""
+    async def _fill(self, n: int, between_requests: bool = False) -> None:
+        """Make sure at least n unparsed bytes are staged (n <= STAGING_BYTES). between_requests: nothing
+        of the next request has come yet, so its first byte may take as long as the peer likes."""
         if self.end - self.start >= n:
             return
         if self.start == self.end:
@@ -633,19 +637,32 @@ class _Connection:
             self.start, self.end = 0, len(tail)
         while self.end - self.start < n:
             room = max(n - (self.end - self.start), self.read_ahead)
-            got = await self._recv_into(self.view[self.end:self.end + room])
+            got = await self._recv_into(self.view[self.end:self.end + room], between_requests)
             if not got:
                 raise _Disconnect
             self.end += got
+            between_requests = False
 
-    async def _recv_into(self, view) -> int:
+    async def _recv_into(self, view, between_requests: bool = False) -> int:
         """Receive what is there; only when nothing is, send the replies owed first (the peer may
         be waiting for them), then wait. A pipelined batch's replies so leave together."""
         got = self.input.try_recv_into(view)
         if got is None:
             await self._flush()
-            got = await self.input.recv_into(view)
+            got = await (self.input.recv_into(view) if between_requests else self._recv_mid_frame(view))
         return got
+
+    async def _recv_mid_frame(self, view) -> int:
+        """Wait for more of a request begun: a peer that stops sending mid-request (a header-only WRITE
+        holding its reserved extent, say) loses its connection, and what it held, after --frame-timeout."""
+        try:
+            async with asyncio.timeout(self.server.frame_timeout):
+                return await self.input.recv_into(view)
+        except TimeoutError:
+            self.metrics.error("frame", "STALLED")
+            log.warning("closing a data connection: a request stalled half-received for %gs",
+                        self.server.frame_timeout)
+            raise _Disconnect from None
 
     async def _send_all(self, head: bytearray, data: memoryview) -> None:
         try:

@@ -171,6 +171,34 @@ def test_malformed_input_closes_only_that_connection(node):
     assert used == len(reference) + (-len(reference)) % 64
 
 
+def test_a_request_stalled_half_received_loses_its_connection_and_what_it_reserved(etcd, tmp_path):
+    node = start_node(etcd, tmp_path, args=("--frame-timeout", "1"))
+    try:
+        payload = os.urandom(1 << 20)
+        idle = node.connect()  # nothing sent: a connection between requests may wait as long as it likes
+        stalled = {
+            "header-only WRITE": write_frame(b"big", 1, payload)[:wire.REQUEST.size + 3 + wire.WRITE_OPTIONS.size],
+            "WRITE with part of its payload": write_frame(b"big2", 2, payload)[:300_000],
+            "part of a header": _header()[:10],
+            "header without its key": _header(key_len=40),
+        }
+        socks = {}
+        for name, data in stalled.items():
+            socks[name] = node.connect()
+            socks[name].sendall(data)  # then nothing more, without hanging up
+        for name, sock in socks.items():
+            assert closed_by_node(sock), name  # within the 10 s the harness waits (the timeout is 1 s)
+            sock.close()
+        assert report(node)["tiers"]["dram"]["used"] == 0  # the reserved extents were given back
+        with idle:
+            idle.sendall(write_frame(b"after", 3, payload))
+            assert read_reply(idle)[2] == Code.OK
+        assert get(node, b"after", 3, len(payload)) == (Code.OK, payload)
+        assert "stalled half-received" in node.log()
+    finally:
+        node.stop()
+
+
 def test_unknown_op_gets_a_protocol_error_before_close(node):
     with node.connect() as sock:
         sock.sendall(_header(op=77, req_id=5) + b"k")
