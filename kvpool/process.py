@@ -13,7 +13,7 @@ EVENT_LOOP_ENV = "KVPOOL_EVENT_LOOP"
 def _loop_factory(fast: bool):
     """uvloop's loop when `fast` and it is installed: it serves a small request several times cheaper
     than the standard loop (measured on the master's control port). Such servers must not use
-    loop.sock_sendfile, which uvloop lacks (kvpool/sendfile.py works on both)."""
+    loop.sock_sendfile, which uvloop lacks (kvpool/socket_output.py works on both)."""
     if not fast or os.environ.get(EVENT_LOOP_ENV, "").strip().lower() == "asyncio":
         return None
     try:

@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(parser, args)
-    return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/sendfile.py, not sock_sendfile
+    return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/socket_output.py, not sock_sendfile
 
 
 def _open_tiers(args, node_id: str, instance: str):

@@ -1,11 +1,13 @@
 """The node's data server: the protocol of kvpool.wire over plain TCP on asyncio.
 
-Raw non-blocking sockets (received through kvpool/socket_input.py, sent with
-loop.sock_*), so a DRAM WRITE payload is received straight into the segment and
-a DRAM READ reply is sent straight from it; SSD payloads go through a small
-reusable buffer to pwrite, and SSD READs leave with sendfile. Each connection is one task that handles its requests
-strictly in order; replies to pipelined requests are gathered and sent
-together before the task waits for more input.
+Raw non-blocking sockets (received through kvpool/socket_input.py, sent through
+kvpool/socket_output.py), so a DRAM WRITE payload is received straight into the
+segment and a DRAM READ reply is sent straight from it; SSD payloads go through a
+small reusable buffer to pwrite, and SSD READs leave with sendfile. Each
+connection is one task that handles its requests strictly in order; replies to
+pipelined requests are gathered and sent together before the task waits for more
+input. A peer that stalls mid-request, or stops reading its replies, for
+--frame-timeout loses its connection and whatever its transfers held.
 """
 
 import asyncio
@@ -19,7 +21,7 @@ from kvpool import transports, wire
 from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
-from kvpool.sendfile import send_file
+from kvpool.socket_output import PeerStalled, send_all, send_file
 from kvpool.socket_input import SocketInput
 
 from .copier import Copier
@@ -161,6 +163,9 @@ class _Connection:
             except _Disconnect:
                 pass
             await self._flush()  # requests before a bad frame still get their replies
+        except PeerStalled as exc:  # it stopped reading its replies: what its transfers hold is let go
+            self.metrics.error("reply", "STALLED")
+            log.warning("closing a data connection: %s", exc)
         except OSError:  # peer gone or reset
             pass
         except Exception:  # a bug must cost one connection, not the node
@@ -376,7 +381,7 @@ class _Connection:
         self.store.acquire(rec)
         try:
             await self._flush()
-            await send_file(self.sock, segment.file, position, rec.size)
+            await send_file(self.sock, segment.file, position, rec.size, self.server.frame_timeout)
         finally:
             self.store.release(rec)
 
@@ -669,13 +674,14 @@ class _Connection:
             sent = self.sock.sendmsg((head, data))
         except (BlockingIOError, InterruptedError):
             sent = 0
+        stall = self.server.frame_timeout
         if sent < len(head):
-            await self.loop.sock_sendall(self.sock, memoryview(head)[sent:])
+            await send_all(self.sock, memoryview(head)[sent:], stall)
             sent = len(head)
         if sent - len(head) < len(data):
-            await self.loop.sock_sendall(self.sock, data[sent - len(head):])
+            await send_all(self.sock, data[sent - len(head):], stall)
 
     async def _flush(self) -> None:
         if self.out:
             out, self.out = self.out, bytearray()
-            await self.loop.sock_sendall(self.sock, out)
+            await send_all(self.sock, out, self.server.frame_timeout)

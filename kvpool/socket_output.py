@@ -1,0 +1,59 @@
+"""Sending on a non-blocking socket from asyncio, on any event loop, with a bound on a stalled peer.
+
+loop.sock_sendfile exists only on the standard loop (uvloop has none), and the
+storage node runs on uvloop when it is installed; loop.sock_sendall waits for
+ever on a peer that stops reading. These wait for the socket to take more with
+add_writer, which every loop has, and give up with PeerStalled when it takes
+nothing for `stall_timeout` seconds (None: wait as long as it takes).
+"""
+
+import asyncio
+import os
+import socket
+
+
+class PeerStalled(TimeoutError):
+    """The peer took no byte for the whole stall timeout."""
+
+
+async def send_all(sock: socket.socket, data, stall_timeout: float | None = None) -> None:
+    """Send every byte of `data`."""
+    view = memoryview(data).cast("B")
+    loop = asyncio.get_running_loop()
+    while view:
+        try:
+            sent = sock.send(view)
+        except (BlockingIOError, InterruptedError):
+            await _writable(loop, sock.fileno(), stall_timeout)
+            continue
+        view = view[sent:]
+
+
+async def send_file(sock: socket.socket, file, offset: int, count: int, stall_timeout: float | None = None) -> None:
+    """Send `count` bytes of `file` (a file object or descriptor) from `offset`; raises ConnectionError
+    if the file ends first or the peer goes."""
+    loop = asyncio.get_running_loop()
+    out = sock.fileno()
+    source = file if isinstance(file, int) else file.fileno()
+    while count > 0:
+        try:
+            sent = os.sendfile(out, source, offset, count)
+        except (BlockingIOError, InterruptedError):
+            await _writable(loop, out, stall_timeout)
+            continue
+        if sent == 0:
+            raise ConnectionError(f"file ended {count} bytes before the range did")
+        offset += sent
+        count -= sent
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, fd: int, stall_timeout: float | None) -> None:
+    ready = loop.create_future()
+    loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        async with asyncio.timeout(stall_timeout):
+            await ready
+    except TimeoutError:
+        raise PeerStalled(f"the peer took nothing for {stall_timeout:g}s") from None
+    finally:
+        loop.remove_writer(fd)
