@@ -10,6 +10,7 @@ import lz4.block
 
 from kvpool.errors import ChecksumMismatchError, InvalidArgumentError
 from kvpool.parts import Parts
+from kvpool.write_options import raw_size_problem
 
 # lz4's LZ4_MAX_INPUT_SIZE: a single block cannot hold more.
 MAX_INPUT = 0x7E000000
@@ -49,6 +50,9 @@ def encode(view: memoryview, compress: bool | None, compress_above: int | None) 
 
 def decode(stored: memoryview, raw_size: int, what: str) -> bytes:
     """The raw value of `stored` (lz4 bytes whose checksum already matched)."""
+    problem = raw_size_problem(len(stored), raw_size, True)
+    if problem:  # refused before anything that size is allocated
+        raise ChecksumMismatchError(f"{what}: {problem}")
     try:
         raw = lz4.block.decompress(stored, uncompressed_size=raw_size)
     except lz4.block.LZ4BlockError as exc:

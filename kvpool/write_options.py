@@ -22,3 +22,17 @@ class WriteOptions(NamedTuple):
 
 
 NO_OPTIONS = WriteOptions()
+
+# lz4 turns n stored bytes into at most about 255 n raw ones: a raw size beyond that is a lie, and whoever
+# believed it would allocate that much to decompress into.
+LZ4_MAX_RATIO = 255
+
+
+def raw_size_problem(stored: int, raw: int, compressed: bool) -> str | None:
+    """Why `raw` cannot be the size before compression of `stored` stored bytes; None when it can."""
+    if not compressed:
+        return None if raw in (0, stored) else f"raw_size {raw} differs from size {stored} of an uncompressed value"
+    limit = stored * LZ4_MAX_RATIO + 16
+    if not 0 < raw <= limit:
+        return f"raw_size {raw} cannot come from {stored} lz4 bytes (1 to {limit})"
+    return None

@@ -14,6 +14,8 @@ from kvpool.errors import (
     UnavailableError, ValueTooLargeError,
 )
 
+from kvpool.write_options import raw_size_problem
+
 from .placement import MostFreeSpace, spread_zones
 from .versions import DRAM, NO_OPTIONS, ObjectVersion, PutOptions, Replica
 
@@ -66,8 +68,9 @@ class Puts:
             try:
                 if size < 0:
                     raise InvalidArgumentError(f"size must not be negative, got {size}")
-                if not packed and raw_size not in (0, size):
-                    raise InvalidArgumentError(f"raw_size {raw_size} differs from size {size} of an uncompressed value")
+                problem = raw_size_problem(size, raw_size, packed)
+                if problem:
+                    raise InvalidArgumentError(problem)
                 if key in pending:
                     self._expire_if_due(key)
                     if key in pending:

@@ -22,6 +22,7 @@ from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
 from kvpool.socket_output import PeerStalled, send_all, send_file
+from kvpool.write_options import raw_size_problem
 from kvpool.socket_input import SocketInput
 
 from .copier import Copier
@@ -50,6 +51,7 @@ _unpack_request = wire.REQUEST.unpack_from
 _unpack_options = wire.WRITE_OPTIONS.unpack_from
 _MAGIC, _VERSION = wire.MAGIC, wire.VERSION
 _clock = time.perf_counter
+_COMPRESSED = int(wire.WriteFlag.COMPRESSED)
 _OP_NAMES = {op.value: op.name.lower() for op in wire.Op}
 
 
@@ -219,6 +221,10 @@ class _Connection:
         # On refusal the payload that follows cannot be skipped safely: reply, then hang up.
         if length == 0:
             await self._refuse(op, req_id, Code.INVALID_ARGUMENT, "WRITE of an empty payload", 0)
+            return False
+        problem = raw_size_problem(length, raw_size, bool(flags & _COMPRESSED))
+        if problem:  # a reader would believe it (and allocate it)
+            await self._refuse(op, req_id, Code.INVALID_ARGUMENT, problem, length)
             return False
         try:
             res = self.store.reserve(key, length, flags)
@@ -509,6 +515,10 @@ class _Connection:
             return True
         if length == 0 or (key, generation) in self.allocated:
             self._error(op, req_id, Code.INVALID_ARGUMENT, "ALLOCATE of an empty or already allocated object")
+            return True
+        problem = raw_size_problem(length, options[2], bool(flags & _COMPRESSED))
+        if problem:
+            self._error(op, req_id, Code.INVALID_ARGUMENT, problem)
             return True
         try:
             res = self.store.reserve(key, length, flags, dram_only=True)

@@ -29,6 +29,7 @@ from kvpool.checksum import checksum
 from kvpool.errors import Code, KvpoolError, UnavailableError
 from kvpool.keys import MAX_KEY_BYTES
 from kvpool.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
+from kvpool.write_options import raw_size_problem
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +352,10 @@ class _Connection:
             server.term = term
         if length == 0:  # the client sends no payload message for it
             self._error(op, req_id, low, Code.INVALID_ARGUMENT, "WRITE of an empty payload")
+            return
+        problem = raw_size_problem(length, raw_size, bool(flags & wire.WriteFlag.COMPRESSED))
+        if problem:  # a reader would believe it (and allocate it)
+            self._refuse(op, req_id, low, Code.INVALID_ARGUMENT, problem, length)
             return
         try:
             res = self.store.reserve(key, length, flags)

@@ -218,6 +218,17 @@ def test_a_peer_that_stops_reading_its_replies_lets_go_of_what_it_asked_for(etcd
         node.stop()
 
 
+def test_a_compressed_write_whose_raw_size_lz4_cannot_produce_is_refused(node):
+    payload = os.urandom(1000)
+    status, message = write_status(node, b"liar", 1, payload, flags=WriteFlag.COMPRESSED, raw_size=2**40)
+    assert status == Code.INVALID_ARGUMENT and "raw_size" in message
+    assert get(node, b"liar", 1, len(payload))[0] == Code.NOT_FOUND
+    status, message = write_status(node, b"plain", 2, payload, raw_size=999)  # uncompressed: raw is stored
+    assert status == Code.INVALID_ARGUMENT and "raw_size" in message
+    put(node, b"honest", 3, payload, flags=WriteFlag.COMPRESSED, raw_size=200_000)
+    assert report(node)["tiers"]["dram"]["objects"] == 1
+
+
 def test_unknown_op_gets_a_protocol_error_before_close(node):
     with node.connect() as sock:
         sock.sendall(_header(op=77, req_id=5) + b"k")

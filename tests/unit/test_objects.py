@@ -107,6 +107,14 @@ def test_raw_size_must_match_an_uncompressed_size(table):
     assert table.put_start("k", 10, 1, raw_size=10).raw_size == 10
 
 
+def test_raw_size_of_a_compressed_value_is_one_lz4_can_produce(table):
+    # A reader decompresses into raw_size bytes: a huge one would make every reader allocate it.
+    for lie in (2**40, 10 * 255 + 17, 0):
+        with pytest.raises(InvalidArgumentError, match="raw_size"):
+            table.put_start(f"lie{lie}", 10, 1, compressed=True, raw_size=lie)
+    assert table.put_start("fine", 10, 1, compressed=True, raw_size=10 * 255).raw_size == 2550
+
+
 def test_second_put_without_overwrite_is_exists(table):
     v = table.put_start("k", 10, 1)
     with pytest.raises(KeyExistsError, match="in progress"):

@@ -98,3 +98,13 @@ def test_fresh_bytes_view_fills_a_new_bytes_object():
     other[:] = b"world"
     assert bytes_of(other) == b"world" and value == b"hello"  # each view owns its own object
     assert bytes_of(fresh_bytes_view(0)) == b""
+
+
+def test_decompression_refuses_a_raw_size_the_stored_bytes_cannot_have():
+    from kvpool.client import compression
+    from kvpool.errors import ChecksumMismatchError
+
+    packed = compression.encode(memoryview(b"token " * 1000), True, None)
+    assert compression.decode(packed, 6000, "k") == b"token " * 1000
+    with pytest.raises(ChecksumMismatchError, match="raw_size"):  # refused before allocating 32 TiB
+        compression.decode(packed, 2**45, "k")
