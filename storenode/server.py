@@ -146,6 +146,7 @@ class _Connection:
         self.located: dict[tuple, list[tuple[ObjectRecord, float]]] = {}
         self.allocated: dict[tuple, tuple] = {}
         self._lease_timer: asyncio.TimerHandle | None = None
+        self._allocation_timer: asyncio.TimerHandle | None = None
         handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read, wire.Op.FREE: self._free,
                     wire.Op.PING: self._ping, wire.Op.HOLD: self._hold, wire.Op.REPORT: self._report,
                     wire.Op.INVENTORY: self._inventory, wire.Op.COPY: self._copy,
@@ -525,16 +526,33 @@ class _Connection:
         except KvpoolError as exc:
             self._error(op, req_id, exc.code, str(exc))
             return True
-        self.allocated[(key, generation)] = (res, flags, length, value_checksum, options)
+        # Until COMMIT, for --frame-timeout at most: a client that never commits holds no room for long.
+        self.allocated[(key, generation)] = (res, flags, length, value_checksum, options,
+                                             time.monotonic() + self.server.frame_timeout)
+        if self._allocation_timer is None:
+            self._allocation_timer = self.loop.call_later(self.server.frame_timeout, self._end_allocations)
         self._reply_location(op, req_id, res.offset, value_checksum)
         return True
+
+    def _end_allocations(self) -> None:
+        """Give back the ALLOCATEd extents whose COMMIT is overdue (a late COMMIT finds nothing)."""
+        self._allocation_timer = None
+        now = time.monotonic()
+        for where, pending in list(self.allocated.items()):
+            if pending[5] <= now:
+                del self.allocated[where]
+                self.store.abort(pending[0])
+                self.metrics.error("allocate", "EXPIRED")
+        if self.allocated:
+            soonest = min(pending[5] for pending in self.allocated.values())
+            self._allocation_timer = self.loop.call_later(max(0.0, soonest - now), self._end_allocations)
 
     async def _commit(self, op, req_id, key, generation, *_unused) -> bool:
         pending = self.allocated.pop((key, generation), None)
         if pending is None:
             self._error(op, req_id, Code.NOT_FOUND, f"no ALLOCATEd generation {generation} of this key")
             return True
-        res, flags, length, value_checksum, (ttl_ms, soft_pin_ms, raw_size) = pending
+        res, flags, length, value_checksum, (ttl_ms, soft_pin_ms, raw_size), _due = pending
         # The client wrote these bytes itself: check them as a received WRITE is checked.
         if checksum(self.dram.segment.view(res.offset, length)) != value_checksum:
             self.store.abort(res)
@@ -576,8 +594,9 @@ class _Connection:
 
     def _give_back(self) -> None:
         """The connection ended: whatever its client held through the mapping is the node's again."""
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
+        for timer in (self._lease_timer, self._allocation_timer):
+            if timer is not None:
+                timer.cancel()
         for located in self.located.values():
             for rec, _lease_end in located:
                 self.store.release(rec)

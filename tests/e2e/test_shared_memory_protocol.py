@@ -162,3 +162,21 @@ def test_allocate_then_commit_stores_what_the_client_copied_in(node):
     assert get(node, b"bad", 3, len(value))[0] == Code.NOT_FOUND
     wait_until(lambda: write_status(node, b"later", 1, os.urandom(3 * MIB))[0] == Code.OK, 10,
                what="the abandoned extent freed")
+
+
+def test_an_allocation_never_committed_is_given_back_while_its_connection_lives(etcd, tmp_path):
+    node = start_node(etcd, tmp_path, node_id="n2", dram="4MiB", args=("--token", TOKEN.decode(), "--frame-timeout", "1"))
+    try:
+        sock, _offer = attached(node)
+        with sock:
+            assert allocate(sock, b"hoarded", 3, 0, 3 * MIB)[0] == Code.OK  # then never COMMITted
+            # The connection stays open; the room comes back after --frame-timeout anyway.
+            wait_until(lambda: write_status(node, b"later", 1, os.urandom(3 * MIB))[0] == Code.OK, 10,
+                       what="the uncommitted extent freed")
+            sock.sendall(wire.pack_request(Op.COMMIT, 9, b"hoarded", 3))  # too late: nothing to commit
+            assert read_reply(sock)[2] == Code.NOT_FOUND
+            sock.sendall(wire.pack_request(Op.PING, 10, b""))  # and the connection still serves
+            assert read_reply(sock)[2] == Code.OK
+        assert get(node, b"later", 1, 3 * MIB)[0] == Code.OK
+    finally:
+        node.stop()
