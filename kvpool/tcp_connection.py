@@ -267,6 +267,10 @@ class Connection:
                 magic, version, op, req_id, status, flags, length, stored_checksum = _unpack_reply(header)
                 if magic != wire.MAGIC or version != wire.VERSION:
                     raise ProtocolError(f"bad reply frame (magic {magic!r}, version {version})")
+                if op == wire.TURNED_AWAY and status != _OK:  # answers no request: the node closes
+                    message = (await self._recv_bytes(length)).decode("utf-8", "replace")
+                    reason = f"node turned the connection away: {message}"
+                    return
                 if not pending:
                     raise ProtocolError(f"reply {req_id} to no request")
                 request = pending[0]  # stays queued until settled, so a failure mid-payload fails it too

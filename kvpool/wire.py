@@ -51,6 +51,11 @@ WRITE_OPTIONS = struct.Struct("<QQQ")
 REPLY = struct.Struct("<2sBBIBB2xQQ")
 
 
+# A reply with op 0 answers no request: the node turned the connection away (an error status and its
+# message, e.g. UNAVAILABLE at --max-connections) and closes it.
+TURNED_AWAY = 0
+
+
 class Op(IntEnum):
     WRITE = 1      # store payload (length bytes) as (key, generation); checksum must match
     READ = 2       # reply with the bytes of (key, generation); length must equal its size

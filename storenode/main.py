@@ -5,6 +5,7 @@ import asyncio
 import logging
 import os
 import re
+import resource
 import secrets
 import signal
 import uuid
@@ -23,7 +24,7 @@ from .maintenance import Maintenance
 from .metrics import NodeMetrics
 from .recovery import recover
 from .registration import NodeRegistration
-from .server import FRAME_TIMEOUT, DataServer
+from .server import FRAME_TIMEOUT, MAX_CONNECTIONS, DataServer
 from .ssd import SsdSegment
 from .store import ObjectStore
 from .tiers import StorageTier
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hard-pin-quota", type=_size, default=None, metavar="SIZE",
                    help="bytes of hard-pinned objects allowed (default: half of --dram)")
     p.add_argument("--max-hold", type=float, default=300.0, metavar="SECONDS", help="cap on one HOLD")
+    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                   help="data connections served at once; more get an UNAVAILABLE reply and are closed "
+                        "(at most the descriptor limit less 64)")
     p.add_argument("--frame-timeout", type=float, default=FRAME_TIMEOUT, metavar="SECONDS",
                    help="a request half-received with no byte for this long closes its connection and frees "
                         "what it reserved")
@@ -138,6 +142,12 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--promote-after must be >= 1, --promote-window > 0 and --max-hold >= 0")
     if not args.frame_timeout > 0:  # also NaN
         parser.error("--frame-timeout must be positive")
+    if args.max_connections < 1:
+        parser.error("--max-connections must be at least 1")
+    # Past the descriptor limit accept() itself fails, with no answer to the peer: stay below it.
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        args.max_connections = max(1, min(args.max_connections, soft - 64))
 
 
 def main(argv=None) -> int:
@@ -184,7 +194,7 @@ async def _serve(args) -> int:
     metrics = NodeMetrics()
     metrics.track_tiers(store.tiers)
     server = DataServer(store, maintenance, node_id, metrics, instance=instance, token=args.token,
-                        frame_timeout=args.frame_timeout)
+                        frame_timeout=args.frame_timeout, max_connections=args.max_connections)
     if transports.SHM in args.transports and dram.segment.path:
         server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None

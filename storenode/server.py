@@ -45,6 +45,9 @@ SSD_CHUNK = 1024 * 1024  # SSD WRITE payloads: received into one buffer while th
 DRAIN_LIMIT = 64 * 1024 * 1024  # payload bytes read and dropped after refusing a WRITE
 DRAIN_SECONDS = 2.0
 FRAME_TIMEOUT = 10.0  # default --frame-timeout: seconds a half-received request may go without a byte
+MAX_CONNECTIONS = 4096  # default --max-connections (kept below the process's descriptor limit by main.py)
+TURN_AWAY_DRAINS = 64  # connections past the limit being closed politely at once; more are closed outright
+TURN_AWAY_DRAIN_SECONDS = 0.5
 _HEADER = wire.REQUEST.size
 _OPTIONS = wire.WRITE_OPTIONS.size
 _unpack_request = wire.REQUEST.unpack_from
@@ -65,8 +68,9 @@ class DataServer:
 
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
                  metrics: NodeMetrics | None = None, instance: str = "", token: str = "",
-                 frame_timeout: float = FRAME_TIMEOUT):
+                 frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS):
         self.store = store
+        self.max_connections = max_connections  # more are turned away, so no peer can take every descriptor
         self.frame_timeout = frame_timeout  # a request half-received with no byte for this long closes its connection
         self.maintenance = maintenance
         self.node_id = node_id
@@ -81,6 +85,7 @@ class DataServer:
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
+        self._turning_away: set[asyncio.Task] = set()
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen on host:port (0 = any free port); returns the bound (host, port)."""
@@ -98,13 +103,44 @@ class DataServer:
         return sock.getsockname()[:2]
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._accept_task, *self._connections) if t]
+        tasks = [t for t in (self._accept_task, *self._connections, *self._turning_away) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._listener:
             self._listener.close()
         await self.copier.close()
+
+    def _turn_away(self, sock: socket.socket) -> None:
+        """A connection past --max-connections: one UNAVAILABLE reply (op TURNED_AWAY), then closed. What
+        the peer sent meanwhile is read and dropped for a moment first: closing on unread input resets
+        the connection, and a reset can destroy the reply before the peer reads it."""
+        self.metrics.error("accept", "UNAVAILABLE")
+        try:
+            sock.setblocking(False)
+            sock.send(wire.pack_error(wire.TURNED_AWAY, 0, Code.UNAVAILABLE,
+                                      f"node at its limit of {self.max_connections} connections"))
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            sock.close()
+            return
+        if len(self._turning_away) >= TURN_AWAY_DRAINS:  # a flood: no time for manners
+            sock.close()
+            return
+        task = asyncio.create_task(self._drain_and_close(sock))
+        self._turning_away.add(task)
+        task.add_done_callback(self._turning_away.discard)
+
+    async def _drain_and_close(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(TURN_AWAY_DRAIN_SECONDS):
+                while await loop.sock_recv(sock, 65536):
+                    pass
+        except (TimeoutError, OSError):
+            pass
+        finally:
+            sock.close()
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -114,6 +150,9 @@ class DataServer:
             except OSError as exc:  # e.g. out of file descriptors: keep serving the open connections
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.1)
+                continue
+            if len(self._connections) >= self.max_connections:
+                self._turn_away(sock)
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

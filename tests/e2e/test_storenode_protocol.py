@@ -320,3 +320,51 @@ def test_ping_replies_with_the_node_id(node):
     _, req_id, status, value_checksum, body = call(node, wire.pack_request(Op.PING, 3, b""))
     assert (req_id, status, body) == (3, Code.OK, node.node_id.encode())
     assert value_checksum == checksum(body)
+
+
+def test_connections_past_the_limit_are_turned_away_and_the_rest_served(etcd, tmp_path):
+    node = start_node(etcd, tmp_path, args=("--max-connections", "20"))
+    held = []
+    try:
+        put(node, b"kept", 1, b"v" * 1000)
+        held = [node.connect() for _ in range(20)]
+        for sock in held:  # each is being served (answered), so each counts
+            sock.sendall(wire.pack_request(Op.PING, 1, b""))
+            assert read_reply(sock)[2] == Code.OK
+        with node.connect() as extra:
+            assert read_reply(extra)[2] == Code.UNAVAILABLE
+            assert closed_by_node(extra)
+        held.pop().close()
+        wait_until(lambda: get(node, b"kept", 1, 1000) == (Code.OK, b"v" * 1000), 10,
+                   what="a connection served again once one left")
+        assert node.proc.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        node.stop()
+
+
+def test_a_client_turned_away_gets_a_typed_error_naming_the_limit(etcd, tmp_path):
+    from kvpool.client.tcp import TcpTransport
+    from kvpool.errors import UnavailableError
+
+    node = start_node(etcd, tmp_path, args=("--max-connections", "2"))
+    held = [node.connect(), node.connect()]
+    try:
+        for sock in held:
+            sock.sendall(wire.pack_request(Op.PING, 1, b""))
+            assert read_reply(sock)[2] == Code.OK
+
+        async def ping():
+            transport = TcpTransport()
+            try:
+                await transport.ping(f"{node.host}:{node.port}")
+            finally:
+                await transport.close()
+
+        with pytest.raises(UnavailableError, match="limit of 2 connections"):
+            asyncio.run(ping())
+    finally:
+        for sock in held:
+            sock.close()
+        node.stop()
