@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvpool import control, wire
-from kvpool.errors import Code
+from kvpool.errors import Code, KvpoolError
 
 from .service import MasterService, NotLeading
 
@@ -222,6 +222,8 @@ class _Connection(asyncio.Protocol):
         except NotLeading as exc:
             frame = control.pack_answer(op, req_id, _NOT_LEADER, control.not_leader_body(exc.leader,
                                                                                         exc.control_address))
+        except KvpoolError as exc:  # a request refused whole (e.g. past --max-batch)
+            frame = control.pack_error(op, req_id, exc.code, str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug costs this call, not the connection
             log.exception("control port: %s failed", name)
             frame = control.pack_error(op, req_id, Code.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")

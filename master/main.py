@@ -30,8 +30,9 @@ from .metrics import MasterMetrics
 from .node_io import NodeIO
 from .node_reports import ReportPoller
 from .objects import ObjectTable
+from .puts import MAX_REPLICAS
 from .repair import DEFAULT_RATE, Repairer
-from .service import MasterService
+from .service import MAX_BATCH, MasterService
 
 log = logging.getLogger("kvpool.master")
 
@@ -68,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask every storage node for its usage and evictions this often (default 0.5)")
     p.add_argument("--max-hold", type=float, default=300.0, metavar="SECONDS",
                    help="longest hold an Exists may ask for; longer ones are cut to this (default 300)")
+    p.add_argument("--max-batch", type=int, default=MAX_BATCH, metavar="N",
+                   help=f"keys one batch call may name; larger batches are refused whole (default {MAX_BATCH})")
+    p.add_argument("--max-replicas", type=int, default=MAX_REPLICAS, metavar="N",
+                   help=f"copies one put may ask for (default {MAX_REPLICAS})")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on this port; 0 disables (default 0)")
     p.add_argument("--master-id", default=None, help="name of this master (default: host-pid)")
@@ -159,7 +164,8 @@ async def serve(args) -> int:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread: the caller stops us
             loop.add_signal_handler(sig, stop.set)
 
-    table = ObjectTable(put_timeout=args.put_timeout, max_object_size=args.max_object_size)
+    table = ObjectTable(put_timeout=args.put_timeout, max_object_size=args.max_object_size,
+                        max_replicas=args.max_replicas)
     node_io = NodeIO()
     adopter = Adopter(table, node_io)
     metrics = MasterMetrics(table)
@@ -181,7 +187,8 @@ async def serve(args) -> int:
             print(f"kvpool-master: cannot listen on {args.host}:{args.port}", file=sys.stderr)
             return 1
         address = f"{args.advertise_host or args.host}:{port}"
-        service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold)
+        service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
+                                max_batch=args.max_batch)
         control = ControlPort(service, metrics.registry, args.control_frame_timeout)
         try:
             control_port = await control.bind(args.host, args.control_port)
@@ -283,7 +290,7 @@ async def _step_down(leader: Leader, election: Election, table: ObjectTable, nod
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "key_feed_size",
-                 "control_frame_timeout"):
+                 "control_frame_timeout", "max_batch", "max_replicas"):
         if not getattr(args, flag) > 0:  # also NaN
             print(f"kvpool-master: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
             return 2

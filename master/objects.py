@@ -28,7 +28,7 @@ from kvpool.wire import WriteFlag
 from .version_store import VersionStore
 from .versions import DRAM, NO_OPTIONS, PINS, SSD, TIERS, ObjectVersion, PutOptions, Replica  # noqa: F401
 from .placement import MostFreeSpace, PlacementPolicy
-from .puts import PendingPut, Puts
+from .puts import MAX_REPLICAS, PendingPut, Puts
 
 @dataclass(frozen=True)
 class FreeOrder:
@@ -160,9 +160,10 @@ class NodeState:
 class ObjectTable(Puts):
     def __init__(self, *, placement: PlacementPolicy | None = None, put_timeout: float = 30.0,
                  max_object_size: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 first_generation: int | None = None):
+                 first_generation: int | None = None, max_replicas: int = MAX_REPLICAS):
         self.placement = placement or MostFreeSpace()
         self.put_timeout = put_timeout
+        self.max_replicas = max_replicas
         self._max_object_size = max_object_size
         self._clock = clock
         # Seeded from the wall clock so a restarted master never hands out a generation

@@ -20,6 +20,9 @@ from .placement import MostFreeSpace, spread_zones
 from .versions import DRAM, NO_OPTIONS, ObjectVersion, PutOptions, Replica
 
 
+MAX_REPLICAS = 16  # default --max-replicas: copies one put may ask for
+
+
 @dataclass
 class PendingPut:
     version: ObjectVersion
@@ -50,6 +53,8 @@ class Puts:
         for uncompressed values). One result per key: its pending ObjectVersion, or the KvpoolError
         that refused it. Settings no key could be put with raise."""
         replicas = max(replicas, 1)
+        if replicas > self.max_replicas:  # each copy is work for the table, the client and repair
+            raise InvalidArgumentError(f"replicas {replicas} exceeds --max-replicas {self.max_replicas}")
         if min_replicas < 0 or min_replicas > replicas:
             raise InvalidArgumentError(f"min_replicas must be between 0 and replicas ({replicas}), "
                                        f"got {min_replicas}")

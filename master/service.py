@@ -90,6 +90,11 @@ def _in_request_order(count: int, bad: dict, results: list) -> list:
     return [bad[i] if i in bad else next(valid) for i in range(count)]
 
 
+MAX_BATCH = 65536  # default --max-batch: keys one batch call may name
+# The repeated fields of each batch request that name a key each.
+_BATCH_COLUMNS = {"BatchPutStart": ("items", "keys"), "BatchPutEnd": ("items", "keys"), "BatchPutRevoke": ("items",),
+                  "BatchGetReplicaList": ("keys",), "BatchExists": ("keys",)}
+
 FOLLOWER_RPCS = ("Stats",)  # what a master that does not lead still answers itself
 
 
@@ -124,6 +129,8 @@ def _rpc(handler):
             return await self.dispatch(name, request)
         except NotLeading as exc:
             await _not_leader(context, exc.leader)
+        except InvalidArgumentError as exc:  # a request refused whole (e.g. past --max-batch)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     return method
 
@@ -195,8 +202,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         return self.leadership.term if self.leadership is not None and self.leadership.serving else 0
 
     def __init__(self, table: ObjectTable, node_io: NodeIO, metrics: MasterMetrics, master_id: str,
-                 address: str, max_hold: float = 300.0):
+                 address: str, max_hold: float = 300.0, max_batch: int = MAX_BATCH):
         self._table = table
+        self.max_batch = max_batch
         self._node_io = node_io
         self.max_hold = max_hold
         self._metrics = metrics
@@ -213,6 +221,11 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         if gate is not None and name not in FOLLOWER_RPCS and not (gate.serving and gate.holds_lease()):
             leader = gate.leader_address if gate.leader_address != self.address else ""
             raise NotLeading(leader, gate.leader_control_address if leader else "")
+        columns = _BATCH_COLUMNS.get(name)
+        if columns is not None:
+            size = sum(len(getattr(request, column)) for column in columns)
+            if size > self.max_batch:  # placed and answered on the leader's loop: bounded, or it stalls
+                raise InvalidArgumentError(f"{name} of {size} keys exceeds --max-batch {self.max_batch}")
         response = _HANDLERS[name](self, request)
         if hasattr(response, "__await__"):
             response = await response

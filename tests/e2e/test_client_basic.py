@@ -491,3 +491,16 @@ def test_batch_put_of_keys_that_all_exist_names_each(cluster):
         assert list(caught.value.errors) == ["every/2"]
         assert client.batch_get(["every/1", "every/2", "every/3"]) == [b"a" * 100, b"b" * 100, b"f" * 100]
         assert client.remove_prefix("every/") == 3
+
+
+def test_a_batch_past_the_masters_limit_is_refused_whole_and_typed(own_cluster):
+    cluster = own_cluster(nodes=1, master_args=["--max-batch", "10"])
+    with Client(cluster.master_address) as client:
+        client.batch_put([f"cap/{i}" for i in range(10)], [b"v"] * 10)  # at the limit: served
+        with pytest.raises(InvalidArgumentError, match="max-batch"):
+            client.batch_put([f"cap/x{i}" for i in range(11)], [b"v"] * 11)
+        with pytest.raises(InvalidArgumentError, match="max-batch"):
+            client.batch_exists([f"cap/{i}" for i in range(11)])
+        assert client.batch_exists([f"cap/{i}" for i in range(10)]) == [True] * 10
+        assert not client.exists("cap/x0")  # nothing of the refused batch was started
+        assert client.stats().pending_puts == 0

@@ -512,3 +512,11 @@ def test_reset_forgets_everything_but_never_reuses_a_generation(table):
     table.upsert_node(record("n1"))
     again = table.put_start("b", 100, 1)  # the pending put of before is gone with the old term
     assert again.generation > committed.generation + 1
+
+
+def test_replicas_past_the_tables_limit_are_refused():
+    table = ObjectTable(max_replicas=3)
+    table.upsert_node(record("n1"))
+    with pytest.raises(InvalidArgumentError, match="max-replicas"):
+        table.put_start("k", 10, 1, replicas=4)
+    assert table.put_start("k", 10, 1, replicas=3).target_replicas == 3  # one node now; repair adds the rest
