@@ -103,6 +103,7 @@ class Connection:
         self.sock = sock
         self.loop = asyncio.get_running_loop()
         self.closed = False
+        self.closed_because = "connection closed"
         self._next_id = 0
         self._pending: collections.deque[_Request] = collections.deque()
         self._send_lock = asyncio.Lock()
@@ -217,7 +218,7 @@ class Connection:
         async with self._send_lock:
             if self.closed:
                 for request in requests:
-                    request.settle(UnavailableError(f"node {self.address}: connection closed"))
+                    request.settle(UnavailableError(f"node {self.address}: {self.closed_because}"))
                 return
             self._pending.extend(requests)
             if self._deferred:
@@ -412,6 +413,7 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        self.closed_because = reason  # what a request that comes too late is told
         self.owner.forget(self)
         try:
             # Wakes the reader and any sender blocked on this socket.
