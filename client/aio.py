@@ -15,6 +15,7 @@ so callers only ever see raw values.
 import asyncio
 import os
 
+from kvpool import auth
 from kvpool import transports as transport_names
 from kvpool.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import (
@@ -55,8 +56,9 @@ class AsyncClient:
     before the read moves on to the next replica: a hung node must not hang its readers.
     transports: which data transports value bytes may take, e.g. "shm,tcp" (default
     $KVPOOL_TRANSPORTS, else all: shared memory with nodes on this host, UCX, TCP).
-    token: the cluster token nodes ask for before letting this client map their memory
-    (default $KVPOOL_TOKEN).
+    token: the client token (`kvpool token --client`) or the cluster secret, proved to the master and
+    every node at connect time (default: the file $KVPOOL_TOKEN_FILE names, else $KVPOOL_TOKEN;
+    "" for none, with a cluster that runs without a secret).
     confirm_puts: a put of a new key returns once its copies are written and the frame that ends it
     has left for the master, which every later call of this client reaches after it; True waits for
     the master's answer too, as overwrites always do (client/commits.py). flush() waits for and
@@ -72,16 +74,19 @@ class AsyncClient:
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self._compress_above = compression.check_threshold(compress_above)
+        try:
+            credential = auth.client_credential(token)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
         # _blocking: set by the blocking Client, whose loop runs only inside one caller's call.
-        self._master = MasterLink(address, etcd, cluster, rpc_timeout, blocking=_blocking)
+        self._master = MasterLink(address, etcd, cluster, rpc_timeout, blocking=_blocking, credential=credential)
         if transport is None:
             try:
                 allowed = transport_names.parse(transports if transports is not None
                                                 else os.environ.get(transport_names.ENV))
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from None
-            token = os.environ.get("KVPOOL_TOKEN", "") if token is None else token
-            transport = TransportSelector(connect_timeout, allowed, token, inline=_blocking)
+            transport = TransportSelector(connect_timeout, allowed, credential, inline=_blocking)
         self._transport = transport
         self._cache = PlacementCache(cache_size)
         self._commits = Commits(self._master, self._cache.invalidate, confirm_puts)

@@ -20,8 +20,9 @@ import socket
 import time
 
 from kvpool import control
+from kvpool.auth import handshake_blocking
 from kvpool.cluster_layout import parse_hostport
-from kvpool.errors import ProtocolError, UnavailableError
+from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
 from kvpool.wire import MAGIC, REPLY, VERSION
 
 from .control_answer import NotSent, answer
@@ -42,18 +43,26 @@ class BlockingControlConnection:
         self._posted: dict = {}  # req_id -> (method, callback) of posted calls not answered yet
 
     @classmethod
-    def open(cls, address: str, timeout: float) -> "BlockingControlConnection":
+    def open(cls, address: str, timeout: float, credential=None) -> "BlockingControlConnection":
         try:
             host, port = parse_hostport(address)
         except ValueError as exc:
             raise UnavailableError(f"bad master control address {address!r}: {exc}") from None
+        sock = None
         try:
             sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
-        except TimeoutError:
-            raise NotSent(f"master control port {address}: connect timed out") from None
-        except OSError as exc:
-            raise NotSent(f"master control port {address}: cannot connect: {exc}") from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            handshake_blocking(sock, credential, f"master control port {address}")
+        except BaseException as exc:
+            if sock is not None:
+                sock.close()
+            if isinstance(exc, KvpoolError):  # refused our credential, not a kvpool server (some are OSErrors)
+                raise
+            if isinstance(exc, TimeoutError):
+                raise NotSent(f"master control port {address}: connect timed out") from None
+            if isinstance(exc, OSError):
+                raise NotSent(f"master control port {address}: cannot connect: {exc}") from None
+            raise
         return cls(address, sock)
 
     def call(self, method: str, request, deadline: float):

@@ -17,8 +17,10 @@ import socket
 import time
 
 from kvpool import control
+from kvpool.auth import handshake
 from kvpool.cluster_layout import parse_hostport
-from kvpool.errors import UnavailableError
+from kvpool.errors import KvpoolError, UnavailableError
+from kvpool.netutil import open_socket
 from kvpool.wire import MAGIC, REPLY, VERSION
 
 from .control_answer import LeaderHint, NotSent, answer
@@ -212,7 +214,8 @@ class ControlLinks:
     the attempt) and again after it closed. `blocking`: for a loop that runs only inside one
     blocking caller's call, each call waits on its own socket (control_blocking.py)."""
 
-    def __init__(self, blocking: bool = False):
+    def __init__(self, blocking: bool = False, credential=None):
+        self.credential = credential  # proved to the master as a connection opens (kvpool/auth.py)
         self._connections: dict[str, ControlConnection] = {}
         self._opening: dict[str, asyncio.Future] = {}
         self._blocking = blocking
@@ -271,8 +274,8 @@ class ControlLinks:
         for attempt in range(2):
             connection = self._plain.get(address)
             if connection is None or connection.closed:
-                connection = self._plain[address] = BlockingControlConnection.open(address,
-                                                                                   deadline - time.monotonic())
+                connection = self._plain[address] = BlockingControlConnection.open(
+                    address, deadline - time.monotonic(), self.credential)
             try:
                 return connection.call(method, request, deadline)
             except NotSent:
@@ -295,13 +298,22 @@ class ControlLinks:
         except ValueError as exc:
             raise UnavailableError(f"bad master control address {address!r}: {exc}") from None
         loop = asyncio.get_running_loop()
+        sock = None
         try:
             async with asyncio.timeout(max(timeout, 0.001)):
-                _, connection = await loop.create_connection(lambda: ControlConnection(address), host, port)
-        except TimeoutError:
-            raise NotSent(f"master control port {address}: connect timed out") from None
-        except OSError as exc:
-            raise NotSent(f"master control port {address}: cannot connect: {exc}") from None
+                sock = await open_socket(host, port)
+                await handshake(sock, self.credential, f"master control port {address}")
+                _, connection = await loop.create_connection(lambda: ControlConnection(address), sock=sock)
+        except BaseException as exc:
+            if sock is not None:
+                sock.close()
+            if isinstance(exc, KvpoolError):  # refused our credential, not a kvpool server (some are OSErrors)
+                raise
+            if isinstance(exc, TimeoutError):
+                raise NotSent(f"master control port {address}: connect timed out") from None
+            if isinstance(exc, OSError):
+                raise NotSent(f"master control port {address}: cannot connect: {exc}") from None
+            raise
         old = self._connections.get(address)
         if old is not None:
             old.close("replaced")

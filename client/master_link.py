@@ -26,7 +26,9 @@ from kvpool.proto import kvpool_pb2_grpc
 
 from kvpool.cluster_layout import DEFAULT_CLUSTER, master_key, parse_hostport
 from kvpool.control import OP_BY_RPC
+from kvpool.grpc_auth import client_interceptors
 from kvpool.errors import (
+    ForbiddenError,
     InternalError,
     InvalidArgumentError,
     NotLeaderError,
@@ -72,7 +74,7 @@ def _leader_hint(exc: grpc.aio.AioRpcError) -> str | None:
 class MasterLink:
     def __init__(self, address: str | None = None, etcd: str | None = None,
                  cluster: str = DEFAULT_CLUSTER, rpc_timeout: float = DEFAULT_RPC_TIMEOUT,
-                 blocking: bool = False):
+                 blocking: bool = False, credential=None):
         if (address is None) == (etcd is None):
             raise InvalidArgumentError("give either the master address(es) or the etcd endpoint (not both)")
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] if address is not None else []
@@ -91,7 +93,8 @@ class MasterLink:
         self._stubs: dict[str, kvpool_pb2_grpc.MasterStub] = {}
         self._controls: dict[str, str] = {}  # master (gRPC address) -> its control port ("": none)
         self._learning: dict[str, asyncio.Future] = {}  # Stats asked of a master, shared by its callers
-        self._links = ControlLinks(blocking)  # blocking: see ControlLinks
+        self.credential = credential  # proved on every call (kvpool/auth.py, kvpool/grpc_auth.py)
+        self._links = ControlLinks(blocking, credential)  # blocking: see ControlLinks
 
     @property
     def _can_move(self) -> bool:
@@ -101,7 +104,8 @@ class MasterLink:
     def _stub(self, address: str) -> kvpool_pb2_grpc.MasterStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=_CHANNEL_OPTIONS, interceptors=client_interceptors(self.credential))
             stub = self._stubs[address] = kvpool_pb2_grpc.MasterStub(channel)
         return stub
 
@@ -268,15 +272,19 @@ class MasterLink:
             return UnavailableError(text)
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return InvalidArgumentError(text)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return ForbiddenError(text)
         return InternalError(text)
 
     async def _resolve(self) -> str:
         """The master address registered in etcd for this cluster."""
         import aetcd  # only etcd-configured clients need it
 
+        from kvpool.etcd_client import EtcdClient
+
         host, port = parse_hostport(self.etcd)
         try:
-            async with aetcd.Client(host=host, port=port, timeout=self.rpc_timeout) as etcd:
+            async with EtcdClient(host, port, self.credential, timeout=self.rpc_timeout) as etcd:
                 record = await etcd.get(master_key(self.cluster))
         except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError) as exc:
             raise UnavailableError(f"etcd {self.etcd} unreachable: {exc}") from None

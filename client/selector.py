@@ -29,30 +29,30 @@ DOWN_SECONDS = 30.0  # how long a failed transport is left alone before it is tr
 _PATH_FAILED = (UnavailableError, ProtocolError)
 
 
-def _make_ucx() -> DataPath | None:
+def _make_ucx(credential, tickets) -> DataPath | None:
     from . import ucx
 
     if not ucx.available():  # the optional extra kvpool[ucx] is not installed
         log.info("UCX transport not available: install kvpool[ucx]")
         return None
-    return ucx.UcxTransport()
+    return ucx.UcxTransport(credential=credential, tickets=tickets)
 
 
 class TransportSelector(Transport):
     """allowed: transport names (kvpool.transports), default $KVPOOL_TRANSPORTS or all of them.
-    token: the cluster token shown to nodes before mapping their memory.
+    credential: what this client proves to each node (kvpool/auth.py).
     inline: for the blocking Client (TcpTransport.inline)."""
 
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, allowed: Sequence[str] | None = None,
-                 token: str = "", inline: bool = False):
+                 credential=None, inline: bool = False):
         self.allowed = tuple(allowed) if allowed is not None else transports.from_environment()
-        self.tcp = TcpTransport(connect_timeout)
+        self.tcp = TcpTransport(connect_timeout, credential)
         self.tcp.inline = inline  # see TcpTransport.inline
         self._fast: dict[str, DataPath] = {}
         if transports.SHM in self.allowed:
-            self._fast[transports.SHM] = ShmPath(self.tcp, token)
+            self._fast[transports.SHM] = ShmPath(self.tcp)
         if transports.UCX in self.allowed:
-            ucx = _make_ucx()
+            ucx = _make_ucx(credential, self._ucx_ticket)
             if ucx is not None:
                 self._fast[transports.UCX] = ucx
         self._moved: collections.Counter = collections.Counter()  # transport name -> value bytes moved
@@ -99,6 +99,12 @@ class TransportSelector(Transport):
         downs = [until for (where, _), until in self._down.items() if where == address and until > now]
         self._routes[address] = (min(downs, default=float("inf")), route)
         return route
+
+    async def _ucx_ticket(self, address: str) -> bytes:
+        """A one-use ticket for a UCX CONNECT, asked of the node on our authenticated TCP connection."""
+        from .ucx import ticket_of
+
+        return ticket_of(await self.tcp.hello(address), address)
 
     def _set_aside(self, address: str, name: str, exc: Exception, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

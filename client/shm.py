@@ -1,7 +1,7 @@
 """Same-host shared memory: value bytes are copied through the node's DRAM mapping.
 
 The node stays the authority: over the TCP connection to it (client/tcp.py)
-the client ATTACHes once (showing the cluster token) and learns which
+the client ATTACHes once (the connection proved its credential) and learns which
 /dev/shm file to map; a read LOCATEs (key, generation), which pins the extent
 until RELEASE, copies it out and hashes the copy; a write ALLOCATEs an
 extent, copies the value in and COMMITs, and the node checks the checksum
@@ -9,8 +9,8 @@ before keeping it. Whatever the client still holds when its connection drops
 is given back by the node, so a crashed client leaks nothing.
 
 The segment file is readable only by the node's user (mode 0600): a process
-of another user cannot map it whatever it sends, and with a cluster token set
-a process of the same user must show it first.
+of another user cannot map it whatever it sends, and with a cluster secret set
+a process of the same user is told its path only once it proved its credential.
 """
 
 import asyncio
@@ -146,9 +146,8 @@ class ShmPath(DataPath):
 
     takes_parts = True  # sends from and receives into each part
 
-    def __init__(self, tcp: TcpTransport, token: str = ""):
-        self.tcp = tcp
-        self.token = token.encode()
+    def __init__(self, tcp: TcpTransport):
+        self.tcp = tcp  # its connections proved our credential: an ATTACH on one needs no more
         self._mappings: dict[str, _Mapping] = {}
         self.copier = _Copier()
         self.by_socket = 0  # value bytes this path sent over the TCP connection instead (SSD, no room in DRAM)
@@ -174,7 +173,7 @@ class ShmPath(DataPath):
             if mapping is not None and mapping.connection is connection:
                 return mapping
             # A new connection (first use, or the old one dropped): the node forgot our ATTACH.
-            body = await connection.request(_ATTACH, b"", 0, 0, len(self.token), payload=self.token)
+            body = await connection.request(_ATTACH, b"", 0, 0, 0)
             try:
                 offer = json.loads(body)
                 path, size = str(offer["path"]), int(offer["size"])

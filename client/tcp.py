@@ -5,14 +5,16 @@ and writes that client/transport.py asks of a transport.
 
 from typing import Sequence
 
+from kvpool import auth
 from kvpool.errors import KvpoolError
-from kvpool.tcp_link import TcpLink
+from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT, TcpLink
 from kvpool.wire import Op
 
 from . import tcp_inline
 from .transport import ReadItem, Transport, WriteItem
 
 _WRITE, _READ = Op.WRITE, Op.READ
+ENVIRONMENT = object()  # TcpTransport's default credential: the client token from the environment
 
 
 class TcpTransport(TcpLink, Transport):
@@ -23,6 +25,11 @@ class TcpTransport(TcpLink, Transport):
     # Set for the blocking Client: a WRITE on an idle connection is sent and answered in place
     # (client/tcp_inline.py) instead of through the event loop.
     inline = False
+
+    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential=ENVIRONMENT):
+        """credential: what to prove to nodes (kvpool/auth.py); by default the client token this
+        process's environment holds."""
+        super().__init__(connect_timeout, auth.client_credential() if credential is ENVIRONMENT else credential)
 
     async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
         if self.inline:

@@ -28,8 +28,9 @@ import random
 import time
 from typing import Sequence
 
-from kvpool import transports, wire
+from kvpool import auth, transports, wire
 from kvpool.checksum import checksum
+from kvpool.tcp_link import TcpLink
 from kvpool.errors import Code, KvpoolError, ProtocolError, UnavailableError, error_for
 from kvpool.ucx_common import (ACCEPT, ACCEPT_MSG, BYE, CONN_SHIFT, CONNECT, CONNECT_MSG, DATA, KIND_SHIFT,
                                MAX_REPLY, MAX_WORKER_ADDRESS, PAYLOAD, PROTOCOL_VERSION, REPLY, REQUEST, Op,
@@ -42,6 +43,7 @@ from .transport import DataPath, ReadItem, WriteItem
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0  # seconds any exchange may take, on top of its bytes at MIN_RATE
+ENVIRONMENT = object()  # the default credential: the client token of this process's environment
 DEFAULT_CONNECT_TIMEOUT = 3.0
 MIN_RATE = 100e6  # bytes/s: a transfer slower than this counts as stuck
 DEFAULT_IDLE_TIMEOUT = 300.0  # a node forgets a connection unused this long (its offer may say otherwise)
@@ -108,9 +110,15 @@ class UcxTransport(DataPath):
     """
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 min_rate: float = MIN_RATE, options: dict | None = None):
+                 min_rate: float = MIN_RATE, options: dict | None = None, credential=ENVIRONMENT, tickets=None):
         """timeout: seconds an exchange may take on top of its bytes at min_rate bytes/s;
-        options: UCX settings for this client (e.g. {"TLS": "tcp"}); see settings()."""
+        options: UCX settings for this client (e.g. {"TLS": "tcp"}); see settings().
+        credential: what to prove in each CONNECT (kvpool/auth.py; default: the client token of this
+        process's environment), with a ticket from `tickets(address)` (a coroutine: a fresh HELLO on
+        the node's authenticated TCP connection; default: over a connection of this transport's own)."""
+        self.credential = auth.client_credential() if credential is ENVIRONMENT else credential
+        self.tickets = tickets or self._ticket_over_tcp
+        self._tcp: TcpLink | None = None
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.min_rate = min_rate
@@ -198,7 +206,11 @@ class UcxTransport(DataPath):
         peer = _Peer(address, progress, endpoint, 0, idle, process)
         nonce = random.getrandbits(KIND_SHIFT)
         answer = bytearray(ACCEPT_MSG.size)
-        greeting = CONNECT_MSG.pack(wire.MAGIC, PROTOCOL_VERSION) + bytes(worker.address)
+        try:
+            greeting = await self._greeting(address, bytes(worker.address))
+        except BaseException:
+            peer.destroy("no ticket")
+            raise
         try:
             accepted = progress.track(endpoint.tag_recv(ucx.Array(answer), ucx.Tag(tag_of(ACCEPT, nonce))), answer)
             sent = progress.track(endpoint.tag_send(ucx.Array(greeting), ucx.Tag(tag_of(CONNECT, nonce))), greeting)
@@ -222,6 +234,21 @@ class UcxTransport(DataPath):
         peer.conn = conn
         self._peers[address] = peer
         return peer
+
+    async def _greeting(self, address: str, worker_address: bytes) -> bytes:
+        """CONNECT's body: with a credential, its proof over a fresh ticket from the node."""
+        role, ticket, proof = 0, bytes(32), bytes(32)
+        if self.credential is not None:
+            async with asyncio.timeout(self.connect_timeout):
+                ticket = await self.tickets(address)
+            role = self.credential.role
+            proof = auth.ticket_proof(self.credential.key, role, ticket, worker_address)
+        return CONNECT_MSG.pack(wire.MAGIC, PROTOCOL_VERSION, role, ticket, proof) + worker_address
+
+    async def _ticket_over_tcp(self, address: str) -> bytes:
+        if self._tcp is None:
+            self._tcp = TcpLink(self.connect_timeout, self.credential)
+        return ticket_of(await self._tcp.hello(address), address)
 
     def _fail(self, peer: _Peer, reason: str) -> None:
         """Drop a connection that cannot be trusted any more: what is in flight on it is cancelled."""
@@ -377,6 +404,9 @@ class UcxTransport(DataPath):
             opening.cancel()
         self._shutdown("transport closed", goodbye=True)
         self._context = None  # UCX frees it once its workers are gone
+        if self._tcp is not None:
+            await self._tcp.close()
+            self._tcp = None
 
     def _shutdown(self, reason: str, goodbye: bool = False) -> None:
         peers, self._peers = list(self._peers.values()), {}
@@ -388,6 +418,14 @@ class UcxTransport(DataPath):
             if goodbye and here:
                 self._say_bye(peer)
             peer.destroy(reason)
+
+
+def ticket_of(hello, address: str) -> bytes:
+    """The one-use UCX ticket in a node's HELLO reply."""
+    try:
+        return bytes.fromhex(hello["transports"][transports.UCX]["ticket"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnavailableError(f"node {address}: no UCX ticket in its HELLO ({exc!r})") from None
 
 
 def parse_offer(hello) -> tuple:

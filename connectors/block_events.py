@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 
 from kvpool.client.master_link import MasterLink
 from kvpool.cluster_layout import DEFAULT_CLUSTER
-from kvpool.errors import InvalidArgumentError, KvpoolError
+from kvpool import auth
+from kvpool.errors import ForbiddenError, InvalidArgumentError, KvpoolError
 from kvpool.proto import kvpool_pb2 as pb
 
 from .block_keys import BlockNamespace
@@ -29,14 +30,19 @@ IDLE_TIMEOUT = 10.0  # the master sends at least every 2 s; silence this long me
 
 async def block_events(namespace: BlockNamespace, master: str | None = None, *, etcd: str | None = None,
                        cluster: str = DEFAULT_CLUSTER, retry_delay: float = 0.5,
-                       rpc_timeout: float = 10.0) -> AsyncIterator[tuple[str, str]]:
+                       rpc_timeout: float = 10.0, token: str | None = None) -> AsyncIterator[tuple[str, str]]:
     """Yields (STORED | REMOVED, block hash) for the blocks of `namespace`, forever.
 
     `master`: HOST:PORT of the master(s), comma-separated (the leader is followed), or `etcd`:
-    HOST:PORT of the cluster's etcd, where the leader is looked up."""
+    HOST:PORT of the cluster's etcd, where the leader is looked up. `token`: as for the Client
+    (default: the environment's). A refused credential is raised, not retried."""
     if not isinstance(namespace, BlockNamespace):
         raise InvalidArgumentError(f"namespace must be a BlockNamespace, got {type(namespace).__name__}")
-    link = MasterLink(master, etcd, cluster, rpc_timeout)
+    try:
+        credential = auth.client_credential(token)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    link = MasterLink(master, etcd, cluster, rpc_timeout, credential=credential)
     prefix = namespace.prefix()
     known: set[str] = set()  # what the subscriber has been told is stored
     feed_id, sequence = "", 0  # where to resume
@@ -69,7 +75,7 @@ async def block_events(namespace: BlockNamespace, master: str | None = None, *, 
                             known.discard(block)
                             yield REMOVED, block
                 log.warning("the master ended the block event stream; resuming")
-            except InvalidArgumentError:
+            except (InvalidArgumentError, ForbiddenError):
                 raise
             except KvpoolError as exc:  # leader gone or changed, connection broken: resume where it was
                 log.warning("block event stream broke (%s: %s); resuming", type(exc).__name__, exc)

@@ -1,4 +1,4 @@
-"""The `kvpool` command: up, master, storenode, status, drain, bench."""
+"""The `kvpool` command: up, master, storenode, status, drain, bench, token."""
 
 import argparse
 import sys
@@ -16,6 +16,17 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", help="master HOST:PORT")
     parser.add_argument("--etcd", help="etcd HOST:PORT, to find the master there")
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER)
+    parser.add_argument("--token-file", metavar="PATH",
+                        help="the client token (default: $KVPOOL_TOKEN_FILE, else $KVPOOL_TOKEN)")
+
+
+def _token(args) -> str | None:
+    from . import auth
+
+    try:
+        return auth.read_token(args.token_file) if args.token_file else None
+    except ValueError as exc:
+        raise SystemExit(f"kvpool: {exc}") from None
 
 
 def _connect(args):
@@ -23,24 +34,37 @@ def _connect(args):
 
     if not args.master and not args.etcd:
         raise SystemExit("give --master HOST:PORT or --etcd HOST:PORT")
-    return Client(args.master, etcd=args.etcd, cluster=args.cluster)
+    return Client(args.master, etcd=args.etcd, cluster=args.cluster, token=_token(args))
 
 
 def cmd_up(args) -> int:
     from .local_cluster import LocalCluster, wait_for_signal
 
+    from . import auth
+
+    try:
+        secret = args.token if args.token is not None else (
+            auth.read_token(args.token_file) if args.token_file else None)
+        if secret:
+            auth.Credential.for_member(secret)
+    except ValueError as exc:
+        raise SystemExit(f"kvpool up: {exc}") from None
     cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,
                            data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
-                           metrics=args.metrics, masters=args.masters,
+                           metrics=args.metrics, masters=args.masters, secret=secret,
                            node_args=["--transports", args.transports] if args.transports else None)
     with cluster:
         print(f"kvpool ready master={cluster.leader_address()} etcd={cluster.etcd_endpoint}", flush=True)
+        if cluster.secret:
+            print(f"clients: export KVPOOL_TOKEN_FILE={cluster.client_token_file}", flush=True)
+        else:
+            print("clients: no cluster secret (every port is open to anyone who reaches it)", flush=True)
         for name, url in cluster.metrics_urls.items():
             print(f"metrics {name} {url}", flush=True)
         if args.demo:
             from .demo import run_demo
 
-            run_demo(cluster.master_address)
+            run_demo(cluster.master_address, token=cluster.client_token)
             if args.exit_after_demo:
                 return 0
         wait_for_signal()
@@ -89,14 +113,54 @@ def cmd_bench(args) -> int:
     if not args.master and not args.etcd:
         raise SystemExit("give --master HOST:PORT or --etcd HOST:PORT")
 
+    token = _token(args)
+
     def connect(transport: str | None):
         # A client per run, so each run's bytes_by_transport() covers only that run.
-        return Client(args.master, etcd=args.etcd, cluster=args.cluster, transports=transport)
+        return Client(args.master, etcd=args.etcd, cluster=args.cluster, transports=transport, token=token)
 
     report = run_bench(connect, requested_transports(args.transport),
                        sizes=[parse_size(s) for s in args.sizes.split(",")], batch=args.batch,
                        seconds=args.seconds, compress=args.compress)
     return 0 if report["results"] else 1
+
+
+def cmd_token(args) -> int:
+    """`new`: print a fresh cluster secret; `client`: the client token of the secret given (what to
+    give clients instead of the secret itself)."""
+    from . import auth
+
+    if args.what == "new":
+        print(auth.new_secret())
+        return 0
+    try:
+        secret = auth.read_token(args.token_file)
+        if not secret:
+            raise ValueError("no cluster secret: give --token-file, or set KVPOOL_TOKEN_FILE or KVPOOL_TOKEN")
+        auth.Credential.for_member(secret)
+    except ValueError as exc:
+        print(f"kvpool token: {exc}", file=sys.stderr)
+        return 1
+    print(auth.client_token(secret))
+    return 0
+
+
+def cmd_etcd_auth(args) -> int:
+    """Turn on etcd's authentication with the cluster's users (kvpool/etcd_client.py)."""
+    from . import auth
+    from .etcd_client import enable_auth
+
+    try:
+        secret = auth.read_token(args.token_file)
+        if not secret:
+            raise ValueError("no cluster secret: give --token-file, or set KVPOOL_TOKEN_FILE or KVPOOL_TOKEN")
+        auth.Credential.for_member(secret)
+        done = enable_auth(args.etcd, secret)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"kvpool etcd-auth: {exc}", file=sys.stderr)
+        return 1
+    print("etcd authentication turned on" if done else "etcd authentication was already on", flush=True)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--metrics", action="store_true", help="serve Prometheus metrics from every component")
     up.add_argument("--transports", metavar="LIST", default=None,
                     help="data transports the storage nodes offer, e.g. shm,ucx,tcp (default: shm,tcp)")
+    up.add_argument("--token-file", metavar="PATH",
+                    help="the cluster secret (default: $KVPOOL_TOKEN_FILE / $KVPOOL_TOKEN if it holds one, else "
+                         "the one kept in DATA_DIR/secret, else a new one written there)")
+    up.add_argument("--token", default=None, metavar="SECRET",
+                    help="set the cluster secret (seen by `ps`: prefer --token-file); \"\" runs with none")
     up.add_argument("--demo", action="store_true", help="run a short workload once the cluster is up")
     up.add_argument("--exit-after-demo", action="store_true", help="stop the cluster when the demo ends")
     up.set_defaults(func=cmd_up)
@@ -148,6 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="restrict the client to one data transport, or run each one this client can use "
                             "(all) on the same values, one after another; default: the client's own choice")
     bench.set_defaults(func=cmd_bench)
+
+    token = sub.add_parser("token", help="make a cluster secret, or the client token of one")
+    token.add_argument("what", choices=("new", "client"),
+                       help="new: a fresh secret (save it 0600); client: the client token of the secret")
+    token.add_argument("--token-file", metavar="PATH",
+                       help="the cluster secret (default: $KVPOOL_TOKEN_FILE, else $KVPOOL_TOKEN)")
+    token.set_defaults(func=cmd_token)
+
+    etcd_auth = sub.add_parser("etcd-auth", help="turn on etcd's authentication with the cluster's users")
+    etcd_auth.add_argument("--etcd", required=True, metavar="HOST:PORT")
+    etcd_auth.add_argument("--token-file", metavar="PATH",
+                           help="the cluster secret (default: $KVPOOL_TOKEN_FILE, else $KVPOOL_TOKEN)")
+    etcd_auth.set_defaults(func=cmd_etcd_auth)
     return parser
 
 

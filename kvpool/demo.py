@@ -7,11 +7,11 @@ from .checksum import checksum
 from .units import format_size
 
 
-def run_demo(master: str, blocks: int = 64, block_size: int = 256 * 1024) -> None:
+def run_demo(master: str, blocks: int = 64, block_size: int = 256 * 1024, token: str | None = None) -> None:
     from .client import Client
     from .status import render_status
 
-    with Client(master) as client:
+    with Client(master, token=token) as client:
         keys = [f"demo/prefix-{i:04d}" for i in range(blocks)]
         values = [os.urandom(block_size) for _ in keys]
 

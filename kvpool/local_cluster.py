@@ -13,7 +13,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import auth
 from .cluster_layout import DEFAULT_CLUSTER
+from .etcd_client import enable_auth
 from .etcd_server import EtcdServer, etcd_cluster
 from .netutil import free_port, wait_until
 
@@ -92,10 +94,15 @@ class LocalCluster:
                  master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float = 5,
                  put_timeout: float = 30, metrics: bool = False, host: str = "127.0.0.1",
                  ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None,
-                 masters: int = 1, etcd_members: int = 1):
+                 masters: int = 1, etcd_members: int = 1, secret: str | None = None):
         """node_args / master_args: extra command-line options for every storage node / every master.
         masters: how many masters run; the first one started leads at first, the others stand by.
-        etcd_members: size of the etcd cluster (components talk to its first member)."""
+        etcd_members: size of the etcd cluster (components talk to its first member).
+        secret: the cluster secret ("" for none: every port open); default: the one this process was
+        given ($KVPOOL_TOKEN_FILE / $KVPOOL_TOKEN) if it is a secret, else the one kept in the data dir,
+        else a new one kept there. Its client token is written next to it (`client_token_file`), and
+        a process that had no token of its own is given that one ($KVPOOL_TOKEN_FILE) while the cluster
+        runs, so the clients it makes and the engines it starts belong to the cluster."""
         if masters < 1:
             raise ValueError(f"masters must be at least 1, got {masters}")
         self.master_count = masters
@@ -114,6 +121,8 @@ class LocalCluster:
         self.lease_ttl = lease_ttl
         self.put_timeout = put_timeout
         self.metrics = metrics
+        self.secret = secret
+        self._gave_token = False
         self.etcd: EtcdServer | None = None
         self.etcd_servers: list[EtcdServer] = []
         self.master: Child | None = None  # the first master (the leader once start() returns)
@@ -134,6 +143,42 @@ class LocalCluster:
         return self.master_stats().leader or self.master_address
 
     @property
+    def secret_file(self) -> Path:
+        return self.data_dir / "secret"
+
+    @property
+    def client_token_file(self) -> Path:
+        """What clients of this cluster are given (KVPOOL_TOKEN_FILE): proves the client role only."""
+        return self.data_dir / "client.token"
+
+    @property
+    def client_token(self) -> str:
+        return auth.client_token(self.secret) if self.secret else ""
+
+    @property
+    def client_credential(self) -> "auth.Credential | None":
+        return auth.Credential.for_client(self.client_token) if self.secret else None
+
+    def _keep_secret(self) -> None:
+        if self.secret is None:
+            given = auth.read_token()
+            if given and not given.startswith(auth.CLIENT_TOKEN_PREFIX):
+                self.secret = given
+            elif self.secret_file.exists():
+                self.secret = auth.read_token(self.secret_file)
+            else:
+                self.secret = auth.new_secret()
+        if self.secret:
+            auth.write_private(self.secret_file, self.secret)
+            auth.write_private(self.client_token_file, self.client_token)
+            if auth.read_token() is None:
+                os.environ["KVPOOL_TOKEN_FILE"] = str(self.client_token_file)
+                self._gave_token = True
+
+    def _secret_args(self) -> list:
+        return ["--token-file", str(self.secret_file)] if self.secret else []
+
+    @property
     def etcd_endpoint(self) -> str:
         return self.etcd.endpoint
 
@@ -149,6 +194,7 @@ class LocalCluster:
 
     def start(self, timeout: float = 60.0) -> "LocalCluster":
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._keep_secret()
         try:
             if self.etcd_members > 1:
                 self.etcd_servers = etcd_cluster(self.data_dir / "etcd", self.etcd_members, self.host, timeout)
@@ -157,6 +203,8 @@ class LocalCluster:
                 self.etcd = EtcdServer(self.data_dir / "etcd", host=self.host,
                                        log_path=self.log_dir / "etcd.log").start(timeout)
                 self.etcd_servers = [self.etcd]
+            if self.secret:  # members log in as one etcd user, clients (read only) as another
+                enable_auth(self.etcd.endpoint, self.secret)
             self.master = self._master_child().start(timeout)
             self.masters = [self.master]
             for index in range(1, self.master_count):
@@ -175,7 +223,7 @@ class LocalCluster:
         name = "master" if index == 0 else f"master-{index}"
         argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
                 "--port", str(port), "--cluster", self.cluster, "--master-id", name,
-                "--put-timeout", str(self.put_timeout), *self.master_args]
+                "--put-timeout", str(self.put_timeout), *self._secret_args(), *self.master_args]
         return self._child(name, argv)
 
     def restart_master(self, index: int, timeout: float = 30.0) -> Child:
@@ -192,7 +240,7 @@ class LocalCluster:
                 "--host", host or self.host,
                 "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
                 "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl),
-                "--ssd", str(self.ssd_per_node), *self.node_args]
+                "--ssd", str(self.ssd_per_node), *self._secret_args(), *self.node_args]
         return self._child(node_id, argv)
 
     def add_node(self, host: str, prefix: tuple = (), timeout: float = 30.0) -> Child:
@@ -214,10 +262,12 @@ class LocalCluster:
 
         from .proto import kvpool_pb2, kvpool_pb2_grpc
 
+        from .grpc_auth import blocking_channel
+
         alive = [m for m in self.masters if m.alive] or [self.master]
         stats = None
         for child in alive:
-            with grpc.insecure_channel(child.info["address"]) as channel:
+            with blocking_channel(child.info["address"], self.client_credential) as channel:
                 try:
                     stats = kvpool_pb2_grpc.MasterStub(channel).Stats(kvpool_pb2.StatsRequest(), timeout=5)
                 except grpc.RpcError:
@@ -243,6 +293,9 @@ class LocalCluster:
             remove_stale_segments(self.cluster, node.name)
         for server in {id(s): s for s in [*self.etcd_servers, self.etcd] if s is not None}.values():
             server.stop()  # self.etcd too: a caller may have replaced it with a restarted member
+        if self._gave_token and os.environ.get("KVPOOL_TOKEN_FILE") == str(self.client_token_file):
+            del os.environ["KVPOOL_TOKEN_FILE"]
+            self._gave_token = False
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

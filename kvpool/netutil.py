@@ -1,5 +1,7 @@
-"""Small helpers for processes that listen on loopback ports."""
+"""Small socket helpers: loopback ports for local processes, and connecting."""
 
+import asyncio
+import ipaddress
 import socket
 import time
 
@@ -22,3 +24,24 @@ def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "c
             raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
         time.sleep(interval)
 
+
+
+async def open_socket(host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket with Nagle off (a host name is resolved off the loop thread);
+    OSError if it cannot connect. Bound it with a timeout."""
+    loop = asyncio.get_running_loop()
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+        target = (host, port)
+    except ValueError:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, target = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await loop.sock_connect(sock, target)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

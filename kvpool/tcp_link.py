@@ -8,14 +8,14 @@ COPY to another node) all reach nodes through a TcpLink.
 
 import asyncio
 import functools
-import ipaddress
 import json
 import os
-import socket
 
 from . import inventory, wire
+from .auth import Credential, handshake
 from .cluster_layout import parse_hostport
-from .errors import InvalidArgumentError, ProtocolError, UnavailableError
+from .errors import InvalidArgumentError, KvpoolError, ProtocolError, UnavailableError
+from .netutil import open_socket
 from .tcp_connection import Connection
 
 DEFAULT_CONNECT_TIMEOUT = 3.0
@@ -28,8 +28,9 @@ class TcpLink:
     """Requests to storage nodes over TCP. Connections open lazily, one per node address, and are
     shared by every coroutine on the event loop that first used them."""
 
-    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT):
+    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential: Credential | None = None):
         self.connect_timeout = connect_timeout
+        self.credential = credential  # proved to each node as a connection opens (kvpool/auth.py)
         self._connections: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future] = {}
         self._closed = False
@@ -49,32 +50,25 @@ class TcpLink:
         return await asyncio.shield(opening)
 
     async def _open(self, address: str) -> Connection:
-        loop = asyncio.get_running_loop()
         try:
             host, port = parse_hostport(address)
         except ValueError as exc:
             raise UnavailableError(f"bad node address {address!r}: {exc}") from None
+        sock = None
         try:
-            family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-            target = (host, port)
-        except ValueError:  # a host name: resolve it (off the loop thread)
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            family, _, _, _, target = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             async with asyncio.timeout(self.connect_timeout):
-                await loop.sock_connect(sock, target)
-        except TimeoutError:
-            sock.close()
-            raise UnavailableError(f"node {address}: connect timed out after {self.connect_timeout}s") from None
-        except OSError as exc:  # refused, unreachable: a node that is down fails fast
-            sock.close()
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise UnavailableError(f"node {address}: cannot connect: {reason}") from None
-        except BaseException:
-            sock.close()
+                sock = await open_socket(host, port)
+                await handshake(sock, self.credential, f"node {address}")
+        except BaseException as exc:
+            if sock is not None:
+                sock.close()
+            if isinstance(exc, KvpoolError):  # refused our credential, not a kvpool server (some are OSErrors)
+                raise
+            if isinstance(exc, TimeoutError):
+                raise UnavailableError(f"node {address}: connect timed out after {self.connect_timeout}s") from None
+            if isinstance(exc, OSError):  # refused, unreachable: a node that is down fails fast
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise UnavailableError(f"node {address}: cannot connect: {reason}") from None
             raise
         if self._closed:
             sock.close()

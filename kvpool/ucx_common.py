@@ -6,6 +6,9 @@ Messages are tag-matched. A tag is kind (8 bits) | connection id (24 bits,
 handed out by the node) | request id (32 bits, unique per client):
 
   client -> node  CONNECT  low 56 bits: a nonce; body: CONNECT_MSG + the client's worker address
+                           (CONNECT_MSG's proof: kvpool/auth.py ticket_proof over a ticket the node gave
+                           the client in a HELLO on its authenticated TCP connection, and the worker
+                           address; a CONNECT that proves nothing is dropped unanswered)
   node -> client  ACCEPT   the same nonce; body: ACCEPT_MSG (status, connection id)
   client -> node  REQUEST  a kvpool.wire REQUEST frame: header, key and, for a WRITE, WRITE_OPTIONS
   client -> node  PAYLOAD  a WRITE's value
@@ -56,8 +59,8 @@ CONN_SHIFT = 32
 MAX_CONN = (1 << 24) - 1
 LOW_MASK = (1 << KIND_SHIFT) - 1
 CONN_MASK = MAX_CONN << CONN_SHIFT
-PROTOCOL_VERSION = 1
-CONNECT_MSG = struct.Struct("<2sB")  # magic, version; the client's worker address follows
+PROTOCOL_VERSION = 2  # 2: CONNECT carries a proof
+CONNECT_MSG = struct.Struct("<2sBB32s32s")  # magic, version, role, ticket, proof; the worker address follows
 ACCEPT_MSG = struct.Struct("<2sBBI")  # magic, version, status (kvpool.errors.Code), connection id
 MAX_FRAME = wire.REQUEST.size + MAX_KEY_BYTES + wire.WRITE_OPTIONS.size
 MAX_REPLY = wire.REPLY.size + 4096  # wire.pack_error cuts messages at 4096 bytes

@@ -5,6 +5,9 @@ requests and replies strictly in order, so a client may pipeline: send many
 requests, then read the replies in the same order (req_id is echoed to check).
 A batch is such a pipelined run of frames, sent in one sendmsg.
 
+A connection opens with the server's challenge and the peer's answer (op AUTH; see
+kvpool/auth.py): until the peer proved the client or the member role, nothing else is served.
+
 Request:  REQUEST header | key (key_len bytes) | WRITE only: WRITE_OPTIONS, then payload (length bytes)
           | COPY only: the destination "HOST:PORT" (length bytes)
 Reply:    REPLY header   | payload (length bytes): the value for a READ that
@@ -39,7 +42,7 @@ from enum import IntEnum, IntFlag
 from .keys import MAX_KEY_BYTES
 
 MAGIC = b"KV"
-VERSION = 1
+VERSION = 2  # 2: connections open with the AUTH handshake
 
 # magic, version, op, req_id, key_len, flags, generation, arg, length, checksum
 # arg: HOLD: milliseconds to hold the object; WRITE, REPORT, INVENTORY and EVICTIONS: the leading master's term (0 = none),
@@ -76,7 +79,7 @@ class Op(IntEnum):
     # Same-host shared memory (client/shm.py). The bytes move through the node's DRAM mapping;
     # these small messages keep the node the authority on placement and in-flight references.
     # A reference a connection took is given back when it closes, whatever the client did.
-    ATTACH = 10    # payload: the cluster token (length bytes); reply JSON {"path", "size"} or FORBIDDEN
+    ATTACH = 10    # no payload; reply JSON {"path", "size", "instance"}, or FORBIDDEN when not offered
     # READ, but a DRAM object is answered MAPPED (`length` is its offset) and pinned until RELEASE
     # or for LOCATE_LEASE seconds, whichever comes first: a client may send its RELEASEs late,
     # together with its next requests, and one that never does holds nothing for long.
@@ -88,6 +91,10 @@ class Op(IntEnum):
     # EVICTIONS, answered as soon as there is one, or empty after EVICTIONS_WAIT seconds. The master
     # keeps one outstanding per node, on a connection of its own (the node answers in order).
     EVICTIONS = 15
+    # The handshake every connection opens with (kvpool/auth.py): the server's challenge is a REPLY of
+    # this op (payload: its nonce); the peer's answer a REQUEST (flags: its role; payload: its nonce and
+    # proof), answered with the server's proof or FORBIDDEN.
+    AUTH = 16
     # The master's control port: one op per Master RPC (see the module docstring).
     PUT_START = 32
     PUT_END = 33
@@ -106,7 +113,6 @@ class Op(IntEnum):
 
 
 MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry
-MAX_TOKEN = 1024  # longest cluster token an ATTACH may carry
 
 LOCATE_LEASE = 2.0  # seconds; a client copying for longer reads over the socket instead
 EVICTIONS_WAIT = 5.0  # seconds a node keeps an EVICTIONS request when it has nothing to tell

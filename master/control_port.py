@@ -12,6 +12,9 @@ write. A peer cannot hurt anyone else: a bad magic or version closes its
 connection; a body over MAX_BODY is refused (TOO_LARGE) and the connection
 closed; a frame that stalls half-received for frame_timeout seconds closes it;
 an undecodable body is answered INVALID_ARGUMENT; an unknown op PROTOCOL.
+A connection opens with the AUTH handshake (kvpool/auth.py): until the peer
+answers the challenge with a valid proof, within frame_timeout, nothing else is
+read; a wrong one is answered FORBIDDEN and the connection closed.
 """
 
 import asyncio
@@ -21,7 +24,8 @@ from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvpool import control, wire
-from kvpool.errors import Code, KvpoolError
+from kvpool.auth import NONCE, PROOF, ServerHandshake, Verifier, refusal
+from kvpool.errors import Code, ForbiddenError, KvpoolError
 
 from .service import MasterService, NotLeading
 
@@ -36,8 +40,10 @@ _OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
 
 class ControlPort:
     def __init__(self, service: MasterService, registry: CollectorRegistry | None = None,
-                 frame_timeout: float = FRAME_TIMEOUT, max_body: int = control.MAX_BODY):
+                 frame_timeout: float = FRAME_TIMEOUT, max_body: int = control.MAX_BODY,
+                 verifier: Verifier | None = None):
         self.service = service
+        self.verifier = verifier or Verifier(None)
         self.frame_timeout = frame_timeout
         self.max_body = max_body
         self._server: asyncio.AbstractServer | None = None
@@ -106,6 +112,8 @@ class _Connection(asyncio.Protocol):
         self.writable = True
         self.progress = 0.0  # loop time input last arrived while a frame was incomplete
         self.stall_timer: asyncio.TimerHandle | None = None
+        self.handshake: ServerHandshake | None = ServerHandshake(port.verifier)  # None once authenticated
+        self.auth_timer: asyncio.TimerHandle | None = None
 
     # -- connection
 
@@ -114,11 +122,17 @@ class _Connection(asyncio.Protocol):
         self.port._connections.add(self)
         self.port.connections.inc()
         self.port.accepted.inc()
+        transport.write(self.handshake.challenge())
+        if self.port.verifier.open:
+            self.handshake = None
+        else:  # an unauthenticated connection holds a slot for frame_timeout at most
+            self.auth_timer = self.loop.call_later(self.port.frame_timeout, self._auth_overdue)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        if self.stall_timer is not None:
-            self.stall_timer.cancel()
+        for timer in (self.stall_timer, self.auth_timer):
+            if timer is not None:
+                timer.cancel()
         if self in self.port._connections:
             self.port._connections.discard(self)
             self.port.connections.dec()
@@ -166,6 +180,10 @@ class _Connection(asyncio.Protocol):
             if magic != wire.MAGIC or version != wire.VERSION:
                 self._refuse("bad_frame", f"bad magic/version {bytes(magic)!r}/{version}")
                 return
+            if self.handshake is not None and (key_len or length != NONCE + PROOF):
+                self._unauthenticated(req_id, ForbiddenError("authenticate first: this master needs the "
+                                                             "cluster token (KVPOOL_TOKEN_FILE or KVPOOL_TOKEN)"))
+                return
             if length > self.port.max_body:
                 self._reply(control.pack_error(op, req_id, Code.TOO_LARGE,
                                                f"body of {length} bytes exceeds {self.port.max_body}"))
@@ -176,6 +194,16 @@ class _Connection(asyncio.Protocol):
                 break
             body = bytes(buf[start + _HEADER + key_len:end])
             start = end
+            if self.handshake is not None:
+                try:
+                    _role, reply = self.handshake.answer(op, req_id, key_len, _flags, length, body)
+                except ForbiddenError as exc:
+                    self._unauthenticated(req_id, exc)
+                    return
+                self.handshake = None
+                self.auth_timer.cancel()
+                self._reply(reply)
+                continue
             if key_len:
                 self.port.refused.labels("protocol").inc()
                 self._reply(control.pack_error(op, req_id, Code.PROTOCOL, "control frames carry no key"))
@@ -257,6 +285,15 @@ class _Connection(asyncio.Protocol):
         self._flush()
         self.closed = True
         self.transport.close()  # flushes what was written
+
+    def _unauthenticated(self, req_id: int, exc: ForbiddenError) -> None:
+        self._reply(refusal(req_id, exc))
+        self._refuse("forbidden", str(exc))
+
+    def _auth_overdue(self) -> None:
+        self.auth_timer = None
+        if not self.closed and self.handshake is not None:
+            self._refuse("forbidden", f"no credential within {self.port.frame_timeout:g}s")
 
     def _watch_stall(self, incomplete: bool) -> None:
         if not incomplete:

@@ -13,7 +13,9 @@ import aetcd
 import grpc
 from kvpool.proto import kvpool_pb2_grpc
 
-from kvpool import cluster_layout
+from kvpool import auth, cluster_layout
+from kvpool.etcd_client import EtcdClient
+from kvpool.grpc_auth import ServerAuth
 from kvpool.process import run_server
 from kvpool.units import parse_size
 
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-feed-size", type=int, default=KEY_FEED_SIZE, metavar="N",
                    help="changes of committed keys the leader keeps for WatchKeys subscribers to resume from; "
                         f"one further behind gets a snapshot (default {KEY_FEED_SIZE})")
+    auth.add_token_argument(p)
     return p
 
 
@@ -166,17 +169,19 @@ async def serve(args) -> int:
 
     table = ObjectTable(put_timeout=args.put_timeout, max_object_size=args.max_object_size,
                         max_replicas=args.max_replicas)
-    node_io = NodeIO()
+    verifier = auth.Verifier(args.secret)
+    auth.warn_if_open(verifier, "this master")
+    node_io = NodeIO(credential=auth.Credential.for_member(args.secret) if args.secret else None)
     adopter = Adopter(table, node_io)
     metrics = MasterMetrics(table)
-    async with aetcd.Client(host=etcd_host, port=etcd_port) as etcd:
+    async with EtcdClient(etcd_host, etcd_port, node_io.credential) as etcd:
         try:
             await asyncio.wait_for(etcd.status(), ETCD_CONNECT_TIMEOUT)
         except Exception as exc:  # noqa: BLE001
             print(f"kvpool-master: cannot reach etcd at {args.etcd}: {exc or type(exc).__name__}", file=sys.stderr)
             return 1
 
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        server = grpc.aio.server(interceptors=[ServerAuth(verifier, metrics.refused_call)], options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         try:
             port = server.add_insecure_port(f"{args.host}:{args.port}")
@@ -189,7 +194,7 @@ async def serve(args) -> int:
         address = f"{args.advertise_host or args.host}:{port}"
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
                                 max_batch=args.max_batch)
-        control = ControlPort(service, metrics.registry, args.control_frame_timeout)
+        control = ControlPort(service, metrics.registry, args.control_frame_timeout, verifier=verifier)
         try:
             control_port = await control.bind(args.host, args.control_port)
         except OSError as exc:
@@ -288,7 +293,9 @@ async def _step_down(leader: Leader, election: Election, table: ObjectTable, nod
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.secret = auth.secret_of(parser, args)
     for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "key_feed_size",
                  "control_frame_timeout", "max_batch", "max_replicas"):
         if not getattr(args, flag) > 0:  # also NaN

@@ -100,6 +100,8 @@ class MasterMetrics:
                               ["method", "status"], registry=self.registry)
         self.latency = Histogram("kvpool_master_rpc_seconds", "Time to serve an RPC", ["method"],
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.unauthenticated = Counter("kvpool_master_grpc_unauthenticated",
+                                       "gRPC calls refused for a missing or wrong credential", registry=self.registry)
         self.registry.register(_TableCollector(table))
         self._http = None
         self._per_method: dict[str, tuple] = {}  # labels() costs more than the update itself
@@ -112,6 +114,9 @@ class MasterMetrics:
         counters[1].observe(seconds)
         for status in error_statuses:
             self.errors.labels(method, status).inc()
+
+    def refused_call(self) -> None:
+        self.unauthenticated.inc()
 
     def serve(self, port: int, host: str) -> None:
         self._http, _thread = start_http_server(port, addr=host, registry=self.registry)

@@ -33,8 +33,9 @@ class HoldOrder:
 
 
 class NodeIO:
-    def __init__(self, transport=None):
+    def __init__(self, transport=None, credential=None):
         self._transport = transport
+        self.credential = credential  # the member credential, proved to every node (kvpool/auth.py)
         self._queue: asyncio.Queue[FreeOrder] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # FREEs a request stopped waiting for
@@ -44,7 +45,7 @@ class NodeIO:
     @property
     def transport(self):
         if self._transport is None:
-            self._transport = TcpLink()
+            self._transport = TcpLink(credential=self.credential)
         return self._transport
 
     def start(self) -> None:

@@ -18,15 +18,16 @@ COPY_TIMEOUT = 60.0  # a destination that stops reading must not hold the object
 
 
 class Copier:
-    def __init__(self, store: ObjectStore, timeout: float = COPY_TIMEOUT):
+    def __init__(self, store: ObjectStore, credential=None, timeout: float = COPY_TIMEOUT):
         self.store = store
+        self.credential = credential
         self.timeout = timeout
         self._transport = None  # one outbound connection per destination, made on the first COPY
 
     @property
     def transport(self):
         if self._transport is None:
-            self._transport = TcpLink()
+            self._transport = TcpLink(credential=self.credential)
         return self._transport
 
     async def copy(self, key: bytes, generation: int, destination: str) -> int:

@@ -12,7 +12,7 @@ import uuid
 
 from prometheus_client import start_http_server
 
-from kvpool import transports
+from kvpool import auth, transports
 from kvpool.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError
 from kvpool.process import run_server
@@ -127,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transports", type=_transports, default=(transports.SHM, transports.TCP), metavar="LIST",
                    help="data transports to offer: shm (clients on this host), ucx (needs kvpool[ucx]; worth it "
                         "with RDMA), tcp (always served) (default: shm,tcp)")
-    p.add_argument("--token", default=os.environ.get("KVPOOL_TOKEN", ""),
-                   help="cluster token a same-host client must show to map the DRAM segment "
-                        "(default: $KVPOOL_TOKEN; empty: any process allowed to open the segment file)")
+    auth.add_token_argument(p)
     return p
 
 
@@ -154,6 +152,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(parser, args)
+    args.secret = auth.secret_of(parser, args)
     return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/socket_output.py, not sock_sendfile
 
 
@@ -193,8 +192,12 @@ async def _serve(args) -> int:
     maintenance = Maintenance(store)
     metrics = NodeMetrics()
     metrics.track_tiers(store.tiers)
-    server = DataServer(store, maintenance, node_id, metrics, instance=instance, token=args.token,
-                        frame_timeout=args.frame_timeout, max_connections=args.max_connections)
+    verifier = auth.Verifier(args.secret)
+    auth.warn_if_open(verifier, "this storage node")
+    credential = auth.Credential.for_member(args.secret) if args.secret else None
+    server = DataServer(store, maintenance, node_id, metrics, instance=instance, verifier=verifier,
+                        frame_timeout=args.frame_timeout, max_connections=args.max_connections,
+                        credential=credential)
     if transports.SHM in args.transports and dram.segment.path:
         server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None
@@ -216,7 +219,7 @@ async def _serve(args) -> int:
                             data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
                             zone=args.zone, transports=[*server.offers, transports.TCP],
                             transport_info=server.offers)
-        registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl)
+        registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl, credential)
         if not await _until_stopped(registration.start(), stopping):
             return 0
         print(f"kvpool-storenode ready node_id={node_id} address={record.address}", flush=True)

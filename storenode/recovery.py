@@ -1,10 +1,12 @@
 """Rebuild the index from the SSD segment at start: what a killed earlier run left there.
 
 Headers sit on ALIGNMENT boundaries. The scan reads the file in blocks, jumps
-over holes, checks each header found (its own checksum) and the payload's
+over holes, checks each header found (its keyed check) and the payload's
 checksum, and adopts the intact objects. A header whose payload does not
 match is a torn or damaged object: it is logged, its header cleared, and it is
-listed as dropped in the next REPORT, so it is never served.
+listed as dropped in the next REPORT, so it is never served. Only an intact
+object's extent is skipped whole; after anything else the scan goes on at the
+next boundary, so the size a torn header claims cannot hide what follows it.
 """
 
 import errno
@@ -49,7 +51,10 @@ def scan(segment: SsdSegment, now_ms: int):
         else:
             verdict = "torn"
         yield at, obj, verdict
-        offset = at + align_up(segment.extent_length(len(obj.key), obj.size), ALIGNMENT)
+        if verdict == "ok":
+            offset = at + align_up(segment.extent_length(len(obj.key), obj.size), ALIGNMENT)
+        else:
+            offset = at + ALIGNMENT
 
 
 def recover(store: ObjectStore) -> dict:

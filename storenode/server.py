@@ -8,18 +8,24 @@ connection is one task that handles its requests strictly in order; replies to
 pipelined requests are gathered and sent together before the task waits for more
 input. A peer that stalls mid-request, or stops reading its replies, for
 --frame-timeout loses its connection and whatever its transfers held.
+
+Each connection opens with the AUTH handshake (kvpool/auth.py); a peer that
+proves only the client role gets FORBIDDEN, and its connection closed, for the
+ops only a master may send (auth.MEMBER_OPS). A WRITE's term only fences: it is
+refused when older than the node's, but only a member's REPORT, INVENTORY or
+EVICTIONS can raise it.
 """
 
 import asyncio
-import hmac
 import json
 import logging
 import socket
 import time
 
 from kvpool import transports, wire
+from kvpool.auth import MEMBER_OPS, Role, ServerHandshake, Tickets, Verifier, refusal
 from kvpool.checksum import Digest, checksum
-from kvpool.errors import Code, KvpoolError
+from kvpool.errors import Code, ForbiddenError, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
 from kvpool.socket_output import PeerStalled, send_all, send_file
 from kvpool.write_options import raw_size_problem
@@ -34,6 +40,8 @@ from .store import ObjectStore, Reservation
 log = logging.getLogger(__name__)
 
 STAGING_BYTES = 256 * 1024  # per connection: headers and keys of pipelined frames, and payload prefixes
+HANDSHAKE_STAGING = 4096  # until the peer proved its credential: an unproved connection holds little
+REPLY_BUFFER = 4 * 1024 * 1024  # replies queued past this are sent before more requests are read
 SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
 HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
 # After a large WRITE, frames are staged only this far ahead (plenty for pipelined headers), so
@@ -63,23 +71,25 @@ class _Disconnect(Exception):
 
 
 class DataServer:
-    """offers: transport name -> what a client needs to use it, sent in HELLO; "shm" is offered
-    to clients of this host whose ATTACH carries `token` (any token when it is empty)."""
+    """offers: transport name -> what a client needs to use it, sent in HELLO ("shm" to clients
+    of this host). verifier: the cluster's keys (an open Verifier takes any peer as a member)."""
 
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
-                 metrics: NodeMetrics | None = None, instance: str = "", token: str = "",
-                 frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS):
+                 metrics: NodeMetrics | None = None, instance: str = "", verifier: Verifier | None = None,
+                 frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                 credential=None):
         self.store = store
         self.max_connections = max_connections  # more are turned away, so no peer can take every descriptor
         self.frame_timeout = frame_timeout  # a request half-received with no byte for this long closes its connection
         self.maintenance = maintenance
         self.node_id = node_id
         self.instance = instance
-        self.token = token.encode()
+        self.verifier = verifier or Verifier(None)
+        self.ucx_tickets = Tickets()  # handed out in HELLO, taken by UCX CONNECTs (storenode/ucx_server.py)
         self.offers: dict[str, dict] = {}
         self.metrics = metrics or NodeMetrics()
-        self.copier = Copier(store)
-        self.term = 0  # highest master term seen (WRITE and REPORT arg): older WRITEs are refused
+        self.copier = Copier(store, credential)  # COPY's WRITEs to other nodes prove the member role
+        self.term = 0  # highest term a member's REPORT, INVENTORY or EVICTIONS carried: older WRITEs are refused
         self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
         store.on_dropped = self.dropped.set
         self._listener: socket.socket | None = None
@@ -171,7 +181,7 @@ class _Connection:
         self.sock = sock
         self.loop = asyncio.get_running_loop()
         self.input = SocketInput(sock, self.loop)  # every receive on sock goes through it
-        self.buf = bytearray(STAGING_BYTES)
+        self.buf = bytearray(HANDSHAKE_STAGING)  # grown to STAGING_BYTES once the peer is authenticated
         self.view = memoryview(self.buf)
         self.start = self.end = 0  # unparsed input is buf[start:end]
         self.read_ahead = STAGING_BYTES  # how much _fill may read at once (see LARGE_WRITE)
@@ -200,8 +210,9 @@ class _Connection:
         self.metrics.connections.inc()
         try:
             try:
-                while await self._serve_one():
-                    pass
+                if await self._authenticate():
+                    while await self._serve_one():
+                        pass
             except _Disconnect:
                 pass
             await self._flush()  # requests before a bad frame still get their replies
@@ -217,6 +228,51 @@ class _Connection:
             self.metrics.connections.dec()
             self.input.stop()
             self.sock.close()
+
+    async def _authenticate(self) -> bool:
+        """Challenge the peer and take its answer (within --frame-timeout); False: refused, close."""
+        handshake = ServerHandshake(self.server.verifier)
+        self.out += handshake.challenge()
+        await self._flush()
+        if self.server.verifier.open:
+            self._grow_staging()
+            return True
+        await self._fill(_HEADER)
+        magic, version, op, req_id, key_len, role, _gen, _arg, length, _sum = _unpack_request(self.buf, self.start)
+        if magic != _MAGIC or version != _VERSION:
+            log.warning("closing a data connection: bad magic/version %r/%d before AUTH", magic, version)
+            return False
+        size = _HEADER + key_len + length
+        payload = b""
+        if size <= HANDSHAKE_STAGING:  # a well-formed AUTH is far smaller; never wait for more
+            await self._fill(size)
+            payload = bytes(self.view[self.start + _HEADER + key_len:self.start + size])
+            self.start += size
+        try:
+            role, reply = handshake.answer(op, req_id, key_len, role, length, payload)
+        except ForbiddenError as exc:
+            self.metrics.error("auth", "FORBIDDEN")
+            log.warning("refused a data connection: %s", exc)
+            self.out += refusal(req_id, exc)
+            return False
+        self.out += reply
+        self._grow_staging()
+        if role is not Role.MEMBER:
+            for op in MEMBER_OPS:
+                self._serving[int(op)] = (self._members_only, self._serving[int(op)][1])
+        return True
+
+    def _grow_staging(self) -> None:
+        staged = bytes(self.view[self.start:self.end])
+        self.view.release()
+        self.buf = bytearray(STAGING_BYTES)
+        self.view = memoryview(self.buf)
+        self.view[:len(staged)] = staged
+        self.start, self.end = 0, len(staged)
+
+    async def _members_only(self, op, req_id, *_unused) -> bool:
+        await self._fail(op, req_id, Code.FORBIDDEN, f"{_OP_NAMES[op].upper()} may be sent by a master only")
+        return False
 
     async def _serve_one(self) -> bool:
         """Handle the next request; False when the connection must end."""
@@ -245,6 +301,8 @@ class _Connection:
         began = _clock()
         keep_open = await handler(op, req_id, key, generation, flags, arg, length, value_checksum)
         stats.record(_clock() - began)
+        if len(self.out) > REPLY_BUFFER:  # a peer that pipelines reads and never takes the replies holds little
+            await self._flush()
         return keep_open
 
     # -- requests: each returns whether the connection stays usable
@@ -298,12 +356,9 @@ class _Connection:
         return True
 
     def _term_current(self, term: int) -> bool:
-        """False for a write placed by a master older than one we have heard from (0: unfenced)."""
-        if term:
-            if term < self.server.term:
-                return False
-            self.server.term = term
-        return True
+        """False for a write placed by a master older than one we have heard from (0: unfenced).
+        A writer cannot raise the term: only the leader's own requests do."""
+        return term >= self.server.term or not term
 
     def _take_staged(self, offset: int, length: int) -> int:
         """Copy a payload that is all in the staging buffer into DRAM; its digest."""
@@ -498,22 +553,22 @@ class _Connection:
 
     async def _hello(self, op, req_id, *_unused) -> bool:
         server = self.server
+        offers = server.offers
+        if transports.UCX in offers and not server.verifier.open:  # a ticket to prove on UCX's CONNECT
+            offers = {**offers, transports.UCX: {**offers[transports.UCX], "ticket": server.ucx_tickets.issue().hex()}}
         self._reply_json(op, req_id, {"node_id": server.node_id, "instance": server.instance,
-                                      "host_id": transports.host_id(), "transports": server.offers})
+                                      "host_id": transports.host_id(), "transports": offers})
         return True
 
     # -- shared memory: the client copies through the mapping, the node keeps the books
 
     async def _attach(self, op, req_id, _key, _generation, _flags, _arg, length, _checksum) -> bool:
-        token = await self._small_payload(op, req_id, length, wire.MAX_TOKEN, "ATTACH token")
-        if token is None:
+        """The connection proved its credential already; the segment file's mode does the rest."""
+        if await self._small_payload(op, req_id, length, 0, "ATTACH payload") is None:
             return False
         offer = self.server.offers.get(transports.SHM)
         if offer is None:
             self._error(op, req_id, Code.FORBIDDEN, "this node does not offer shared memory")
-        elif self.server.token and not hmac.compare_digest(token, self.server.token):
-            log.warning("refused a shared-memory ATTACH with a wrong cluster token")
-            self._error(op, req_id, Code.FORBIDDEN, "wrong cluster token for shared memory")
         else:
             self.attached = True
             self._reply_json(op, req_id, {"path": self.dram.segment.path, "size": self.dram.segment.capacity,

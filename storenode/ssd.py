@@ -2,10 +2,13 @@
 
 Extent layout: HEADER | key | payload. The key and payload are written first
 and the header last, so a crash mid-write leaves no header and the extent is
-simply free after a restart; a freed extent gets its magic zeroed so it is
-never mistaken for a live object. The header carries its own checksum (over
-its fields and the key) and the payload checksum, so recovery can tell a torn
-or damaged extent from a whole one.
+simply free after a restart; a freed extent gets its header zeroed so it is
+never mistaken for a live object. The header carries its own check (over its
+fields and the key) and the payload checksum, so recovery can tell a torn or
+damaged extent from a whole one. The header check is an HMAC under a key kept
+next to the segment file (HEADER_KEY_FILE, mode 0600), so bytes a client
+stored (say, a crafted image of a header, left on disk once the object
+holding them is freed) never pass for an object at a restart.
 
 Writes go to the page cache (no fsync per object): a killed node keeps
 everything it acknowledged; a power loss may lose recent objects, which
@@ -14,12 +17,15 @@ recovery then discards by their checksums.
 
 import errno
 import fcntl
+import hashlib
+import hmac
 import logging
+import secrets
 import os
 import struct
 from typing import NamedTuple
 
-from kvpool.checksum import Digest, checksum
+from kvpool.checksum import Digest
 from kvpool.errors import UnavailableError
 from kvpool.keys import MAX_KEY_BYTES
 
@@ -27,11 +33,12 @@ log = logging.getLogger(__name__)
 
 SEGMENT_FILE = "segment.kv"
 ALIGNMENT = 4096  # extents start on page boundaries, which is also where recovery looks for headers
-MAGIC = b"KVPOOLx1"
-_FREED = bytes(len(MAGIC))
+MAGIC = b"KVPOOLx2"  # x2: the header check is keyed
+HEADER_KEY_FILE = "header.key"
 # magic, key_len, flags, reserved, generation, size, checksum, raw_size, expires_ms, header_check
 HEADER = struct.Struct("<8sHHIQQQQQQ")
 _CHECKED = HEADER.size - 8  # the header check covers everything before it, and the key
+_FREED = bytes(HEADER.size)
 IO_CHUNK = 1024 * 1024
 
 
@@ -45,10 +52,24 @@ class StoredObject(NamedTuple):
     expires_ms: int  # unix ms; 0 = no TTL
 
 
-def pack_header(obj: StoredObject) -> bytes:
-    head = HEADER.pack(MAGIC, len(obj.key), obj.flags, 0, obj.generation, obj.size, obj.checksum,
-                       obj.raw_size, obj.expires_ms, 0)[:_CHECKED]
-    return head + checksum(head + obj.key).to_bytes(8, "little")
+def _header_key(directory: str) -> bytes:
+    """This segment's header key: made on first use, kept beside the segment file."""
+    path = os.path.join(directory, HEADER_KEY_FILE)
+    try:
+        with open(path, "rb") as f:
+            key = f.read()
+        if len(key) == 32:
+            return key
+        log.warning("%s is damaged: a new header key is made, and objects kept before are not recovered", path)
+    except FileNotFoundError:
+        pass
+    key = secrets.token_bytes(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+        f.flush()
+        os.fsync(f.fileno())
+    return key
 
 
 class SsdSegment:
@@ -61,6 +82,7 @@ class SsdSegment:
         os.makedirs(directory, exist_ok=True)
         self.capacity = capacity
         self.path = os.path.join(directory, SEGMENT_FILE)
+        self._key = _header_key(directory)
         # Unbuffered binary file object (SSD READs send from its descriptor); all I/O is positional.
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         self.file = open(self.fd, "r+b", buffering=0)  # noqa: SIM115 (lives as long as the node)
@@ -117,8 +139,16 @@ class SsdSegment:
         self.pwrite_all(payload, self.payload_offset(offset, len(obj.key)))
         self.write_header(offset, obj)
 
+    def pack_header(self, obj: StoredObject) -> bytes:
+        head = HEADER.pack(MAGIC, len(obj.key), obj.flags, 0, obj.generation, obj.size, obj.checksum,
+                           obj.raw_size, obj.expires_ms, 0)[:_CHECKED]
+        return head + self._check(head, obj.key)
+
+    def _check(self, head: bytes, key: bytes) -> bytes:
+        return hmac.new(self._key, head + key, hashlib.sha256).digest()[:8]
+
     def write_header(self, offset: int, obj: StoredObject) -> None:
-        self.pwrite_all(pack_header(obj), offset)
+        self.pwrite_all(self.pack_header(obj), offset)
 
     def clear_header(self, offset: int) -> None:
         self.pwrite_all(_FREED, offset)
@@ -128,13 +158,13 @@ class SsdSegment:
         raw = os.pread(self.fd, HEADER.size, offset)
         if len(raw) < HEADER.size:
             return None
-        magic, key_len, flags, _, generation, size, value_checksum, raw_size, expires_ms, check = \
+        magic, key_len, flags, _, generation, size, value_checksum, raw_size, expires_ms, _check = \
             HEADER.unpack(raw)
         if magic != MAGIC or key_len > MAX_KEY_BYTES or size == 0 \
                 or offset + self.extent_length(key_len, size) > self.capacity:
             return None
         key = os.pread(self.fd, key_len, offset + HEADER.size)
-        if len(key) != key_len or checksum(raw[:_CHECKED] + key) != check:
+        if len(key) != key_len or not hmac.compare_digest(raw[_CHECKED:], self._check(raw[:_CHECKED], key)):
             return None
         return StoredObject(key, generation, size, value_checksum, flags, raw_size, expires_ms)
 

@@ -20,11 +20,12 @@ rather than reused under a transfer that might still write into it).
 """
 
 import asyncio
+import hmac
 import logging
 import time
 
+from kvpool import auth, wire
 from kvpool import ucx_common as layout
-from kvpool import wire
 from kvpool.checksum import checksum
 from kvpool.errors import Code, KvpoolError, UnavailableError
 from kvpool.keys import MAX_KEY_BYTES
@@ -132,11 +133,20 @@ class UcxServer:
     def _connect(self, op: Op, buf: bytearray, nonce: int) -> None:
         if op.error is not None or self._stopped or len(buf) <= layout.CONNECT_MSG.size:
             return
-        magic, version = layout.CONNECT_MSG.unpack_from(buf)
+        magic, version, role, ticket, proof = layout.CONNECT_MSG.unpack_from(buf)
+        worker_address = bytes(buf[layout.CONNECT_MSG.size:])
+        verifier = self.server.verifier
+        if not verifier.open:  # no reply, not even an endpoint, for a peer that proves nothing
+            key = verifier.key(role)
+            if key is None or not self.server.ucx_tickets.take(ticket) or not hmac.compare_digest(
+                    proof, auth.ticket_proof(key, role, ticket, worker_address)):
+                self.metrics.error("ucx_connect", "FORBIDDEN")
+                log.warning("dropped a UCX CONNECT without a valid ticket and proof")
+                return
         api = self.ucx.api
         try:
             endpoint = api.UCXEndpoint.create_from_worker_address(
-                self.worker, api.UCXAddress.create_from_buffer(bytes(buf[layout.CONNECT_MSG.size:])), False)
+                self.worker, api.UCXAddress.create_from_buffer(worker_address), False)
         except Exception as exc:  # e.g. no transport in common: the client times out and uses TCP
             log.info("cannot reach a UCX client back: %s", exc)
             return

@@ -1,14 +1,27 @@
-"""Fixtures that start real processes on 127.0.0.1 ports they pick."""
+"""Fixtures that start real processes on 127.0.0.1 ports they pick.
+
+Every cluster of the run shares one cluster secret, given to this process (and so to every
+component and engine it starts) as $KVPOOL_TOKEN: all of the suite runs authenticated. Tests of
+the client role use a cluster's client_token.
+"""
+
+import os
 
 import pytest
 
+from kvpool import auth
+from kvpool.etcd_client import enable_auth
 from kvpool.etcd_server import EtcdServer
+
+os.environ.pop("KVPOOL_TOKEN_FILE", None)
+os.environ["KVPOOL_TOKEN"] = auth.new_secret()
 
 
 @pytest.fixture
 def etcd(tmp_path):
     """A real etcd; yields its client endpoint HOST:PORT."""
     server = EtcdServer(tmp_path / "etcd-data", log_path=tmp_path / "etcd.log").start()
+    enable_auth(server.endpoint, os.environ["KVPOOL_TOKEN"])
     try:
         yield server.endpoint
     finally:

@@ -1,6 +1,7 @@
 """Start real storage-node processes and talk to them over raw sockets with kvpool.wire."""
 
 import json
+import os
 import re
 import selectors
 import socket
@@ -8,9 +9,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from kvpool import wire
+from kvpool import auth, wire
 from kvpool.checksum import checksum
 from kvpool.errors import Code
+from kvpool.grpc_auth import blocking_channel
 from kvpool.inventory import decode as decode_inventory
 from kvpool.netutil import wait_until
 from kvpool.wire import Op
@@ -26,7 +28,17 @@ class Node:
     port: int
     log_path: str
 
-    def connect(self) -> socket.socket:
+    def connect(self, credential="member") -> socket.socket:
+        """A connection that proved `credential` ("member": the master's, from $KVPOOL_TOKEN; None: none)."""
+        sock = socket.create_connection((self.host, self.port), timeout=10)
+        if credential == "member":
+            credential = member_credential()
+        if credential is not None:
+            auth.handshake_blocking(sock, credential, f"node {self.node_id}")
+        return sock
+
+    def connect_raw(self) -> socket.socket:
+        """A connection that has not answered the node's challenge (which is waiting to be read)."""
         return socket.create_connection((self.host, self.port), timeout=10)
 
     def log(self) -> str:
@@ -75,6 +87,20 @@ def start_node(etcd: str, tmp_path, node_id: str = "n1", lease_ttl: int = 30, dr
     assert match, line
     assert match.group(1).decode() == node_id
     return Node(proc, node_id, match.group(2).decode(), int(match.group(3)), log_path)
+
+
+def member_credential() -> auth.Credential:
+    """The masters' credential for this run's cluster secret ($KVPOOL_TOKEN, set by conftest.py)."""
+    return auth.Credential.for_member(os.environ["KVPOOL_TOKEN"])
+
+
+def client_credential() -> auth.Credential:
+    return auth.Credential.for_client(auth.client_token(os.environ["KVPOOL_TOKEN"]))
+
+
+def master_channel(address: str):
+    """A blocking gRPC channel to a master, its calls proving the client role."""
+    return blocking_channel(address, client_credential())
 
 
 # -- frames
@@ -176,7 +202,7 @@ def inventory_at(address: str) -> dict:
     from kvpool.client.tcp import TcpTransport
 
     async def ask():
-        transport = TcpTransport()
+        transport = TcpTransport(credential=member_credential())
         try:
             return await transport.inventory(address)
         finally:

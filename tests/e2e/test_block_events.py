@@ -15,6 +15,7 @@ from kvpool.connectors import REMOVED, STORED, BlockNamespace, block_events, blo
 from kvpool.local_cluster import LocalCluster
 from kvpool.master.key_watch import PAGE_KEYS
 from kvpool.netutil import wait_until
+from storenode_harness import master_channel
 
 FEED_SIZE = 8
 NAMESPACE = BlockNamespace("events-test", "bfloat16", "vllm-nhd", 16)
@@ -135,7 +136,7 @@ class Proxy:
 
 def watch(address: str, prefix: str, feed_id: str = "", after: int = 0):
     """A raw WatchKeys stream (and its channel, to close)."""
-    channel = grpc.insecure_channel(address)
+    channel = master_channel(address)
     stream = kvpool_pb2_grpc.MasterStub(channel).WatchKeys(
         pb.WatchKeysRequest(prefix=prefix, feed_id=feed_id, after_sequence=after), timeout=30)
     return channel, stream
@@ -220,11 +221,11 @@ def test_a_subscriber_follows_the_leader_across_a_failover(own_cluster):
     hashes = blocks(24)
     with Client(cluster.master_addresses) as client:
         store(client, hashes)
-        with grpc.insecure_channel(leader.info["address"]) as channel:
+        with master_channel(leader.info["address"]) as channel:
             stub = kvpool_pb2_grpc.MasterStub(channel)
             where = {h: stub.GetReplicaList(pb.GetReplicaListRequest(key=NAMESPACE.key(h)), timeout=5)
                      .object.replicas[0].node_id for h in hashes}
-        with grpc.insecure_channel(follower.info["address"]) as channel, pytest.raises(grpc.RpcError) as caught:
+        with master_channel(follower.info["address"]) as channel, pytest.raises(grpc.RpcError) as caught:
             next(kvpool_pb2_grpc.MasterStub(channel).WatchKeys(pb.WatchKeysRequest(prefix="kv/"), timeout=5))
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert dict(caught.value.trailing_metadata())["kvpool-leader"] == leader.info["address"]

@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 
-import grpc
 import numpy as np
 import pytest
 
@@ -21,7 +20,7 @@ from kvpool.errors import (
 from kvpool.netutil import free_port, wait_until
 from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
 from kvpool.wire import WriteFlag
-from storenode_harness import inventory_at
+from storenode_harness import inventory_at, master_channel, member_credential
 
 # Repeating runs of 32-bit token ids: compresses well, like a shared prompt prefix.
 TOKENS = np.tile(np.arange(30_000, 30_256, dtype=np.uint32), 1024).tobytes()  # 1 MiB
@@ -87,7 +86,7 @@ def cluster(etcd, tmp_path):
 
 def master_object(cluster, key: str):
     """The master's ObjectInfo for key, asked directly over gRPC."""
-    with grpc.insecure_channel(cluster.address) as channel:
+    with master_channel(cluster.address) as channel:
         reply = kvpool_pb2_grpc.MasterStub(channel).GetReplicaList(kvpool_pb2.GetReplicaListRequest(key=key))
     assert reply.status == kvpool_pb2.OK, reply.message
     return reply.object
@@ -240,7 +239,7 @@ def test_dead_node_fails_fast_and_replicas_cover_it(cluster):
 
 def test_tcp_transport_ping_and_refused(cluster):
     async def scenario():
-        transport = TcpTransport()
+        transport = TcpTransport(credential=member_credential())
         try:
             node = cluster.nodes[1].fields
             pings = await asyncio.gather(*(transport.ping(node["address"]) for _ in range(20)))
@@ -421,7 +420,7 @@ def test_object_its_node_no_longer_holds_is_not_found(cluster):
         writer.put("gone/z", TOKENS, compress=True)
 
         async def drop(keys):
-            transport = TcpTransport()
+            transport = TcpTransport(credential=member_credential())
             try:
                 for key in keys:
                     info = master_object(cluster, key)

@@ -10,7 +10,7 @@ import pytest
 from kvpool.proto import kvpool_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpool import Client, control, wire
+from kvpool import Client, auth, control, wire
 from kvpool.errors import Code
 from kvpool.netutil import wait_until
 
@@ -30,10 +30,16 @@ def counted(samples: dict, name: str, **labels) -> float:
                if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
 
 
-def connect(address: str) -> socket.socket:
+def connect(address: str, credential="client") -> socket.socket:
+    """A connection that proved `credential` ("client": the client token of $KVPOOL_TOKEN; None: none,
+    the master's challenge left unread)."""
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if credential == "client":
+        credential = auth.client_credential()
+    if credential is not None:
+        auth.handshake_blocking(sock, credential, f"master {address}")
     return sock
 
 

@@ -8,7 +8,6 @@ import sys
 import textwrap
 import time
 
-import grpc
 import pytest
 
 from kvpool import Client
@@ -17,10 +16,11 @@ from kvpool.client.tcp import TcpTransport
 from kvpool.errors import KeyExistsError, KeyNotFoundError, UnavailableError
 from kvpool.netutil import wait_until
 from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
+from storenode_harness import master_channel
 
 
 def _stub(cluster):
-    return kvpool_pb2_grpc.MasterStub(grpc.insecure_channel(cluster.master_address))
+    return kvpool_pb2_grpc.MasterStub(master_channel(cluster.master_address))
 
 
 def test_object_invisible_between_put_start_and_put_end(cluster, client):
@@ -54,8 +54,10 @@ def test_client_killed_mid_put_leaves_no_stuck_key(cluster, client):
     # A separate process starts a put and is killed before it can end it.
     script = textwrap.dedent(f"""
         import grpc, sys
+        from kvpool.auth import client_credential
+        from kvpool.grpc_auth import blocking_channel
         from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
-        stub = kvpool_pb2_grpc.MasterStub(grpc.insecure_channel("{cluster.master_address}"))
+        stub = kvpool_pb2_grpc.MasterStub(blocking_channel("{cluster.master_address}", client_credential()))
         r = stub.PutStart(kvpool_pb2.PutStartRequest(key="stuck/k", size=4096, checksum=1))
         print("started", r.status, flush=True)
         sys.stdin.read()

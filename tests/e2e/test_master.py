@@ -16,8 +16,6 @@ import sys
 import threading
 import urllib.request
 
-import aetcd
-import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,10 +24,12 @@ from kvpool.checksum import checksum
 from kvpool.client.tcp import TcpTransport
 from kvpool.client.transport import WriteOptions
 from kvpool.cluster_layout import NodeRecord, TierRecord
+from kvpool.etcd_client import EtcdClient
 from kvpool.netutil import free_port, wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 from kvpool.wire import WriteFlag
+from storenode_harness import member_credential, master_channel
 
 CAPACITY = 1 << 20
 PUT_TIMEOUT = 1.0
@@ -44,7 +44,7 @@ class EtcdOps:
         self.client = self._run(self._connect(host, port))
 
     async def _connect(self, host, port):
-        client = aetcd.Client(host=host, port=port)
+        client = EtcdClient(host, port, member_credential())
         await client.connect()
         return client
 
@@ -91,7 +91,7 @@ class MasterProcess:
         assert line.startswith("kvpool-master ready address="), f"no ready line (got {line!r}); see {log_path}"
         self.fields = dict(part.split("=", 1) for part in line.split()[2:])
         self.address = self.fields["address"]
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = master_channel(self.address)
         self.stub = kvpool_pb2_grpc.MasterStub(self.channel)
 
     def stop(self) -> int:
@@ -414,7 +414,7 @@ def data_path():
 
 
 def stub_of(cluster):
-    channel = grpc.insecure_channel(cluster.master_address)
+    channel = master_channel(cluster.master_address)
     return kvpool_pb2_grpc.MasterStub(channel)
 
 

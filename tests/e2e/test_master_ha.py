@@ -14,9 +14,11 @@ from kvpool.proto import kvpool_pb2_grpc
 
 from kvpool import Client
 from kvpool.errors import KvpoolError, NotLeaderError
+from kvpool.etcd_client import login_of
 from kvpool.etcd_server import EtcdServer
 from kvpool.local_cluster import stop_process
 from kvpool.netutil import wait_until
+from storenode_harness import master_channel, member_credential
 
 FAST_ELECTION = ["--election-ttl", "2"]
 
@@ -26,14 +28,14 @@ def value_of(key: str) -> bytes:
 
 
 def stats_of(address: str):
-    with grpc.insecure_channel(address) as channel:
+    with master_channel(address) as channel:
         return kvpool_pb2_grpc.MasterStub(channel).Stats(pb.StatsRequest(), timeout=5)
 
 
 def test_follower_answers_not_leader_naming_the_leader(own_cluster):
     cluster = own_cluster(nodes=1, masters=2, master_args=FAST_ELECTION)
     leader, follower = (m.info["address"] for m in cluster.masters)
-    with grpc.insecure_channel(follower) as channel:
+    with master_channel(follower) as channel:
         stub = kvpool_pb2_grpc.MasterStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.PutStart(pb.PutStartRequest(key="k", size=10, checksum=1), timeout=5)
@@ -125,8 +127,14 @@ def test_full_restart_of_masters_and_etcd_keeps_every_committed_object(own_clust
 def _etcd_revision(endpoint: str) -> int:
     import json as jsonlib
 
-    body = jsonlib.dumps({"key": "AA=="}).encode()  # any key: the header carries the store's revision
-    request = urllib.request.Request(f"http://{endpoint}/v3/kv/range", data=body, method="POST")
+    user, password = login_of(member_credential())
+    login = urllib.request.Request(f"http://{endpoint}/v3/auth/authenticate", method="POST",
+                                   data=jsonlib.dumps({"name": user, "password": password}).encode())
+    with urllib.request.urlopen(login, timeout=5) as reply:
+        token = jsonlib.loads(reply.read())["token"]
+    body = jsonlib.dumps({"key": "L2t2cG9vbC8="}).encode()  # "/kvpool/": the header carries the store's revision
+    request = urllib.request.Request(f"http://{endpoint}/v3/kv/range", data=body, method="POST",
+                                     headers={"Authorization": token})
     with urllib.request.urlopen(request, timeout=5) as reply:
         return int(jsonlib.loads(reply.read())["header"]["revision"])
 
@@ -164,7 +172,7 @@ def test_a_hung_leader_serves_nothing_once_its_successor_leads(own_cluster):
         old.signal(signal.SIGCONT)
     # Woken up, the old leader knows its lease ran out: it answers NOT_LEADER, it never serves
     # its stale table (where "before" is still v1 and "after" does not exist).
-    with grpc.insecure_channel(old_address) as channel:
+    with master_channel(old_address) as channel:
         stub = kvpool_pb2_grpc.MasterStub(channel)
         for call, request in ((stub.GetReplicaList, pb.GetReplicaListRequest(key="before")),
                               (stub.Exists, pb.ExistsRequest(key="after")),
@@ -214,7 +222,7 @@ def test_nodes_refuse_writes_placed_by_an_older_term(own_cluster):
     data = memoryview(b"fenced" * 100)
 
     async def scenario():
-        transport = TcpTransport()
+        transport = TcpTransport(credential=member_credential())  # only a member may speak of terms
         try:
             await transport.report(address, term=10**9)  # a leader of a (very) new term spoke
             with pytest.raises(NotLeaderError):

@@ -4,7 +4,6 @@ rest by a veth pair whose link the test takes down and up again."""
 import os
 import subprocess
 
-import grpc
 import pytest
 
 from kvpool import Client
@@ -12,7 +11,7 @@ from kvpool.local_cluster import LocalCluster
 from kvpool.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
-from storenode_harness import inventory_at
+from storenode_harness import inventory_at, master_channel
 
 # Link-local addresses that exist only on this veth pair, inside this machine.
 HOST, NS_HOST = "169.254.201.1", "169.254.201.2"
@@ -46,7 +45,7 @@ def netns():
 
 
 def _placement(cluster, key: str):
-    with grpc.insecure_channel(cluster.master_address) as channel:
+    with master_channel(cluster.master_address) as channel:
         answer = kvpool_pb2_grpc.MasterStub(channel).GetReplicaList(pb.GetReplicaListRequest(key=key), timeout=5)
     return answer.object
 

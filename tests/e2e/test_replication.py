@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 
-import grpc
 import pytest
 
 from kvpool import Client
@@ -19,6 +18,7 @@ from kvpool.local_cluster import LocalCluster
 from kvpool.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
+from storenode_harness import master_channel
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -54,7 +54,7 @@ def start_cluster(tmp_path):
 
 
 def replicas_of(cluster, key: str) -> list:
-    with grpc.insecure_channel(cluster.master_address) as channel:
+    with master_channel(cluster.master_address) as channel:
         answer = kvpool_pb2_grpc.MasterStub(channel).GetReplicaList(pb.GetReplicaListRequest(key=key), timeout=5)
     assert answer.status == pb.OK, answer.message
     return list(answer.object.replicas)

@@ -9,27 +9,26 @@ import subprocess
 
 import pytest
 
-from kvpool import wire
+from kvpool import auth, wire
 from kvpool.checksum import checksum
 from kvpool.errors import Code
 from kvpool.netutil import wait_until
 from kvpool.wire import Op
 
-from storenode_harness import get, put, read_reply, start_node, write_status
+from storenode_harness import closed_by_node, get, put, read_reply, start_node, write_status
 
 MIB = 1024 * 1024
-TOKEN = b"s3cret-token"
 
 
 @pytest.fixture
 def node(etcd, tmp_path):
-    started = start_node(etcd, tmp_path, dram="4MiB", args=("--token", TOKEN.decode()))
+    started = start_node(etcd, tmp_path, dram="4MiB")
     yield started
     started.stop()
 
 
-def attach(sock: socket.socket, token: bytes = TOKEN):
-    sock.sendall(wire.pack_request(Op.ATTACH, 1, b"", length=len(token)) + token)
+def attach(sock: socket.socket):
+    sock.sendall(wire.pack_request(Op.ATTACH, 1, b""))
     return read_reply(sock)
 
 
@@ -60,12 +59,14 @@ def attached(node) -> tuple[socket.socket, dict]:
     return sock, json.loads(body)
 
 
-def test_attach_needs_the_cluster_token_and_the_segment_is_private(node):
-    with node.connect() as sock:
+def test_attach_needs_a_credential_and_the_segment_is_private(node):
+    with node.connect_raw() as sock:  # no credential: the ATTACH is the refused first frame
+        read_reply(sock)  # the challenge
+        assert attach(sock)[2] == Code.FORBIDDEN
+        assert closed_by_node(sock)
+    client = auth.Credential.for_client(auth.client_token(os.environ["KVPOOL_TOKEN"]))
+    with node.connect(client) as sock:  # the client role may map the segment
         assert locate(sock, b"k", 1, 10)[0] == Code.FORBIDDEN  # before any ATTACH
-        _, _, status, _, message = attach(sock, b"wrong")
-        assert status == Code.FORBIDDEN and b"token" in message
-        assert locate(sock, b"k", 1, 10)[0] == Code.FORBIDDEN
         _, _, status, _, body = attach(sock)
         assert status == Code.OK
     offer = json.loads(body)
@@ -165,7 +166,7 @@ def test_allocate_then_commit_stores_what_the_client_copied_in(node):
 
 
 def test_an_allocation_never_committed_is_given_back_while_its_connection_lives(etcd, tmp_path):
-    node = start_node(etcd, tmp_path, node_id="n2", dram="4MiB", args=("--token", TOKEN.decode(), "--frame-timeout", "1"))
+    node = start_node(etcd, tmp_path, node_id="n2", dram="4MiB", args=("--frame-timeout", "1"))
     try:
         sock, _offer = attached(node)
         with sock:

@@ -9,7 +9,7 @@ import pytest
 from storenode_harness import (free, get, hold, inventory, put, read_frame, read_reply, report, start_node,
                                write_frame, write_status)
 
-from kvpool import wire
+from kvpool import auth, wire
 from kvpool.errors import Code
 from kvpool.netutil import wait_until
 from kvpool.wire import WriteFlag
@@ -280,6 +280,7 @@ def test_free_during_a_large_read_defers_until_the_read_ends(nodes):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * KiB)  # keep the node's send from finishing
     sock.settimeout(10)
     sock.connect((node.host, node.port))
+    auth.handshake_blocking(sock, auth.Credential.for_member(os.environ["KVPOOL_TOKEN"]), "node")
     try:
         sock.sendall(read_frame(b"big", 1, len(big)))
         first = sock.recv(64 * KiB)  # the transfer is under way

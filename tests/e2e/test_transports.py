@@ -13,7 +13,7 @@ import pytest
 
 from kvpool import Client
 from kvpool.client.shm import SMALL_WRITE
-from kvpool.errors import UnavailableError
+from kvpool.errors import ForbiddenError
 
 MIB = 1024 * 1024
 # 0 B to 64 MiB, with sizes that are not multiples of anything.
@@ -91,23 +91,18 @@ def test_ssd_objects_travel_beside_shared_memory(own_cluster):
         assert client.bytes_by_transport() == {"tcp": ssd_bytes, "shm": 2 * len(values["ssd/0"])}
 
 
-def test_a_wrong_token_falls_back_to_tcp_and_forcing_shm_then_fails(own_cluster, caplog):
-    running = own_cluster(nodes=1, node_args=["--token", "right"])
+def test_shared_memory_is_for_clients_with_the_cluster_credential_only(own_cluster):
+    running = own_cluster(nodes=1)
     value = os.urandom(MIB)
-    with caplog.at_level(logging.WARNING, logger="kvpool.client.selector"):
-        with Client(running.master_address, token="wrong", transports="shm,tcp") as client:
-            for i in range(3):
-                client.put(f"t/{i}", value)
-                assert client.get(f"t/{i}") == value
-            assert set(client.bytes_by_transport()) == {"tcp"}
-    refusals = [r for r in caplog.records if "not using shm" in r.getMessage()]
-    assert len(refusals) == 1 and "token" in refusals[0].getMessage()  # logged once, not per transfer
-    with Client(running.master_address, token="wrong", transports="shm") as client:
-        with pytest.raises(UnavailableError, match="no allowed transport"):
-            client.get("t/0")
-    with Client(running.master_address, token="right") as client:
+    with Client(running.master_address, transports="shm") as client:
+        client.put("t/0", value)
         assert client.get("t/0") == value
         assert set(client.bytes_by_transport()) == {"shm"}
+    wrong = "kvpool-client-v1:" + "ab" * 32
+    for transports in ("shm,tcp", "shm"):  # no transport lets a wrong token in: nothing to fall back to
+        with Client(running.master_address, token=wrong, transports=transports) as client:
+            with pytest.raises(ForbiddenError):
+                client.get("t/0")
 
 
 _CLIENT_SCRIPT = """

@@ -28,6 +28,7 @@ from kvpool.local_cluster import LocalCluster  # noqa: E402
 from kvpool.netutil import wait_until  # noqa: E402
 from kvpool.ucx_common import SAFE_TLS, settings  # noqa: E402
 from kvpool.wire import WriteFlag  # noqa: E402
+from storenode_harness import member_credential  # noqa: E402
 
 MiB = 1 << 20
 TLS_SETTINGS = ["tcp", "posix,cma,self"]
@@ -86,7 +87,7 @@ def with_ucx(node, work, **options):
 
 async def holdings(address: str) -> dict:
     """key -> tiers holding it, from the node's INVENTORY (over TCP)."""
-    tcp = TcpTransport()
+    tcp = TcpTransport(credential=member_credential())
     try:
         return {entry.key: entry.tier_names for entry in await tcp.inventory(address)}
     finally:
@@ -94,7 +95,7 @@ async def holdings(address: str) -> dict:
 
 
 async def free_all(address: str, keys) -> None:
-    tcp = TcpTransport()
+    tcp = TcpTransport(credential=member_credential())
     try:
         for key, generation in keys:
             await tcp.free(address, key, generation)
@@ -170,7 +171,7 @@ def test_errors_are_typed_and_leave_the_connection_usable(node):
         huge = bytearray(200 * MiB)  # more than either tier: refused, and its payload swallowed unread
         with pytest.raises(ValueTooLargeError):
             await ucx.write(address, b"err/huge", 1, memoryview(huge), 0)
-        tcp = TcpTransport()
+        tcp = TcpTransport(credential=member_credential())
         try:
             await tcp.report(address, term=50)  # a master of term 50 leads now
         finally:

@@ -35,7 +35,7 @@ def test_request_frame_layout():
     frame = wire.pack_request(wire.Op.READ, 7, b"key", generation=5, arg=64, length=10, checksum=99)
     assert len(frame) == wire.REQUEST.size + 3
     magic, version, op, req_id, key_len, _flags, gen, off, length, csum = wire.REQUEST.unpack_from(frame)
-    assert (magic, version, op, req_id, key_len, gen, off, length, csum) == (b"KV", 1, 2, 7, 3, 5, 64, 10, 99)
+    assert (magic, version, op, req_id, key_len, gen, off, length, csum) == (b"KV", 2, 2, 7, 3, 5, 64, 10, 99)
     with pytest.raises(ValueError):
         wire.pack_request(wire.Op.READ, 1, b"k" * (MAX_KEY_BYTES + 1))
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from kvpool import inventory, wire
+from kvpool import auth, inventory, wire
 from kvpool.checksum import checksum
 from kvpool.client.tcp import TcpTransport
 from kvpool.client.transport import ReadItem, WriteItem, WriteOptions
@@ -36,6 +36,7 @@ class ScriptedNode:
 
     async def _serve(self, reader, writer) -> None:
         try:
+            await self._handshake(reader, writer)
             while True:
                 header = await reader.readexactly(wire.REQUEST.size)
                 _m, _v, op, req_id, key_len, flags, generation, arg, length, digest = wire.REQUEST.unpack(header)
@@ -79,11 +80,22 @@ class ScriptedNode:
             writer.close()
 
 
+    @staticmethod
+    async def _handshake(reader, writer) -> None:
+        """The server's side of kvpool/auth.py, with this run's cluster secret."""
+        handshake = auth.ServerHandshake(auth.Verifier(auth.read_token()))
+        writer.write(handshake.challenge())
+        header = await reader.readexactly(wire.REQUEST.size)
+        _m, _v, op, req_id, key_len, role, _g, _a, length, _d = wire.REQUEST.unpack(header)
+        payload = await reader.readexactly(key_len + length)
+        writer.write(handshake.answer(op, req_id, key_len, role, length, payload[key_len:])[1])
+
+
 def run(scenario, **node_options):
     async def main():
         node = ScriptedNode(**node_options)
         address = await node.start()
-        transport = TcpTransport()
+        transport = TcpTransport(credential=auth.Credential.for_member(auth.read_token()))
         try:
             return await scenario(transport, address, node)
         finally:

@@ -1,0 +1,374 @@
+"""Hostile and broken peers against a real cluster; prints one JSON line of what was tried and held.
+
+    python3 benchmarks/hostile_peers.py [--examples N] [--connections N]
+
+Against etcd, a master and two storage nodes (processes, real sockets, the cluster secret on):
+- peers without the secret send every op, junk and replayed or forged proofs to each node port and
+  the master's control port, every RPC to its gRPC port, and reads and writes to etcd: each must be
+  refused (`refused_fraction` 1.0) and nothing listed, read, changed or freed;
+- a peer with the client token sends what only a master may (FREE, COPY, HOLD, REPORT, INVENTORY,
+  EVICTIONS) and WRITEs with a term far ahead of the leader's: refused, and the leader's puts go on;
+- random and mutated frames (hypothesis) on authenticated connections to every node and the control
+  port, and undecodable bodies on every gRPC method;
+- header-only WRITEs, replies never read, transfers stalled half-way, and more connections than the
+  node serves, held open;
+then checks that every process lives, every object stored before is read back byte-exact, new puts
+are taken, and reports the nodes' memory before and after. Exit status 1 if any check failed.
+"""
+
+import argparse
+import json
+import os
+import random
+import socket
+import sys
+import time
+
+import grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvpool import Client, auth, wire
+from kvpool.checksum import checksum
+from kvpool.control import OP_BY_RPC, pack_call
+from kvpool.errors import Code
+from kvpool.grpc_auth import blocking_channel
+from kvpool.local_cluster import LocalCluster
+from kvpool.proto import kvpool_pb2 as pb
+
+FRAME_TIMEOUT = 2.0  # the nodes' and master's --frame-timeout for this run: stalls end quickly
+MASTER_RPCS = [m.name for m in pb.DESCRIPTOR.services_by_name["Master"].methods]
+STREAMING = {"WatchKeys"}
+
+
+def hostport(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+def connect(address: str, credential=None, timeout: float = 5.0) -> socket.socket:
+    sock = socket.create_connection(hostport(address), timeout=timeout)
+    if credential is not None:
+        auth.handshake_blocking(sock, credential, address)
+    return sock
+
+
+def drain(sock: socket.socket, limit: float = 5.0) -> tuple[list, bool]:
+    """Replies (op, status) read until the peer closes (True) or `limit` seconds pass (False)."""
+    replies, buf = [], b""
+    deadline = time.monotonic() + limit
+    try:
+        while time.monotonic() < deadline:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = sock.recv(65536)
+            if not chunk:
+                return _parse(buf, replies), True
+            buf += chunk
+    except socket.timeout:
+        return _parse(buf, replies), False
+    except OSError:  # reset: closed
+        return _parse(buf, replies), True
+    return _parse(buf, replies), False
+
+
+def _parse(buf: bytes, replies: list) -> list:
+    at = 0
+    while len(buf) - at >= wire.REPLY.size:
+        _m, _v, op, _req, status, _f, length, _c = wire.REPLY.unpack_from(buf, at)
+        replies.append((op, status))
+        at += wire.REPLY.size + length
+    return replies
+
+
+# -- peers without the secret
+
+
+def every_first_frame() -> list[bytes]:
+    """One first frame per op (every value a byte can take), plus junk, forged and replayed proofs."""
+    frames = [wire.pack_request(op, 1, b"key", 1, 0, 8) + b"x" * 8 for op in range(256)]
+    frames += [os.urandom(64), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x16\x03\x01\x02\x00" + os.urandom(60)]
+    forged = wire.REQUEST.pack(wire.MAGIC, wire.VERSION, wire.Op.AUTH, 1, 0, auth.Role.MEMBER, 0, 0,
+                               auth.NONCE + auth.PROOF, 0) + os.urandom(auth.NONCE + auth.PROOF)
+    frames.append(forged)
+    return frames
+
+
+def without_secret(cluster: LocalCluster, secret: str, keys: dict) -> dict:
+    tried = refused = 0
+    ports = [n.info["address"] for n in cluster.nodes] + [cluster.master.info["control"]]
+    for address in ports:
+        for frame in every_first_frame():
+            tried += 1
+            with connect(address) as sock:
+                sock.sendall(frame)
+                replies, closed = drain(sock)
+            # The challenge is the one OK frame allowed; anything else OK is a breach.
+            answered = [r for r in replies if not (r[0] == wire.Op.AUTH and r[1] == Code.OK)]
+            refused += closed and all(status != Code.OK for _op, status in answered)
+        # A proof captured on a real connection is useless on another (a fresh nonce each time).
+        tried += 1
+        refused += _replay_refused(address, secret)
+    grpc_tried = grpc_refused = 0
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        for method in MASTER_RPCS:
+            for metadata in ((), (("kvpool-auth", "2.0.0." + "0" * 64),)):
+                grpc_tried += 1
+                call = (channel.unary_stream if method in STREAMING else channel.unary_unary)(
+                    f"/kvpool.Master/{method}")
+                try:
+                    answer = call(b"", timeout=5, metadata=metadata)
+                    if method in STREAMING:
+                        next(iter(answer))
+                except grpc.RpcError as exc:
+                    grpc_refused += exc.code() == grpc.StatusCode.UNAUTHENTICATED
+    etcd_tried, etcd_refused = _etcd_without_login(cluster)
+    return {"frames_tried": tried, "frames_refused": refused, "grpc_calls_tried": grpc_tried,
+            "grpc_calls_refused": grpc_refused, "etcd_calls_tried": etcd_tried, "etcd_calls_refused": etcd_refused,
+            "refused_fraction": (refused + grpc_refused + etcd_refused) / (tried + grpc_tried + etcd_tried)}
+
+
+def _replay_refused(address: str, secret: str) -> bool:
+    """Record a real client's AUTH answer, then send it as our own on a new connection."""
+    credential = auth.Credential.for_client(auth.client_token(secret))
+    with connect(address) as sock:
+        header = sock.recv(wire.REPLY.size, socket.MSG_WAITALL)
+        body = sock.recv(wire.REPLY.unpack(header)[6], socket.MSG_WAITALL)
+        answer = auth.PeerHandshake(credential, address).respond(header, body)
+    with connect(address) as sock:
+        sock.sendall(answer + wire.pack_request(wire.Op.HELLO, 2, b""))
+        replies, closed = drain(sock)
+    return closed and not any(op != wire.Op.AUTH and status == Code.OK for op, status in replies) \
+        and (wire.Op.AUTH, Code.FORBIDDEN) in replies
+
+
+def _etcd_without_login(cluster: LocalCluster) -> tuple[int, int]:
+    import asyncio
+
+    import aetcd
+
+    async def attempts():
+        host, port = hostport(cluster.etcd_endpoint)
+        tried = refused = 0
+        async with aetcd.Client(host=host, port=port, timeout=5) as etcd:
+            for action in (lambda: etcd.get(b"/kvpool/default/master"), lambda: etcd.put(b"/kvpool/x", b"1"),
+                           lambda: etcd.delete_prefix(b"/kvpool/"), lambda: etcd.get_prefix(b"/kvpool/")):
+                tried += 1
+                try:
+                    await action()
+                except aetcd.ClientError:
+                    refused += 1
+        return tried, refused
+
+    return asyncio.run(attempts())
+
+
+# -- a client's credential against a master's operations
+
+
+def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
+    credential = auth.Credential.for_client(auth.client_token(secret))
+    address = cluster.nodes[0].info["address"]
+    tried = refused = 0
+    for op in sorted(auth.MEMBER_OPS):
+        tried += 1
+        payload = cluster.nodes[1].info["address"].encode() if op == wire.Op.COPY else b""
+        with connect(address, credential) as sock:
+            sock.sendall(wire.pack_request(op, 1, b"k", 1, 10**12, len(payload)) + payload)
+            replies, closed = drain(sock)
+        refused += closed and replies == [(op, Code.FORBIDDEN)]
+    # WRITEs claiming a term far ahead of the leader's: stored or not, the node's term stays.
+    data = b"t" * 1000
+    with connect(address, credential) as sock:
+        for i in range(20):
+            sock.sendall(wire.pack_request(wire.Op.WRITE, i, b"term/%d" % i, 10**15 + i, 10**12 + i, len(data),
+                                           checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data)) + data)
+        drain(sock, 1.0)
+    return {"member_ops_tried": tried, "member_ops_refused": refused, "high_term_writes": 20}
+
+
+# -- random and mutated frames
+
+
+def _frames():
+    valid_ops = [int(op) for op in wire.Op]
+    header = st.builds(
+        lambda op, req, key, flags, gen, arg, length, digest: wire.REQUEST.pack(
+            wire.MAGIC, wire.VERSION, op, req, len(key), flags, gen, arg, length, digest) + key,
+        st.one_of(st.sampled_from(valid_ops), st.integers(0, 255)), st.integers(0, 2**32 - 1),
+        st.binary(max_size=300), st.integers(0, 2**16 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
+        st.one_of(st.integers(0, 4096), st.integers(0, 2**64 - 1)), st.integers(0, 2**64 - 1))
+    frame = st.tuples(header, st.binary(max_size=2048)).map(lambda parts: parts[0] + parts[1])
+    mutated = st.tuples(frame, st.integers(0, 10**6), st.binary(min_size=1, max_size=8)).map(
+        lambda t: t[0][:t[1] % (len(t[0]) + 1)] + t[2] + t[0][t[1] % (len(t[0]) + 1) + len(t[2]):])
+    return st.lists(st.one_of(frame, mutated, st.binary(max_size=512)), min_size=1, max_size=4)
+
+
+def fuzz(addresses: list, credential, examples: int) -> dict:
+    sent = {"frames": 0, "connections": 0}
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(frames=_frames(), target=st.sampled_from(addresses))
+    def one(frames, target):
+        with connect(target, credential) as sock:
+            sent["connections"] += 1
+            for frame in frames:
+                sent["frames"] += 1
+                try:
+                    sock.sendall(frame)
+                except OSError:
+                    break
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            drain(sock, FRAME_TIMEOUT + 3)
+
+    one()
+    return sent
+
+
+def fuzz_grpc(cluster: LocalCluster, credential, per_method: int, seed: int = 7) -> int:
+    rng = random.Random(seed)
+    tried = 0
+    with blocking_channel(cluster.master_address, credential) as channel:
+        for method in MASTER_RPCS:
+            call = (channel.unary_stream if method in STREAMING else channel.unary_unary)(f"/kvpool.Master/{method}")
+            for _ in range(per_method):
+                tried += 1
+                body = bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 300)))
+                try:
+                    answer = call(body, timeout=5)
+                    if method in STREAMING:
+                        next(iter(answer))
+                except grpc.RpcError:
+                    pass
+        # Huge: just under and over the 64 MiB message limit.
+        for size in (60 << 20, 70 << 20):
+            tried += 1
+            try:
+                channel.unary_unary("/kvpool.Master/BatchPutStart")(os.urandom(1024) * (size // 1024), timeout=30)
+            except grpc.RpcError:
+                pass
+    return tried
+
+
+# -- stalls and floods
+
+
+def stalls(cluster: LocalCluster, credential) -> dict:
+    address = cluster.nodes[0].info["address"]
+    held = []
+    for i in range(20):  # header-only WRITEs reserving 1 MiB each, payload never sent
+        sock = connect(address, credential)
+        sock.sendall(wire.pack_request(wire.Op.WRITE, 1, b"stall/%d" % i, 1, 0, 1 << 20, 1)
+                     + wire.WRITE_OPTIONS.pack(0, 0, 1 << 20) + b"x" * 1000)
+        held.append(sock)
+    stalled_control = connect(cluster.master.info["control"], credential)
+    stalled_control.sendall(pack_call(OP_BY_RPC["Stats"], 1, b"")[:10])  # half a header
+    held.append(stalled_control)
+    closed = 0
+    for sock in held:
+        closed += drain(sock, FRAME_TIMEOUT + 5)[1]
+        sock.close()
+    return {"stalled_requests": len(held), "closed_by_server": closed}
+
+
+def unread_replies(address: str, credential, key: str, size: int, generation: int) -> dict:
+    """Pipelined READs of a stored object whose replies are never read."""
+    sock = connect(address, credential)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    frame = wire.pack_request(wire.Op.READ, 1, key.encode(), generation, 0, size)
+    sent = 0
+    sock.settimeout(FRAME_TIMEOUT + 5)
+    try:
+        for _ in range(2000):
+            sock.sendall(frame)
+            sent += 1
+    except OSError:
+        pass
+    time.sleep(FRAME_TIMEOUT * 2)  # not reading: the node's replies stall for longer than its --frame-timeout
+    received = 0  # then what reaches us ends long before the 2000 replies would
+    sock.settimeout(10)
+    try:
+        while chunk := sock.recv(1 << 20):
+            received += len(chunk)
+    except OSError:
+        pass
+    sock.close()
+    return {"reads_sent_unread": sent, "reply_bytes_owed": sent * size, "reply_bytes_received": received,
+            "closed_by_server": received < sent * size}
+
+
+def flood(cluster: LocalCluster, count: int, token: str) -> dict:
+    """`count` connections that never authenticate; the cluster must keep serving meanwhile."""
+    address = cluster.nodes[1].info["address"]
+    held = []
+    for _ in range(count):
+        held.append(socket.create_connection(hostport(address), timeout=10))
+    with Client(cluster.master_address, token=token) as client:
+        client.put("flood/served", b"f" * 4096, overwrite=True)
+        served = client.get("flood/served") == b"f" * 4096
+    closed = sum(drain(sock, FRAME_TIMEOUT + 10)[1] for sock in held)
+    for sock in held:
+        sock.close()
+    return {"connections_held": count, "served_meanwhile": served, "closed_unauthenticated": closed}
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=2000, help="hypothesis examples per fuzzed plane")
+    parser.add_argument("--connections", type=int, default=1200, help="unauthenticated connections held at once")
+    parser.add_argument("--objects", type=int, default=200)
+    args = parser.parse_args()
+    secret = auth.new_secret()
+    timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
+    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts,
+                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT)]) as cluster:
+        client_token = auth.client_token(secret)
+        client_credential = auth.Credential.for_client(client_token)
+        rng = random.Random(1)
+        stored = {f"obj/{i}": os.urandom(rng.randrange(1, 200_000)) for i in range(args.objects)}
+        with Client(cluster.master_address, token=client_token) as client:
+            client.batch_put(list(stored), list(stored.values()))
+        with blocking_channel(cluster.master_address, client_credential) as channel:
+            placed = channel.unary_unary("/kvpool.Master/GetReplicaList", request_serializer=pb.GetReplicaListRequest.
+                                         SerializeToString, response_deserializer=pb.GetReplicaListResponse.FromString)(
+                pb.GetReplicaListRequest(key="obj/0"), timeout=5).object
+        pids = [n.proc.pid for n in cluster.nodes] + [cluster.master.proc.pid]
+        before = {str(pid): rss(pid) for pid in pids}
+        started = time.monotonic()
+        report = {"without_secret": without_secret(cluster, secret, stored),
+                  "client_role": client_role_limits(cluster, secret)}
+        targets = [n.info["address"] for n in cluster.nodes] + [cluster.master.info["control"]]
+        report["fuzz"] = fuzz(targets, client_credential, args.examples)
+        report["fuzz"]["grpc_calls"] = fuzz_grpc(cluster, client_credential, max(2, args.examples // 50))
+        report["stalls"] = stalls(cluster, client_credential)
+        report["unread_replies"] = unread_replies(placed.replicas[0].address, client_credential, "obj/0",
+                                                  placed.size, placed.generation)
+        report["flood"] = flood(cluster, args.connections, client_token)
+        alive = all(child.alive for child in [*cluster.nodes, cluster.master])
+        with Client(cluster.master_address, token=client_token) as client:
+            lost = [key for key, value in stored.items() if client.get(key) != value]
+            client.put("after/new", b"n" * 10_000)
+            accepted = client.get("after/new") == b"n" * 10_000
+        after = {str(pid): rss(pid) for pid in pids}
+        report.update(seconds=round(time.monotonic() - started, 1), processes_alive=alive, objects=len(stored),
+                      objects_lost=len(lost), new_puts_accepted=accepted, rss_before=before, rss_after=after)
+    ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0
+          and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"])
+    report["ok"] = ok
+    print(json.dumps(report), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

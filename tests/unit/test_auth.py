@@ -1,0 +1,148 @@
+"""The credential logic of kvpool/auth.py and kvpool/grpc_auth.py, without sockets."""
+
+import os
+import stat
+
+import pytest
+
+from kvpool import auth, wire
+from kvpool.errors import Code, ForbiddenError, ProtocolError, UnavailableError
+from kvpool.grpc_auth import WINDOW, CallVerifier, call_proof
+
+SECRET = "correct horse battery staple"
+
+
+def handshake(credential, verifier, server_nonce_mutation=None):
+    """Both sides of one handshake; returns the role the server granted."""
+    server = auth.ServerHandshake(verifier)
+    peer = auth.PeerHandshake(credential, "test server")
+    challenge = server.challenge()
+    answer = peer.respond(challenge[:wire.REPLY.size], challenge[wire.REPLY.size:])
+    _m, _v, op, req_id, key_len, role, _g, _a, length, _c = wire.REQUEST.unpack_from(answer)
+    granted, reply = server.answer(op, req_id, key_len, role, length, answer[wire.REQUEST.size:])
+    peer.check(reply)
+    return granted
+
+
+def test_each_credential_proves_its_own_role_and_the_peer_checks_the_server():
+    verifier = auth.Verifier(SECRET)
+    assert handshake(auth.Credential.for_member(SECRET), verifier) is auth.Role.MEMBER
+    assert handshake(auth.Credential.for_client(auth.client_token(SECRET)), verifier) is auth.Role.CLIENT
+    # A client given the secret itself still proves only the client role.
+    assert handshake(auth.Credential.for_client(SECRET), verifier) is auth.Role.CLIENT
+
+
+def test_a_client_token_cannot_claim_the_member_role_or_serve_as_the_secret():
+    token = auth.client_token(SECRET)
+    client = auth.Credential.for_client(token)
+    forged = auth.Credential(auth.Role.MEMBER, client.key)  # the client key, sent as a member's
+    with pytest.raises(ForbiddenError, match="wrong cluster token"):
+        handshake(forged, auth.Verifier(SECRET))
+    with pytest.raises(ValueError, match="client token"):
+        auth.Credential.for_member(token)
+    with pytest.raises(ValueError, match="client token"):
+        auth.Verifier(token)
+
+
+def test_wrong_secret_is_refused_and_an_impostor_server_is_caught():
+    with pytest.raises(ForbiddenError, match="wrong cluster token"):
+        handshake(auth.Credential.for_client(auth.client_token("other")), auth.Verifier(SECRET))
+    # A server that does not know the secret cannot make the proof the peer checks.
+    server = auth.ServerHandshake(auth.Verifier("impostor"))
+    peer = auth.PeerHandshake(auth.Credential.for_member(SECRET), "impostor")
+    challenge = server.challenge()
+    peer.respond(challenge[:wire.REPLY.size], challenge[wire.REPLY.size:])
+    fake = wire.pack_reply(wire.Op.AUTH, 0, Code.OK, auth.PROOF) + os.urandom(auth.PROOF)
+    with pytest.raises(ForbiddenError, match="did not prove"):
+        peer.check(fake)
+
+
+def test_a_proof_is_bound_to_its_challenge():
+    verifier = auth.Verifier(SECRET)
+    first, second = auth.ServerHandshake(verifier), auth.ServerHandshake(verifier)
+    peer = auth.PeerHandshake(auth.Credential.for_member(SECRET), "s")
+    challenge = first.challenge()
+    answer = peer.respond(challenge[:wire.REPLY.size], challenge[wire.REPLY.size:])
+    _m, _v, op, req_id, key_len, role, _g, _a, length, _c = wire.REQUEST.unpack_from(answer)
+    with pytest.raises(ForbiddenError):  # replayed to another connection (another nonce)
+        second.answer(op, req_id, key_len, role, length, answer[wire.REQUEST.size:])
+
+
+def test_first_frame_must_be_a_well_formed_auth():
+    server = auth.ServerHandshake(auth.Verifier(SECRET))
+    with pytest.raises(ForbiddenError, match="authenticate first"):
+        server.answer(wire.Op.READ, 1, 0, 0, 0, b"")
+    with pytest.raises(ForbiddenError, match="malformed"):
+        server.answer(wire.Op.AUTH, 1, 0, 2, 10, b"x" * 10)
+    with pytest.raises(ForbiddenError):
+        server.answer(wire.Op.AUTH, 1, 0, 99, auth.NONCE + auth.PROOF, b"x" * (auth.NONCE + auth.PROOF))
+
+
+def test_open_servers_and_peers_without_credentials():
+    open_challenge = auth.ServerHandshake(auth.Verifier(None)).challenge()
+    header, body = open_challenge[:wire.REPLY.size], open_challenge[wire.REPLY.size:]
+    assert auth.PeerHandshake(None, "s").respond(header, body) == b""
+    with pytest.raises(ForbiddenError, match="without a cluster secret"):  # a peer with a token wants proof
+        auth.PeerHandshake(auth.Credential.for_member(SECRET), "s").respond(header, body)
+    closed = auth.ServerHandshake(auth.Verifier(SECRET)).challenge()
+    with pytest.raises(ForbiddenError, match="needs the cluster token"):
+        auth.PeerHandshake(None, "s").respond(closed[:wire.REPLY.size], closed[wire.REPLY.size:])
+
+
+def test_a_server_that_turns_the_peer_away_or_speaks_another_protocol():
+    away = wire.pack_error(wire.TURNED_AWAY, 0, Code.UNAVAILABLE, "node at its limit")
+    with pytest.raises(UnavailableError, match="limit"):
+        auth.PeerHandshake(None, "s").respond(away[:wire.REPLY.size], away[wire.REPLY.size:])
+    with pytest.raises(ProtocolError):
+        auth.PeerHandshake(None, "s").respond(b"HTTP/1.1 400 Bad Request\r\n\r\n"[:wire.REPLY.size], b"")
+
+
+def test_token_sources_and_file_modes(tmp_path, monkeypatch):
+    path = tmp_path / "secret"
+    auth.write_private(path, SECRET)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert auth.read_token(path, env={}) == SECRET
+    assert auth.read_token(None, env={"KVPOOL_TOKEN_FILE": str(path), "KVPOOL_TOKEN": "ignored"}) == SECRET
+    assert auth.read_token(None, env={"KVPOOL_TOKEN": "t"}) == "t"
+    assert auth.read_token(None, env={}) is None
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match="open to other users"):
+        auth.read_token(path, env={})
+    empty = tmp_path / "empty"
+    auth.write_private(empty, "")
+    with pytest.raises(ValueError, match="empty"):
+        auth.read_token(empty, env={})
+    with pytest.raises(ValueError, match="cannot read"):
+        auth.read_token(tmp_path / "missing", env={})
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_grpc_call_proofs_hold_once_for_their_method_within_the_window(monkeypatch):
+    clock = Clock(1_000_000.0)
+    monkeypatch.setattr("kvpool.grpc_auth.time.time", clock)
+    calls = CallVerifier(auth.Verifier(SECRET), clock=clock)
+    client = auth.Credential.for_client(auth.client_token(SECRET))
+    proof = call_proof(client, "/kvpool.Master/Remove")
+    assert calls.check(proof, "/kvpool.Master/Remove") is auth.Role.CLIENT
+    with pytest.raises(ForbiddenError, match="already used"):
+        calls.check(proof, "/kvpool.Master/Remove")
+    with pytest.raises(ForbiddenError, match="wrong"):  # bound to its method
+        calls.check(call_proof(client, "/kvpool.Master/Stats"), "/kvpool.Master/Drain")
+    with pytest.raises(ForbiddenError, match="needs the cluster token"):
+        calls.check(None, "/kvpool.Master/Stats")
+    with pytest.raises(ForbiddenError, match="malformed"):
+        calls.check("garbage", "/kvpool.Master/Stats")
+    stale = call_proof(client, "/kvpool.Master/Stats")
+    clock.now += WINDOW + 1
+    with pytest.raises(ForbiddenError, match="clock"):
+        calls.check(stale, "/kvpool.Master/Stats")
+    assert calls.check(call_proof(client, "/kvpool.Master/Stats"), "/kvpool.Master/Stats") is auth.Role.CLIENT
+    assert len(calls._seen) == 1  # nonces older than the window are forgotten
+    assert CallVerifier(auth.Verifier(None)).check(None, "/x") is auth.Role.MEMBER  # an open master
