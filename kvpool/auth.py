@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import stat
+import time
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from pathlib import Path
@@ -153,7 +154,7 @@ class Tickets:
     MAX = 4096
 
     def __init__(self, clock=None):
-        self.clock = clock or __import__("time").monotonic
+        self.clock = clock or time.monotonic
         self._due: dict[bytes, float] = {}  # ticket -> expiry, oldest first
 
     def issue(self) -> bytes:

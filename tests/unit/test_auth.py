@@ -146,3 +146,18 @@ def test_grpc_call_proofs_hold_once_for_their_method_within_the_window(monkeypat
     assert calls.check(call_proof(client, "/kvpool.Master/Stats"), "/kvpool.Master/Stats") is auth.Role.CLIENT
     assert len(calls._seen) == 1  # nonces older than the window are forgotten
     assert CallVerifier(auth.Verifier(None)).check(None, "/x") is auth.Role.MEMBER  # an open master
+
+
+def test_ucx_tickets_are_one_use_short_lived_and_bounded():
+    clock = Clock(100.0)
+    tickets = auth.Tickets(clock=clock)
+    first = tickets.issue()
+    assert tickets.take(first) and not tickets.take(first)  # once
+    late = tickets.issue()
+    clock.now += auth.Tickets.TTL + 1
+    assert not tickets.take(late)  # expired
+    many = [tickets.issue() for _ in range(auth.Tickets.MAX + 10)]
+    assert len(tickets._due) == auth.Tickets.MAX  # the oldest gave way
+    assert not tickets.take(many[0]) and tickets.take(many[-1])
+    key = auth.Credential.for_client(SECRET).key
+    assert auth.ticket_proof(key, 1, first, b"worker-a") != auth.ticket_proof(key, 1, first, b"worker-b")

@@ -3,8 +3,8 @@
 import os
 
 from kvpool.checksum import checksum
-from storenode.recovery import scan
-from storenode.ssd import ALIGNMENT, HEADER_KEY_FILE, SsdSegment, StoredObject
+from kvpool.storenode.recovery import scan
+from kvpool.storenode.ssd import ALIGNMENT, HEADER_KEY_FILE, SsdSegment, StoredObject
 
 MiB = 1 << 20
 
