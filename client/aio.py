@@ -26,6 +26,7 @@ from kvpool.keys import validate_key
 from kvpool.parts import Parts
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.tls import client_files
 
 from . import batch_put as batch_puts
 from . import compression, put_options
@@ -59,6 +60,8 @@ class AsyncClient:
     token: the client token (`kvpool token --client`) or the cluster secret, proved to the master and
     every node at connect time (default: the file $KVPOOL_TOKEN_FILE names, else $KVPOOL_TOKEN;
     "" for none, with a cluster that runs without a secret).
+    tls_ca: the cluster's CA certificate (`ca.pem`) when it runs TLS: every connection is then TLS and
+    checked against it (default $KVPOOL_TLS_CA; none: plain TCP).
     confirm_puts: a put of a new key returns once its copies are written and the frame that ends it
     has left for the master, which every later call of this client reaches after it; True waits for
     the master's answer too, as overwrites always do (client/commits.py). flush() waits for and
@@ -70,7 +73,8 @@ class AsyncClient:
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  transport: Transport | None = None, compress_above: int | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
-                 token: str | None = None, confirm_puts: bool = False, _blocking: bool = False):
+                 token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
+                 _blocking: bool = False):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self._compress_above = compression.check_threshold(compress_above)
@@ -78,15 +82,17 @@ class AsyncClient:
             credential = auth.client_credential(token)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
+        tls = client_files(tls_ca)
         # _blocking: set by the blocking Client, whose loop runs only inside one caller's call.
-        self._master = MasterLink(address, etcd, cluster, rpc_timeout, blocking=_blocking, credential=credential)
+        self._master = MasterLink(address, etcd, cluster, rpc_timeout, blocking=_blocking, credential=credential,
+                                  tls=tls)
         if transport is None:
             try:
                 allowed = transport_names.parse(transports if transports is not None
                                                 else os.environ.get(transport_names.ENV))
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from None
-            transport = TransportSelector(connect_timeout, allowed, credential, inline=_blocking)
+            transport = TransportSelector(connect_timeout, allowed, credential, inline=_blocking, tls=tls)
         self._transport = transport
         self._cache = PlacementCache(cache_size)
         self._commits = Commits(self._master, self._cache.invalidate, confirm_puts)

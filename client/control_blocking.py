@@ -43,7 +43,7 @@ class BlockingControlConnection:
         self._posted: dict = {}  # req_id -> (method, callback) of posted calls not answered yet
 
     @classmethod
-    def open(cls, address: str, timeout: float, credential=None) -> "BlockingControlConnection":
+    def open(cls, address: str, timeout: float, credential=None, tls=None) -> "BlockingControlConnection":
         try:
             host, port = parse_hostport(address)
         except ValueError as exc:
@@ -52,6 +52,8 @@ class BlockingControlConnection:
         try:
             sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                sock = tls.client_context().wrap_socket(sock, server_hostname=host)
             handshake_blocking(sock, credential, f"master control port {address}")
         except BaseException as exc:
             if sock is not None:

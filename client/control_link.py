@@ -17,7 +17,7 @@ import socket
 import time
 
 from kvpool import control
-from kvpool.auth import handshake
+from kvpool.auth import PeerHandshake, handshake
 from kvpool.cluster_layout import parse_hostport
 from kvpool.errors import KvpoolError, UnavailableError
 from kvpool.netutil import open_socket
@@ -42,9 +42,16 @@ class _Call:
 
 
 class ControlConnection(asyncio.Protocol):
-    def __init__(self, address: str):
+    """handshake: over TLS (asyncio's transport), the AUTH handshake is done here as the first frames
+    arrive; `authenticated` resolves when it is done. Over plain TCP it was done on the socket before."""
+
+    def __init__(self, address: str, handshake: PeerHandshake | None = None):
         self.address = address
         self.loop = asyncio.get_running_loop()
+        self._handshake = handshake
+        self.authenticated = self.loop.create_future()
+        if handshake is None:
+            self.authenticated.set_result(None)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._next_id = 0
@@ -65,6 +72,9 @@ class ControlConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self._fail(f"connection lost: {exc}" if exc else "connection closed by the master")
+        if not self.authenticated.done():
+            self.authenticated.set_exception(UnavailableError(f"master control port {self.address}: closed during "
+                                                              f"the handshake"))
 
     def data_received(self, data: bytes) -> None:
         if self._buf:  # the rest of a reply that began in an earlier read
@@ -80,6 +90,11 @@ class ControlConnection(asyncio.Protocol):
             if size < end:
                 break
             body = data[start + _REPLY_SIZE:end]
+            if self._handshake is not None:
+                if not self._handshake_step(bytes(data[start:start + _REPLY_SIZE]), bytes(body)):
+                    return
+                start = end
+                continue
             start = end
             call = self._calls.pop(req_id, None)
             if call is not None:  # else a call that timed out or was cancelled
@@ -89,6 +104,25 @@ class ControlConnection(asyncio.Protocol):
                 self._buf = bytearray()
         elif start or data is not self._buf:  # keep what a reply not whole yet has so far
             self._buf = bytearray(data[start:])
+
+    def _handshake_step(self, header: bytes, body: bytes) -> bool:
+        """The challenge, then the answer to ours; False once the connection is closed for it."""
+        handshake = self._handshake
+        try:
+            if not handshake.server_nonce:
+                answer = handshake.respond(header, body)
+                if answer:
+                    self.transport.write(answer)
+                    return True
+            else:
+                handshake.check(header + body)
+        except KvpoolError as exc:
+            self.authenticated.set_exception(exc)
+            self.close(str(exc))
+            return False
+        self._handshake = None
+        self.authenticated.set_result(None)
+        return True
 
     # -- calls
 
@@ -214,8 +248,9 @@ class ControlLinks:
     the attempt) and again after it closed. `blocking`: for a loop that runs only inside one
     blocking caller's call, each call waits on its own socket (control_blocking.py)."""
 
-    def __init__(self, blocking: bool = False, credential=None):
+    def __init__(self, blocking: bool = False, credential=None, tls=None):
         self.credential = credential  # proved to the master as a connection opens (kvpool/auth.py)
+        self.tls = tls  # kvpool/tls.py TlsFiles: connections are TLS
         self._connections: dict[str, ControlConnection] = {}
         self._opening: dict[str, asyncio.Future] = {}
         self._blocking = blocking
@@ -275,7 +310,7 @@ class ControlLinks:
             connection = self._plain.get(address)
             if connection is None or connection.closed:
                 connection = self._plain[address] = BlockingControlConnection.open(
-                    address, deadline - time.monotonic(), self.credential)
+                    address, deadline - time.monotonic(), self.credential, self.tls)
             try:
                 return connection.call(method, request, deadline)
             except NotSent:
@@ -302,8 +337,20 @@ class ControlLinks:
         try:
             async with asyncio.timeout(max(timeout, 0.001)):
                 sock = await open_socket(host, port)
-                await handshake(sock, self.credential, f"master control port {address}")
-                _, connection = await loop.create_connection(lambda: ControlConnection(address), sock=sock)
+                if self.tls is None:
+                    await handshake(sock, self.credential, f"master control port {address}")
+                    _, connection = await loop.create_connection(lambda: ControlConnection(address), sock=sock)
+                else:
+                    peer = PeerHandshake(self.credential, f"master control port {address}")
+                    _, connection = await loop.create_connection(
+                        lambda: ControlConnection(address, peer), sock=sock, ssl=self.tls.client_context(),
+                        server_hostname=host)
+                    sock = None  # the transport owns it now
+                    try:
+                        await connection.authenticated
+                    except BaseException:
+                        connection.close("handshake failed")
+                        raise
         except BaseException as exc:
             if sock is not None:
                 sock.close()

@@ -74,7 +74,7 @@ def _leader_hint(exc: grpc.aio.AioRpcError) -> str | None:
 class MasterLink:
     def __init__(self, address: str | None = None, etcd: str | None = None,
                  cluster: str = DEFAULT_CLUSTER, rpc_timeout: float = DEFAULT_RPC_TIMEOUT,
-                 blocking: bool = False, credential=None):
+                 blocking: bool = False, credential=None, tls=None):
         if (address is None) == (etcd is None):
             raise InvalidArgumentError("give either the master address(es) or the etcd endpoint (not both)")
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] if address is not None else []
@@ -94,7 +94,8 @@ class MasterLink:
         self._controls: dict[str, str] = {}  # master (gRPC address) -> its control port ("": none)
         self._learning: dict[str, asyncio.Future] = {}  # Stats asked of a master, shared by its callers
         self.credential = credential  # proved on every call (kvpool/auth.py, kvpool/grpc_auth.py)
-        self._links = ControlLinks(blocking, credential)  # blocking: see ControlLinks
+        self.tls = tls  # kvpool/tls.py TlsFiles: every connection to a master (and etcd) is TLS
+        self._links = ControlLinks(blocking, credential, tls)  # blocking: see ControlLinks
 
     @property
     def _can_move(self) -> bool:
@@ -104,8 +105,13 @@ class MasterLink:
     def _stub(self, address: str) -> kvpool_pb2_grpc.MasterStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=_CHANNEL_OPTIONS, interceptors=client_interceptors(self.credential))
+            interceptors = client_interceptors(self.credential)
+            if self.tls is not None:
+                channel = grpc.aio.secure_channel(address, self.tls.grpc_channel_credentials(),
+                                                  options=_CHANNEL_OPTIONS, interceptors=interceptors)
+            else:
+                channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS, interceptors=interceptors)
+            self._channels[address] = channel
             stub = self._stubs[address] = kvpool_pb2_grpc.MasterStub(channel)
         return stub
 
@@ -284,7 +290,7 @@ class MasterLink:
 
         host, port = parse_hostport(self.etcd)
         try:
-            async with EtcdClient(host, port, self.credential, timeout=self.rpc_timeout) as etcd:
+            async with EtcdClient(host, port, self.credential, timeout=self.rpc_timeout, tls=self.tls) as etcd:
                 record = await etcd.get(master_key(self.cluster))
         except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError) as exc:
             raise UnavailableError(f"etcd {self.etcd} unreachable: {exc}") from None

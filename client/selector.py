@@ -41,12 +41,16 @@ def _make_ucx(credential, tickets) -> DataPath | None:
 class TransportSelector(Transport):
     """allowed: transport names (kvpool.transports), default $KVPOOL_TRANSPORTS or all of them.
     credential: what this client proves to each node (kvpool/auth.py).
+    tls: kvpool/tls.py TlsFiles when the cluster runs TLS (None: plain TCP).
     inline: for the blocking Client (TcpTransport.inline)."""
 
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, allowed: Sequence[str] | None = None,
-                 credential=None, inline: bool = False):
+                 credential=None, inline: bool = False, tls=None):
         self.allowed = tuple(allowed) if allowed is not None else transports.from_environment()
-        self.tcp = TcpTransport(connect_timeout, credential)
+        if tls is not None and transports.UCX in self.allowed:  # UCX has no encryption: not over a TLS cluster
+            log.info("UCX transport not used: the cluster runs TLS")
+            self.allowed = tuple(name for name in self.allowed if name != transports.UCX)
+        self.tcp = TcpTransport(connect_timeout, credential, tls)
         self.tcp.inline = inline  # see TcpTransport.inline
         self._fast: dict[str, DataPath] = {}
         if transports.SHM in self.allowed:

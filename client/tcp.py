@@ -8,6 +8,7 @@ from typing import Sequence
 from kvpool import auth
 from kvpool.errors import KvpoolError
 from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT, TcpLink
+from kvpool.tls import client_files
 from kvpool.wire import Op
 
 from . import tcp_inline
@@ -26,15 +27,17 @@ class TcpTransport(TcpLink, Transport):
     # (client/tcp_inline.py) instead of through the event loop.
     inline = False
 
-    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential=ENVIRONMENT):
-        """credential: what to prove to nodes (kvpool/auth.py); by default the client token this
-        process's environment holds."""
-        super().__init__(connect_timeout, auth.client_credential() if credential is ENVIRONMENT else credential)
+    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential=ENVIRONMENT, tls=ENVIRONMENT):
+        """credential: what to prove to nodes (kvpool/auth.py); tls: kvpool/tls.py TlsFiles to connect
+        with (None: plain TCP). By default both come from this process's environment."""
+        files = client_files() if tls is ENVIRONMENT else tls
+        super().__init__(connect_timeout, auth.client_credential() if credential is ENVIRONMENT else credential,
+                         files.client_context() if files is not None else None)
 
     async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
         if self.inline:
             connection = await self._connection(address)
-            if connection.idle():
+            if connection.idle() and not connection.tls:
                 return tcp_inline.write(connection, key, generation, term, data, checksum, options)
         return await super().write(address, key, generation, data, checksum, options, term)
 

@@ -16,7 +16,6 @@ it reached a member, not an impostor collecting its KV blocks) or FORBIDDEN and 
 with a credential refuses a server that does not authenticate.
 """
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -30,6 +29,8 @@ from pathlib import Path
 
 from . import wire
 from .errors import Code, ForbiddenError, ProtocolError, UnavailableError, error_for
+from .socket_input import readable
+from .socket_output import send_all
 
 log = logging.getLogger(__name__)
 
@@ -234,25 +235,30 @@ class PeerHandshake:
 
 
 async def handshake(sock, credential: Credential | None, server: str) -> None:
-    """The peer's handshake on a connected non-blocking socket (bound it with a timeout)."""
-    loop = asyncio.get_running_loop()
+    """The peer's handshake on a connected non-blocking socket, plain or TLS (bound it with a timeout)."""
     peer = PeerHandshake(credential, server)
-    header = await _recv_exactly(loop, sock, wire.REPLY.size, server)
-    answer = peer.respond(header, await _recv_exactly(loop, sock, peer.body_length(header), server))
+    header = await _recv_exactly(sock, wire.REPLY.size, server)
+    answer = peer.respond(header, await _recv_exactly(sock, peer.body_length(header), server))
     if not answer:
         return
-    await loop.sock_sendall(sock, answer)
-    header = await _recv_exactly(loop, sock, wire.REPLY.size, server)
-    peer.check(header + await _recv_exactly(loop, sock, peer.body_length(header), server))
+    await send_all(sock, answer)
+    header = await _recv_exactly(sock, wire.REPLY.size, server)
+    peer.check(header + await _recv_exactly(sock, peer.body_length(header), server))
 
 
-async def _recv_exactly(loop, sock, size: int, server: str) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = await loop.sock_recv(sock, size - len(buf))
-        if not chunk:
+async def _recv_exactly(sock, size: int, server: str) -> bytes:
+    """Exactly `size` bytes, and not one more: what follows belongs to the connection's reader."""
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        try:
+            more = sock.recv_into(view[got:])
+        except (BlockingIOError, InterruptedError):
+            await readable(sock)
+            continue
+        if not more:
             raise UnavailableError(f"{server} closed the connection during the handshake")
-        buf += chunk
+        got += more
     return bytes(buf)
 
 

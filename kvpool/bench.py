@@ -388,7 +388,7 @@ def _row(transport: str, name: str, size: int, bps: float, count: int, socket_bp
 
 
 def run_bench(connect, transports: list[str | None], sizes: list[int], batch: int = 64, seconds: float = 1.5,
-              compress: bool = False) -> dict:
+              compress: bool = False, security: dict | None = None) -> dict:
     """Benchmark each of `transports` (None: whatever the client picks) on the same workload.
 
     connect(transport name or None) -> a Client restricted to that transport. Prints the human
@@ -423,7 +423,7 @@ def run_bench(connect, transports: list[str | None], sizes: list[int], batch: in
         results.extend(_row(name, op, size, bps, count, socket_bps, memcpy_bps)
                        for op, size, bps, count in run["rows"])
     report = {"settings": {"transports": [t or "default" for t in transports], "sizes": sizes, "batch": batch,
-                           "seconds": seconds, "compress": compress},
+                           "seconds": seconds, "compress": compress, "security": security or {}},
               "baseline": {"socket_stream_MBps": round(socket_bps / 1e6, 1),
                            "socket_stream_runs_MBps": [round(socket_before / 1e6, 1), round(socket_after / 1e6, 1)],
                            "memcpy_MBps": round(memcpy_bps / 1e6, 1),

@@ -1,4 +1,4 @@
-"""The `kvpool` command: up, master, storenode, status, drain, bench, token."""
+"""The `kvpool` command: up, master, storenode, status, drain, bench, token, etcd-auth, tls."""
 
 import argparse
 import sys
@@ -51,12 +51,13 @@ def cmd_up(args) -> int:
         raise SystemExit(f"kvpool up: {exc}") from None
     cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,
                            data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
-                           metrics=args.metrics, masters=args.masters, secret=secret,
+                           metrics=args.metrics, masters=args.masters, secret=secret, tls=args.tls,
                            node_args=["--transports", args.transports] if args.transports else None)
     with cluster:
         print(f"kvpool ready master={cluster.leader_address()} etcd={cluster.etcd_endpoint}", flush=True)
+        tls_ca = f" KVPOOL_TLS_CA={cluster.tls_files.ca}" if cluster.tls_files else ""
         if cluster.secret:
-            print(f"clients: export KVPOOL_TOKEN_FILE={cluster.client_token_file}", flush=True)
+            print(f"clients: export KVPOOL_TOKEN_FILE={cluster.client_token_file}{tls_ca}", flush=True)
         else:
             print("clients: no cluster secret (every port is open to anyone who reaches it)", flush=True)
         for name, url in cluster.metrics_urls.items():
@@ -64,7 +65,8 @@ def cmd_up(args) -> int:
         if args.demo:
             from .demo import run_demo
 
-            run_demo(cluster.master_address, token=cluster.client_token)
+            run_demo(cluster.master_address, token=cluster.client_token,
+                     tls_ca=str(cluster.tls_files.ca) if cluster.tls_files else None)
             if args.exit_after_demo:
                 return 0
         wait_for_signal()
@@ -119,7 +121,12 @@ def cmd_bench(args) -> int:
         # A client per run, so each run's bytes_by_transport() covers only that run.
         return Client(args.master, etcd=args.etcd, cluster=args.cluster, transports=transport, token=token)
 
-    report = run_bench(connect, requested_transports(args.transport),
+    from . import auth
+    from .tls import client_files
+
+    security = {"authenticated": bool(token if token is not None else auth.read_token()),
+                "tls": client_files() is not None}
+    report = run_bench(connect, requested_transports(args.transport), security=security,
                        sizes=[parse_size(s) for s in args.sizes.split(",")], batch=args.batch,
                        seconds=args.seconds, compress=args.compress)
     return 0 if report["results"] else 1
@@ -149,17 +156,29 @@ def cmd_etcd_auth(args) -> int:
     """Turn on etcd's authentication with the cluster's users (kvpool/etcd_client.py)."""
     from . import auth
     from .etcd_client import enable_auth
+    from .tls import TlsFiles
 
     try:
         secret = auth.read_token(args.token_file)
         if not secret:
             raise ValueError("no cluster secret: give --token-file, or set KVPOOL_TOKEN_FILE or KVPOOL_TOKEN")
         auth.Credential.for_member(secret)
-        done = enable_auth(args.etcd, secret)
+        done = enable_auth(args.etcd, secret, tls=TlsFiles.in_dir(args.tls_dir) if args.tls_dir else None)
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"kvpool etcd-auth: {exc}", file=sys.stderr)
         return 1
     print("etcd authentication turned on" if done else "etcd authentication was already on", flush=True)
+    return 0
+
+
+def cmd_tls(args) -> int:
+    """Make a CA and a member certificate for the hosts given (kept if DIR already has them)."""
+    from .tls import make_local
+
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    files = make_local(args.dir, hosts=hosts)
+    print(f"TLS material in {files.ca.parent}: give members --tls-dir {files.ca.parent}, "
+          f"clients KVPOOL_TLS_CA={files.ca}", flush=True)
     return 0
 
 
@@ -185,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "the one kept in DATA_DIR/secret, else a new one written there)")
     up.add_argument("--token", default=None, metavar="SECRET",
                     help="set the cluster secret (seen by `ps`: prefer --token-file); \"\" runs with none")
+    up.add_argument("--tls", action="store_true",
+                    help="every component serves TLS (etcd, the master's ports, the nodes' TCP data path) with a "
+                         "CA and certificate made in DATA_DIR/tls")
     up.add_argument("--demo", action="store_true", help="run a short workload once the cluster is up")
     up.add_argument("--exit-after-demo", action="store_true", help="stop the cluster when the demo ends")
     up.set_defaults(func=cmd_up)
@@ -229,7 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     etcd_auth.add_argument("--etcd", required=True, metavar="HOST:PORT")
     etcd_auth.add_argument("--token-file", metavar="PATH",
                            help="the cluster secret (default: $KVPOOL_TOKEN_FILE, else $KVPOOL_TOKEN)")
+    etcd_auth.add_argument("--tls-dir", metavar="DIR", help="etcd serves TLS: check it against DIR/ca.pem")
     etcd_auth.set_defaults(func=cmd_etcd_auth)
+
+    tls = sub.add_parser("tls", help="make a CA and a certificate for the cluster's members")
+    tls.add_argument("dir", metavar="DIR", help="where ca.pem, cert.pem and key.pem go")
+    tls.add_argument("--hosts", default="127.0.0.1,localhost",
+                     help="names and addresses the members answer on, comma-separated")
+    tls.set_defaults(func=cmd_tls)
     return parser
 
 

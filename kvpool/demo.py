@@ -7,11 +7,12 @@ from .checksum import checksum
 from .units import format_size
 
 
-def run_demo(master: str, blocks: int = 64, block_size: int = 256 * 1024, token: str | None = None) -> None:
+def run_demo(master: str, blocks: int = 64, block_size: int = 256 * 1024, token: str | None = None,
+             tls_ca: str | None = None) -> None:
     from .client import Client
     from .status import render_status
 
-    with Client(master, token=token) as client:
+    with Client(master, token=token, tls_ca=tls_ca) as client:
         keys = [f"demo/prefix-{i:04d}" for i in range(blocks)]
         values = [os.urandom(block_size) for _ in keys]
 

@@ -127,12 +127,15 @@ class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
 class EtcdClient(aetcd.Client):
     """aetcd.Client logging in as `credential`'s etcd user (None: no etcd authentication)."""
 
-    def __init__(self, host: str, port: int, credential: Credential | None = None, timeout=None, **options):
+    def __init__(self, host: str, port: int, credential: Credential | None = None, timeout=None, tls=None,
+                 **options):
+        """tls: kvpool/tls.py TlsFiles (etcd's certificate is checked against its CA)."""
         super().__init__(host=host, port=port, timeout=timeout, **options)
         self._login = login_of(credential) if credential is not None else None
+        self._tls = tls
 
     async def connect(self) -> None:
-        if self._login is None:
+        if self._login is None and self._tls is None:
             return await super().connect()
         if self._connected.is_set():
             return
@@ -141,10 +144,15 @@ class EtcdClient(aetcd.Client):
             return
         self._is_connecting = True
         try:
-            tokens = _Tokens(*self._login)
-            interceptor = _TokenInterceptor(tokens, self._timeout)
-            self.channel = grpc.aio.insecure_channel(f"{self._host}:{self._port}", options=self._options.items(),
-                                                     interceptors=[interceptor])
+            tokens = _Tokens(*self._login) if self._login else _Tokens("", "")
+            tokens.unused = self._login is None
+            interceptors = [_TokenInterceptor(tokens, self._timeout)]
+            target, options = f"{self._host}:{self._port}", list(self._options.items())
+            if self._tls is not None:
+                self.channel = grpc.aio.secure_channel(target, self._tls.grpc_channel_credentials(), options=options,
+                                                       interceptors=interceptors)
+            else:
+                self.channel = grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
             tokens.stub = self.auth_stub = rpc.AuthStub(self.channel)
             self.kvstub = rpc.KVStub(self.channel)
             self.clusterstub = rpc.ClusterStub(self.channel)
@@ -160,13 +168,14 @@ class EtcdClient(aetcd.Client):
             self._is_connecting = False
 
 
-def enable_auth(endpoint: str, secret: str, prefix: str = "/kvpool/", timeout: float = 10.0) -> bool:
+def enable_auth(endpoint: str, secret: str, prefix: str = "/kvpool/", timeout: float = 10.0, tls=None) -> bool:
     """Create the members' and the clients' etcd users on the etcd at `endpoint` and turn
     authentication on (etcd's JSON gateway; a root user with a random password that nobody
     keeps is needed to turn it on). Members may read and write under `prefix` (all keys when
     empty), clients only read. An etcd with authentication already on is left as it is:
-    returns False then, True when it was set up now."""
-    if _post(endpoint, "/v3/auth/status", {}, timeout).get("enabled"):
+    returns False then, True when it was set up now. tls: TlsFiles when etcd serves TLS."""
+    context = tls.client_context() if tls is not None else None
+    if _post(endpoint, "/v3/auth/status", {}, timeout, context).get("enabled"):
         return False
     start, end = (prefix.encode(), _prefix_end(prefix.encode())) if prefix else (b"\0", b"\0")
     steps = [("role/add", {"name": "kvpool-member"}), ("role/add", {"name": "kvpool-client"}),
@@ -182,7 +191,7 @@ def enable_auth(endpoint: str, secret: str, prefix: str = "/kvpool/", timeout: f
     steps += [("user/add", {"name": "root", "password": secrets.token_hex(16)}),
               ("user/grant", {"user": "root", "role": "root"}), ("enable", {})]
     for path, body in steps:
-        _post(endpoint, f"/v3/auth/{path}", body, timeout)
+        _post(endpoint, f"/v3/auth/{path}", body, timeout, context)
     return True
 
 
@@ -194,11 +203,12 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
 
-def _post(endpoint: str, path: str, body: dict, timeout: float) -> dict:
-    request = urllib.request.Request(f"http://{endpoint}{path}", data=json.dumps(body).encode(),
+def _post(endpoint: str, path: str, body: dict, timeout: float, context=None) -> dict:
+    scheme = "https" if context is not None else "http"
+    request = urllib.request.Request(f"{scheme}://{endpoint}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
             return json.loads(reply.read() or b"{}")
     except urllib.error.HTTPError as exc:
         text = exc.read().decode("utf-8", "replace")

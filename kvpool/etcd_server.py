@@ -27,8 +27,11 @@ class EtcdServer:
     """
 
     def __init__(self, data_dir: str | os.PathLike, host: str = "127.0.0.1", client_port: int = 0,
-                 peer_port: int = 0, log_path: str | os.PathLike | None = None, name: str = "kvpool-etcd"):
+                 peer_port: int = 0, log_path: str | os.PathLike | None = None, name: str = "kvpool-etcd",
+                 tls=None):
+        """tls: kvpool/tls.py TlsFiles: clients reach it over TLS (its peers, on this host, do not)."""
         self.name = name
+        self.tls = tls
         self.initial_cluster = ""  # name=peer-url,... of every member; empty: just this one
         self.data_dir = Path(data_dir)
         self.host = host
@@ -42,6 +45,10 @@ class EtcdServer:
         return f"{self.host}:{self.client_port}"
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
     def peer_url(self) -> str:
         return f"http://{self.host}:{self.peer_port}"
 
@@ -53,7 +60,8 @@ class EtcdServer:
     def launch(self) -> None:
         """Start the process without waiting: members of one cluster must all be up before any is healthy."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        client_url = f"http://{self.host}:{self.client_port}"
+        client_url = f"{self.scheme}://{self.host}:{self.client_port}"
+        tls = ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key)] if self.tls else []
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
@@ -61,7 +69,7 @@ class EtcdServer:
              "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
              "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}", "--log-level", "warn",
              # etcd holds only membership, leases and leadership; its history needs no keeping.
-             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "10m"],
+             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "10m", *tls],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
@@ -73,7 +81,8 @@ class EtcdServer:
         if self.proc.poll() is not None:
             raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
         try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as resp:
+            with urllib.request.urlopen(f"{self.scheme}://{self.endpoint}/health", timeout=1,
+                                        context=self.tls.client_context() if self.tls else None) as resp:
                 return b'"true"' in resp.read()
         except OSError:
             return False

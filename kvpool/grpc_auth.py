@@ -126,9 +126,10 @@ class _Details(grpc.ClientCallDetails):
         self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
 
 
-def blocking_channel(address: str, credential: Credential | None, options=()) -> grpc.Channel:
-    """A blocking gRPC channel to a master whose calls carry `credential`'s proof."""
-    channel = grpc.insecure_channel(address, options=options)
+def blocking_channel(address: str, credential: Credential | None, options=(), tls=None) -> grpc.Channel:
+    """A blocking gRPC channel to a master whose calls carry `credential`'s proof (tls: TlsFiles)."""
+    channel = grpc.secure_channel(address, tls.grpc_channel_credentials(), options=options) if tls is not None \
+        else grpc.insecure_channel(address, options=options)
     return grpc.intercept_channel(channel, _BlockingClientAuth(credential)) if credential is not None else channel
 
 

@@ -94,7 +94,7 @@ class LocalCluster:
                  master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float = 5,
                  put_timeout: float = 30, metrics: bool = False, host: str = "127.0.0.1",
                  ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None,
-                 masters: int = 1, etcd_members: int = 1, secret: str | None = None):
+                 masters: int = 1, etcd_members: int = 1, secret: str | None = None, tls: bool = False):
         """node_args / master_args: extra command-line options for every storage node / every master.
         masters: how many masters run; the first one started leads at first, the others stand by.
         etcd_members: size of the etcd cluster (components talk to its first member).
@@ -102,7 +102,9 @@ class LocalCluster:
         given ($KVPOOL_TOKEN_FILE / $KVPOOL_TOKEN) if it is a secret, else the one kept in the data dir,
         else a new one kept there. Its client token is written next to it (`client_token_file`), and
         a process that had no token of its own is given that one ($KVPOOL_TOKEN_FILE) while the cluster
-        runs, so the clients it makes and the engines it starts belong to the cluster."""
+        runs, so the clients it makes and the engines it starts belong to the cluster.
+        tls: every component serves TLS with a CA and certificate made in DATA_DIR/tls (kvpool/tls.py);
+        a process without $KVPOOL_TLS_CA is given that CA the same way."""
         if masters < 1:
             raise ValueError(f"masters must be at least 1, got {masters}")
         self.master_count = masters
@@ -123,6 +125,9 @@ class LocalCluster:
         self.metrics = metrics
         self.secret = secret
         self._gave_token = False
+        self._gave_ca = False
+        self.tls = tls
+        self.tls_files = None  # kvpool/tls.py TlsFiles once started with tls
         self.etcd: EtcdServer | None = None
         self.etcd_servers: list[EtcdServer] = []
         self.master: Child | None = None  # the first master (the leader once start() returns)
@@ -176,7 +181,16 @@ class LocalCluster:
                 self._gave_token = True
 
     def _secret_args(self) -> list:
-        return ["--token-file", str(self.secret_file)] if self.secret else []
+        tls = ["--tls-dir", str(self.tls_files.cert.parent)] if self.tls_files else []
+        return (["--token-file", str(self.secret_file)] if self.secret else []) + tls
+
+    def _make_tls(self) -> None:
+        from .tls import make_local
+
+        self.tls_files = make_local(self.data_dir / "tls", hosts=sorted({self.host, "127.0.0.1", "localhost"}))
+        if not os.environ.get("KVPOOL_TLS_CA"):
+            os.environ["KVPOOL_TLS_CA"] = str(self.tls_files.ca)
+            self._gave_ca = True
 
     @property
     def etcd_endpoint(self) -> str:
@@ -195,16 +209,18 @@ class LocalCluster:
     def start(self, timeout: float = 60.0) -> "LocalCluster":
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._keep_secret()
+        if self.tls:
+            self._make_tls()
         try:
             if self.etcd_members > 1:
                 self.etcd_servers = etcd_cluster(self.data_dir / "etcd", self.etcd_members, self.host, timeout)
                 self.etcd = self.etcd_servers[0]  # every component talks to this member
             else:
                 self.etcd = EtcdServer(self.data_dir / "etcd", host=self.host,
-                                       log_path=self.log_dir / "etcd.log").start(timeout)
+                                       log_path=self.log_dir / "etcd.log", tls=self.tls_files).start(timeout)
                 self.etcd_servers = [self.etcd]
             if self.secret:  # members log in as one etcd user, clients (read only) as another
-                enable_auth(self.etcd.endpoint, self.secret)
+                enable_auth(self.etcd.endpoint, self.secret, tls=self.tls_files)
             self.master = self._master_child().start(timeout)
             self.masters = [self.master]
             for index in range(1, self.master_count):
@@ -267,7 +283,7 @@ class LocalCluster:
         alive = [m for m in self.masters if m.alive] or [self.master]
         stats = None
         for child in alive:
-            with blocking_channel(child.info["address"], self.client_credential) as channel:
+            with blocking_channel(child.info["address"], self.client_credential, tls=self.tls_files) as channel:
                 try:
                     stats = kvpool_pb2_grpc.MasterStub(channel).Stats(kvpool_pb2.StatsRequest(), timeout=5)
                 except grpc.RpcError:
@@ -296,6 +312,9 @@ class LocalCluster:
         if self._gave_token and os.environ.get("KVPOOL_TOKEN_FILE") == str(self.client_token_file):
             del os.environ["KVPOOL_TOKEN_FILE"]
             self._gave_token = False
+        if self._gave_ca and self.tls_files and os.environ.get("KVPOOL_TLS_CA") == str(self.tls_files.ca):
+            del os.environ["KVPOOL_TLS_CA"]
+            self._gave_ca = False
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -14,6 +14,18 @@ import asyncio
 import socket
 
 
+async def readable(sock) -> None:
+    """Wait until `sock` has input (or was closed): for a handshake's few reads, not a stream's."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = sock.fileno()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
 class SocketInput:
     def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop | None = None):
         self.sock = sock

@@ -19,6 +19,9 @@ from . import wire
 from .checksum import Digest
 from .errors import Code, ProtocolError, UnavailableError, error_for
 from .parts import pieces
+from .socket_input import SocketInput
+from .socket_output import flush_backlog, send_all
+from .tls_socket import TlsSocket
 from .write_options import NO_OPTIONS, WriteOptions
 
 _IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
@@ -115,6 +118,12 @@ class Connection:
         self._posting: set[asyncio.Task] = set()
         self._deferred: list[bytes] = []  # unanswered frames that ride along with the next send
         self._deferred_flush: asyncio.TimerHandle | None = None
+        # A TLS socket (kvpool/tls_socket.py) is read through a SocketInput: the loop's sock_* calls take
+        # real sockets only, and what the TLS session already decrypted must be read before waiting.
+        self.tls = isinstance(sock, TlsSocket)
+        self._input = SocketInput(sock, self.loop) if self.tls else None
+        self._sock_recv_into = (lambda _sock, view: self._input.recv_into(view)) if self.tls \
+            else self.loop.sock_recv_into
         self.reader = self.loop.create_task(self._read_replies(), name=f"kvpool-reply-reader {address}")
 
     # -- for a caller that sends and reads a request on the socket itself (client/tcp_inline.py)
@@ -252,8 +261,13 @@ class Connection:
                 sent -= len(parts[i])
                 i += 1
             if i < n:
-                await self.loop.sock_sendall(sock, memoryview(parts[i])[sent:])
+                if self.tls:
+                    await send_all(sock, memoryview(parts[i]).cast("B")[sent:])
+                else:
+                    await self.loop.sock_sendall(sock, memoryview(parts[i])[sent:])
                 i += 1
+        if self.tls and sock.backlog:
+            await flush_backlog(sock)
 
     # -- receiving
 
@@ -319,6 +333,8 @@ class Connection:
             # A sender may still be inside sock_sendall on this fd; shutdown() makes it
             # error out, and closing only after it has let go keeps the loop's fd map sane.
             async with self._send_lock:
+                if self._input is not None:
+                    self._input.stop()
                 self.sock.close()
 
     async def _receive_payload(self, request: _Request, length: int):
@@ -333,7 +349,7 @@ class Connection:
         # Hash each chunk as it lands: the node keeps sending meanwhile, so the
         # checksum costs little beyond the receive instead of a pass after it.
         digest = Digest()
-        recv_into, sock = self.loop.sock_recv_into, self.sock
+        recv_into, sock = self._sock_recv_into, self.sock
         left = length
         for view in pieces(buf):
             got, size = self._take_ahead(view), len(view)
@@ -366,7 +382,7 @@ class Connection:
                 tail = end - start  # shorter than a header: move it to the front
                 ahead[:tail] = ahead[start:end]
                 start, end = 0, tail
-            recv_into, sock = self.loop.sock_recv_into, self.sock
+            recv_into, sock = self._sock_recv_into, self.sock
             while end - start < need:
                 more = await recv_into(sock, ahead[end:])
                 if not more:
@@ -385,7 +401,7 @@ class Connection:
         return n
 
     async def _recv_exactly(self, view: memoryview) -> None:
-        recv_into, sock = self.loop.sock_recv_into, self.sock
+        recv_into, sock = self._sock_recv_into, self.sock
         got, total = self._take_ahead(view), len(view)
         while got < total:
             more = await recv_into(sock, view[got:] if got else view)

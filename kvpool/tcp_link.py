@@ -10,12 +10,14 @@ import asyncio
 import functools
 import json
 import os
+import ssl
 
 from . import inventory, wire
 from .auth import Credential, handshake
 from .cluster_layout import parse_hostport
 from .errors import InvalidArgumentError, KvpoolError, ProtocolError, UnavailableError
 from .netutil import open_socket
+from .tls_socket import TlsSocket, handshake as tls_handshake
 from .tcp_connection import Connection
 
 DEFAULT_CONNECT_TIMEOUT = 3.0
@@ -28,9 +30,11 @@ class TcpLink:
     """Requests to storage nodes over TCP. Connections open lazily, one per node address, and are
     shared by every coroutine on the event loop that first used them."""
 
-    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential: Credential | None = None):
+    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential: Credential | None = None,
+                 tls: ssl.SSLContext | None = None):
         self.connect_timeout = connect_timeout
         self.credential = credential  # proved to each node as a connection opens (kvpool/auth.py)
+        self.tls = tls  # a client context: connections are TLS (kvpool/tls_socket.py), nodes checked against it
         self._connections: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future] = {}
         self._closed = False
@@ -58,6 +62,9 @@ class TcpLink:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 sock = await open_socket(host, port)
+                if self.tls is not None:
+                    sock = TlsSocket(sock, self.tls, server_side=False, server_hostname=host)
+                    await tls_handshake(sock)
                 await handshake(sock, self.credential, f"node {address}")
         except BaseException as exc:
             if sock is not None:

@@ -58,11 +58,13 @@ class ControlPort:
                                 registry=registry)
         self.counted = {name: self.requests.labels(name) for name in control.OP_BY_RPC}
 
-    async def bind(self, host: str, port: int) -> int:
-        """Listen on host:port (0: a free port), without serving yet; returns the port."""
+    async def bind(self, host: str, port: int, tls=None) -> int:
+        """Listen on host:port (0: a free port), without serving yet; returns the port. tls: an
+        ssl.SSLContext to serve TLS with (the AUTH handshake then runs inside it)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, start_serving=False,
-                                                backlog=1024)
+                                                backlog=1024, ssl=tls,
+                                                ssl_handshake_timeout=self.frame_timeout if tls else None)
         return self._server.sockets[0].getsockname()[1]
 
     async def start(self) -> None:

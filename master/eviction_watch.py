@@ -26,7 +26,7 @@ class EvictionWatch:
         self._table = table
         self._node_io = node_io
         self.interval = interval
-        self._link = TcpLink(credential=node_io.credential)
+        self._link = TcpLink(credential=node_io.credential, tls=node_io.tls)
         self._watches: dict[tuple[str, str], asyncio.Task] = {}  # (node id, instance) -> its watch
 
     async def run(self) -> None:

@@ -13,7 +13,7 @@ import aetcd
 import grpc
 from kvpool.proto import kvpool_pb2_grpc
 
-from kvpool import auth, cluster_layout
+from kvpool import auth, cluster_layout, tls
 from kvpool.etcd_client import EtcdClient
 from kvpool.grpc_auth import ServerAuth
 from kvpool.process import run_server
@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="changes of committed keys the leader keeps for WatchKeys subscribers to resume from; "
                         f"one further behind gets a snapshot (default {KEY_FEED_SIZE})")
     auth.add_token_argument(p)
+    tls.add_tls_argument(p)
     return p
 
 
@@ -171,10 +172,11 @@ async def serve(args) -> int:
                         max_replicas=args.max_replicas)
     verifier = auth.Verifier(args.secret)
     auth.warn_if_open(verifier, "this master")
-    node_io = NodeIO(credential=auth.Credential.for_member(args.secret) if args.secret else None)
+    node_io = NodeIO(credential=auth.Credential.for_member(args.secret) if args.secret else None,
+                     tls=args.tls.client_context() if args.tls else None)
     adopter = Adopter(table, node_io)
     metrics = MasterMetrics(table)
-    async with EtcdClient(etcd_host, etcd_port, node_io.credential) as etcd:
+    async with EtcdClient(etcd_host, etcd_port, node_io.credential, tls=args.tls) as etcd:
         try:
             await asyncio.wait_for(etcd.status(), ETCD_CONNECT_TIMEOUT)
         except Exception as exc:  # noqa: BLE001
@@ -184,7 +186,10 @@ async def serve(args) -> int:
         server = grpc.aio.server(interceptors=[ServerAuth(verifier, metrics.refused_call)], options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         try:
-            port = server.add_insecure_port(f"{args.host}:{args.port}")
+            if args.tls:
+                port = server.add_secure_port(f"{args.host}:{args.port}", args.tls.grpc_server_credentials())
+            else:
+                port = server.add_insecure_port(f"{args.host}:{args.port}")
         except RuntimeError as exc:
             log.error("binding %s:%s failed: %s", args.host, args.port, exc)
             port = 0
@@ -196,7 +201,8 @@ async def serve(args) -> int:
                                 max_batch=args.max_batch)
         control = ControlPort(service, metrics.registry, args.control_frame_timeout, verifier=verifier)
         try:
-            control_port = await control.bind(args.host, args.control_port)
+            control_port = await control.bind(args.host, args.control_port,
+                                              args.tls.server_context() if args.tls else None)
         except OSError as exc:
             print(f"kvpool-master: cannot listen on {args.host}:{args.control_port}: {exc}", file=sys.stderr)
             return 1
@@ -296,6 +302,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.secret = auth.secret_of(parser, args)
+    args.tls = tls.files_of(parser, args)
     for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "key_feed_size",
                  "control_frame_timeout", "max_batch", "max_replicas"):
         if not getattr(args, flag) > 0:  # also NaN

@@ -33,9 +33,10 @@ class HoldOrder:
 
 
 class NodeIO:
-    def __init__(self, transport=None, credential=None):
+    def __init__(self, transport=None, credential=None, tls=None):
         self._transport = transport
         self.credential = credential  # the member credential, proved to every node (kvpool/auth.py)
+        self.tls = tls  # a client ssl context when the cluster runs TLS
         self._queue: asyncio.Queue[FreeOrder] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # FREEs a request stopped waiting for
@@ -45,7 +46,7 @@ class NodeIO:
     @property
     def transport(self):
         if self._transport is None:
-            self._transport = TcpLink(credential=self.credential)
+            self._transport = TcpLink(credential=self.credential, tls=self.tls)
         return self._transport
 
     def start(self) -> None:

@@ -109,7 +109,7 @@ class Repairer:
     @property
     def transport(self):
         if self._transport is None:
-            self._transport = TcpLink(credential=self._node_io.credential)
+            self._transport = TcpLink(credential=self._node_io.credential, tls=self._node_io.tls)
         return self._transport
 
     async def run(self) -> None:

@@ -18,16 +18,17 @@ COPY_TIMEOUT = 60.0  # a destination that stops reading must not hold the object
 
 
 class Copier:
-    def __init__(self, store: ObjectStore, credential=None, timeout: float = COPY_TIMEOUT):
+    def __init__(self, store: ObjectStore, credential=None, tls=None, timeout: float = COPY_TIMEOUT):
         self.store = store
         self.credential = credential
+        self.tls = tls  # a client ssl context when the cluster runs TLS
         self.timeout = timeout
         self._transport = None  # one outbound connection per destination, made on the first COPY
 
     @property
     def transport(self):
         if self._transport is None:
-            self._transport = TcpLink(credential=self.credential)
+            self._transport = TcpLink(credential=self.credential, tls=self.tls)
         return self._transport
 
     async def copy(self, key: bytes, generation: int, destination: str) -> int:

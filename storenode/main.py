@@ -12,7 +12,7 @@ import uuid
 
 from prometheus_client import start_http_server
 
-from kvpool import auth, transports
+from kvpool import auth, tls, transports
 from kvpool.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError
 from kvpool.process import run_server
@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data transports to offer: shm (clients on this host), ucx (needs kvpool[ucx]; worth it "
                         "with RDMA), tcp (always served) (default: shm,tcp)")
     auth.add_token_argument(p)
+    tls.add_tls_argument(p)
     return p
 
 
@@ -153,6 +154,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     _check(parser, args)
     args.secret = auth.secret_of(parser, args)
+    args.tls = tls.files_of(parser, args)
     return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/socket_output.py, not sock_sendfile
 
 
@@ -197,7 +199,7 @@ async def _serve(args) -> int:
     credential = auth.Credential.for_member(args.secret) if args.secret else None
     server = DataServer(store, maintenance, node_id, metrics, instance=instance, verifier=verifier,
                         frame_timeout=args.frame_timeout, max_connections=args.max_connections,
-                        credential=credential)
+                        credential=credential, tls=args.tls)
     if transports.SHM in args.transports and dram.segment.path:
         server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None
@@ -219,7 +221,7 @@ async def _serve(args) -> int:
                             data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
                             zone=args.zone, transports=[*server.offers, transports.TCP],
                             transport_info=server.offers)
-        registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl, credential)
+        registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl, credential, args.tls)
         if not await _until_stopped(registration.start(), stopping):
             return 0
         print(f"kvpool-storenode ready node_id={node_id} address={record.address}", flush=True)

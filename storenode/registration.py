@@ -21,20 +21,21 @@ class NodeRegistration:
     so a clean stop revokes the lease to make that immediate.
     """
 
-    def __init__(self, etcd: str, cluster: str, record: NodeRecord, ttl: float, credential=None):
+    def __init__(self, etcd: str, cluster: str, record: NodeRecord, ttl: float, credential=None, tls=None):
         self.etcd_host, self.etcd_port = parse_hostport(etcd)
         self.key = node_key(cluster, record.node_id)
         self.value = record.to_json()
         self.ttl = max(1, math.ceil(ttl))  # etcd leases are whole seconds
         self.lease_id: int | None = None
         self.credential = credential  # logs in to etcd as a member (kvpool/etcd_client.py)
+        self.tls = tls  # TlsFiles: etcd is reached over TLS
         self._client: aetcd.Client | None = None
         self._keepalive: asyncio.Task | None = None
 
     async def start(self, timeout: float = 30.0) -> None:
         """Register, retrying while etcd is unreachable; UnavailableError after `timeout` s."""
         # A per-call deadline keeps a stalled etcd from outliving the lease unnoticed.
-        self._client = EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl)
+        self._client = EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl, tls=self.tls)
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import socket
+import ssl
 import time
 
 from kvpool import transports, wire
@@ -27,7 +28,9 @@ from kvpool.auth import MEMBER_OPS, Role, ServerHandshake, Tickets, Verifier, re
 from kvpool.checksum import Digest, checksum
 from kvpool.errors import Code, ForbiddenError, KvpoolError
 from kvpool.keys import MAX_KEY_BYTES
-from kvpool.socket_output import PeerStalled, send_all, send_file
+from kvpool.socket_output import PeerStalled, flush_backlog, send_all, send_file
+from kvpool.tls_socket import TlsSocket
+from kvpool.tls_socket import handshake as tls_handshake
 from kvpool.write_options import raw_size_problem
 from kvpool.socket_input import SocketInput
 
@@ -77,7 +80,7 @@ class DataServer:
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
                  metrics: NodeMetrics | None = None, instance: str = "", verifier: Verifier | None = None,
                  frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                 credential=None):
+                 credential=None, tls=None):
         self.store = store
         self.max_connections = max_connections  # more are turned away, so no peer can take every descriptor
         self.frame_timeout = frame_timeout  # a request half-received with no byte for this long closes its connection
@@ -85,10 +88,13 @@ class DataServer:
         self.node_id = node_id
         self.instance = instance
         self.verifier = verifier or Verifier(None)
+        self.tls = tls  # kvpool/tls.py TlsFiles: every connection is TLS (kvpool/tls_socket.py)
+        self._tls_context = tls.server_context() if tls is not None else None
         self.ucx_tickets = Tickets()  # handed out in HELLO, taken by UCX CONNECTs (storenode/ucx_server.py)
         self.offers: dict[str, dict] = {}
         self.metrics = metrics or NodeMetrics()
-        self.copier = Copier(store, credential)  # COPY's WRITEs to other nodes prove the member role
+        # COPY's WRITEs to other nodes prove the member role (over TLS too when the cluster uses it).
+        self.copier = Copier(store, credential, tls.client_context() if tls is not None else None)
         self.term = 0  # highest term a member's REPORT, INVENTORY or EVICTIONS carried: older WRITEs are refused
         self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
         store.on_dropped = self.dropped.set
@@ -166,6 +172,8 @@ class DataServer:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls_context is not None:
+                sock = TlsSocket(sock, self._tls_context, server_side=True)
             task = asyncio.create_task(_Connection(self, sock).run())
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
@@ -210,7 +218,7 @@ class _Connection:
         self.metrics.connections.inc()
         try:
             try:
-                if await self._authenticate():
+                if await self._tls_handshake() and await self._authenticate():
                     while await self._serve_one():
                         pass
             except _Disconnect:
@@ -228,6 +236,19 @@ class _Connection:
             self.metrics.connections.dec()
             self.input.stop()
             self.sock.close()
+
+    async def _tls_handshake(self) -> bool:
+        """On a TLS connection, the TLS handshake first, within --frame-timeout; False if it failed."""
+        if not isinstance(self.sock, TlsSocket):
+            return True
+        try:
+            async with asyncio.timeout(self.server.frame_timeout):
+                await tls_handshake(self.sock)
+        except (TimeoutError, ssl.SSLError, OSError) as exc:
+            self.metrics.error("tls", "HANDSHAKE")
+            log.warning("closing a data connection: TLS handshake failed: %s", exc or type(exc).__name__)
+            return False
+        return True
 
     async def _authenticate(self) -> bool:
         """Challenge the peer and take its answer (within --frame-timeout); False: refused, close."""
@@ -803,6 +824,8 @@ class _Connection:
             sent = len(head)
         if sent - len(head) < len(data):
             await send_all(self.sock, data[sent - len(head):], stall)
+        elif getattr(self.sock, "backlog", None):  # TLS: what was encrypted must leave before we wait for input
+            await flush_backlog(self.sock, stall)
 
     async def _flush(self) -> None:
         if self.out:

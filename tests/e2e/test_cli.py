@@ -149,8 +149,9 @@ def test_compose_file_is_valid():
 
 
 def test_compose_topology_as_processes(own_cluster):
-    """What docker-compose.yml runs (etcd, master, three nodes, a bench client found through etcd)."""
-    cluster = own_cluster(nodes=3, dram_per_node="96MiB")
+    """What docker-compose.yml runs (etcd, master, three nodes, a bench client found through etcd; TLS and
+    the cluster secret on every plane)."""
+    cluster = own_cluster(nodes=3, dram_per_node="96MiB", tls=True)
     from kvpool import Client
 
     with Client(etcd=cluster.etcd_endpoint) as client:
