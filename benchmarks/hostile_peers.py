@@ -315,12 +315,16 @@ def flood(cluster: LocalCluster, count: int, token: str) -> dict:
     return {"connections_held": count, "served_meanwhile": served, "closed_unauthenticated": closed}
 
 
-def rss(pid: int) -> int:
+def rss(pid: int) -> dict:
+    """Resident bytes: the process's own (heap) and its touched shared memory (the DRAM segment, which
+    --dram bounds)."""
+    found = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+            name = line.split(":")[0]
+            if name in ("RssAnon", "RssShmem"):
+                found[name] = int(line.split()[1]) * 1024
+    return {"heap": found.get("RssAnon", 0), "shared": found.get("RssShmem", 0)}
 
 
 def main() -> int:
@@ -343,8 +347,8 @@ def main() -> int:
             placed = channel.unary_unary("/kvpool.Master/GetReplicaList", request_serializer=pb.GetReplicaListRequest.
                                          SerializeToString, response_deserializer=pb.GetReplicaListResponse.FromString)(
                 pb.GetReplicaListRequest(key="obj/0"), timeout=5).object
-        pids = [n.proc.pid for n in cluster.nodes] + [cluster.master.proc.pid]
-        before = {str(pid): rss(pid) for pid in pids}
+        processes = {child.name: child.proc.pid for child in [*cluster.nodes, cluster.master]}
+        before = {name: rss(pid) for name, pid in processes.items()}
         started = time.monotonic()
         report = {"without_secret": without_secret(cluster, secret, stored),
                   "client_role": client_role_limits(cluster, secret)}
@@ -360,7 +364,7 @@ def main() -> int:
             lost = [key for key, value in stored.items() if client.get(key) != value]
             client.put("after/new", b"n" * 10_000)
             accepted = client.get("after/new") == b"n" * 10_000
-        after = {str(pid): rss(pid) for pid in pids}
+        after = {name: rss(pid) for name, pid in processes.items()}
         report.update(seconds=round(time.monotonic() - started, 1), processes_alive=alive, objects=len(stored),
                       objects_lost=len(lost), new_puts_accepted=accepted, rss_before=before, rss_after=after)
     ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0

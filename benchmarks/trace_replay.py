@@ -217,6 +217,7 @@ def main() -> int:
     parser.add_argument("--high-watermark", type=float, help="passed to the nodes this starts (default: theirs)")
     parser.add_argument("--low-watermark", type=float, help="passed to the nodes this starts (default: theirs)")
     parser.add_argument("--master", help="HOST:PORT of a running cluster to use instead of starting one")
+    parser.add_argument("--tls", action="store_true", help="start the cluster with TLS on every plane")
     args = parser.parse_args()
     chains = load_trace(args.trace, args.requests)
     if not chains:
@@ -229,7 +230,7 @@ def main() -> int:
     cluster = None
     if not args.master:
         cluster = LocalCluster(nodes=args.nodes, dram_per_node=str(args.pool // args.nodes),
-                               node_args=node_args).start()
+                               node_args=node_args, tls=args.tls).start()
         args.master = cluster.master_address
     prefix = f"trace-replay/{os.getpid()}-{time.time_ns()}/"  # never meets blocks of an earlier run
     try:
@@ -238,6 +239,7 @@ def main() -> int:
             report["pool_after"] = dram_usage(client)
             client.remove_prefix(prefix)
             report["bytes_by_transport"] = client.bytes_by_transport()
+            report["tls"] = bool(args.tls)
     finally:
         if cluster is not None:
             cluster.stop()
