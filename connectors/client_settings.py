@@ -1,6 +1,8 @@
 """Where the kvpool cluster is, read from an engine's connector options (every engine's config carries the same
-keys: "master" or "etcd" (+ "cluster"), "transports", "token")."""
+keys: "master" or "etcd" (+ "cluster"), "transports", "token_file" (or "token", which then shows in the engine's
+command line: prefer the file, or $KVPOOL_TOKEN_FILE), "tls_ca")."""
 
+from kvpool.auth import read_token
 from kvpool.errors import InvalidArgumentError
 
 
@@ -9,7 +11,12 @@ def client_settings(options: dict, where: str) -> dict:
     master, etcd = options.get("master"), options.get("etcd")
     if (master is None) == (etcd is None):
         raise InvalidArgumentError(f'kvpool needs "master": "HOST:PORT" or "etcd": "HOST:PORT" (one of them) {where}')
-    settings = {name: str(options[name]) for name in ("cluster", "transports", "token") if options.get(name)}
+    settings = {name: str(options[name]) for name in ("cluster", "transports", "token", "tls_ca") if options.get(name)}
+    if options.get("token_file"):
+        try:
+            settings["token"] = read_token(str(options["token_file"]), env={})
+        except ValueError as exc:
+            raise InvalidArgumentError(f"{exc} ({where})") from None
     if master is not None:
         return {"address": str(master), **settings}
     return {"etcd": str(etcd), **settings}

@@ -6,7 +6,7 @@ Enable it with
                            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                            "kv_connector_extra_config": {"master": "HOST:PORT"}}'
 kv_role: kv_producer saves, kv_consumer loads, kv_both does both. Extra config: "master" or "etcd" (+ "cluster"),
-"transports", "token" as kvpool.Client takes them; "model_id" (the name blocks are stored under; default the
+"transports", "token_file", "tls_ca" as kvpool.Client takes them; "model_id" (the name blocks are stored under; default the
 served model name); "hold_seconds" (how long a lookup keeps the found blocks from eviction until they are
 loaded, default 30).
 

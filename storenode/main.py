@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frame-timeout", type=float, default=FRAME_TIMEOUT, metavar="SECONDS",
                    help="a request half-received with no byte for this long closes its connection and frees "
                         "what it reserved")
+    p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="close a data connection that sends no request for this long (default 0: never, as "
+                        "clients keep theirs open; --max-connections bounds how many there are)")
     p.add_argument("--lease-ttl", type=float, default=5.0, metavar="SECONDS",
                    help="etcd lease TTL; the master drops the node this long after it dies")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: none)")
@@ -141,6 +144,8 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--promote-after must be >= 1, --promote-window > 0 and --max-hold >= 0")
     if not args.frame_timeout > 0:  # also NaN
         parser.error("--frame-timeout must be positive")
+    if not args.idle_timeout >= 0:
+        parser.error("--idle-timeout must be 0 (never) or positive")
     if args.max_connections < 1:
         parser.error("--max-connections must be at least 1")
     # Past the descriptor limit accept() itself fails, with no answer to the peer: stay below it.
@@ -199,7 +204,7 @@ async def _serve(args) -> int:
     credential = auth.Credential.for_member(args.secret) if args.secret else None
     server = DataServer(store, maintenance, node_id, metrics, instance=instance, verifier=verifier,
                         frame_timeout=args.frame_timeout, max_connections=args.max_connections,
-                        credential=credential, tls=args.tls)
+                        credential=credential, tls=args.tls, idle_timeout=args.idle_timeout)
     if transports.SHM in args.transports and dram.segment.path:
         server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None

@@ -80,10 +80,11 @@ class DataServer:
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
                  metrics: NodeMetrics | None = None, instance: str = "", verifier: Verifier | None = None,
                  frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                 credential=None, tls=None):
+                 credential=None, tls=None, idle_timeout: float = 0.0):
         self.store = store
         self.max_connections = max_connections  # more are turned away, so no peer can take every descriptor
         self.frame_timeout = frame_timeout  # a request half-received with no byte for this long closes its connection
+        self.idle_timeout = idle_timeout  # a connection with no request for this long is closed (0: never)
         self.maintenance = maintenance
         self.node_id = node_id
         self.instance = instance
@@ -798,8 +799,20 @@ class _Connection:
         got = self.input.try_recv_into(view)
         if got is None:
             await self._flush()
-            got = await (self.input.recv_into(view) if between_requests else self._recv_mid_frame(view))
+            got = await (self._recv_idle(view) if between_requests else self._recv_mid_frame(view))
         return got
+
+    async def _recv_idle(self, view) -> int:
+        """Wait for the next request; with --idle-timeout, a connection quiet that long is closed (its
+        client opens a new one on its next request)."""
+        if not self.server.idle_timeout:
+            return await self.input.recv_into(view)
+        try:
+            async with asyncio.timeout(self.server.idle_timeout):
+                return await self.input.recv_into(view)
+        except TimeoutError:
+            self.metrics.error("idle", "CLOSED")
+            raise _Disconnect from None
 
     async def _recv_mid_frame(self, view) -> int:
         """Wait for more of a request begun: a peer that stops sending mid-request (a header-only WRITE

@@ -373,3 +373,23 @@ def test_a_client_turned_away_gets_a_typed_error_naming_the_limit(etcd, tmp_path
         for sock in held:
             sock.close()
         node.stop()
+
+
+def test_idle_timeout_closes_quiet_connections_only(etcd, tmp_path):
+    node = start_node(etcd, tmp_path, node_id="idle", args=("--idle-timeout", "1"))
+    try:
+        put(node, b"kept", 1, b"k" * 100)
+        with node.connect() as quiet, node.connect() as busy:
+            quiet.settimeout(0.2)  # each look at it waits this long, while busy keeps talking
+
+            def quiet_closed():
+                busy.sendall(wire.pack_request(Op.PING, 1, b""))  # keeps this one in use meanwhile
+                assert read_reply(busy)[2] == Code.OK
+                return closed_by_node(quiet)
+
+            wait_until(quiet_closed, 15, interval=0.1, what="the quiet connection to be closed")
+            busy.sendall(wire.pack_request(Op.PING, 2, b""))  # the one in use was never closed
+            assert read_reply(busy)[1:3] == (2, Code.OK)
+        assert get(node, b"kept", 1, 100) == (Code.OK, b"k" * 100)
+    finally:
+        node.stop()

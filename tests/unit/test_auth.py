@@ -161,3 +161,15 @@ def test_ucx_tickets_are_one_use_short_lived_and_bounded():
     assert not tickets.take(many[0]) and tickets.take(many[-1])
     key = auth.Credential.for_client(SECRET).key
     assert auth.ticket_proof(key, 1, first, b"worker-a") != auth.ticket_proof(key, 1, first, b"worker-b")
+
+
+def test_engine_options_take_the_token_from_a_file(tmp_path):
+    from kvpool.connectors.client_settings import client_settings
+    from kvpool.errors import InvalidArgumentError
+
+    path = tmp_path / "client.token"
+    auth.write_private(path, auth.client_token(SECRET))
+    settings = client_settings({"master": "h:1", "token_file": str(path), "tls_ca": "/ca.pem"}, "in test")
+    assert settings == {"address": "h:1", "token": auth.client_token(SECRET), "tls_ca": "/ca.pem"}
+    with pytest.raises(InvalidArgumentError, match="in test"):
+        client_settings({"master": "h:1", "token_file": str(tmp_path / "missing")}, "in test")
