@@ -37,6 +37,19 @@ class BlockNamespace:
     def key(self, block_hash: str) -> str:
         return self.prefix() + block_hash
 
+    @classmethod
+    def from_prefix(cls, prefix: str) -> "BlockNamespace":
+        """The namespace whose prefix() is `prefix` (as a connector reports it)."""
+        parts = prefix.strip("/").split("/")
+        try:
+            kv, model, dtype, layout, size, heads, rank = parts
+            assert kv == "kv" and size.startswith("bs") and heads.startswith("heads-") and rank.startswith("rank")
+            rank_of, world = rank.removeprefix("rank").split("of")
+            return cls(model, dtype, layout, int(size[2:]), heads.removeprefix("heads-"), int(rank_of), int(world))
+        except (ValueError, AssertionError):
+            raise InvalidArgumentError(f"not a block namespace prefix: {prefix!r} "
+                                       f"(expected kv/MODEL/DTYPE/LAYOUT/bsN/heads-H/rankRofW/)") from None
+
 
 def block_hashes(tokens, block_size: int, parent: str = "", algorithm: str = "sha256") -> list[str]:
     """Hex hashes of every full block of `tokens` (a sequence or array of token ids), each chained to the

@@ -1,4 +1,4 @@
-"""The `kvpool` command: up, master, storenode, status, drain, bench, token, etcd-auth, tls."""
+"""The `kvpool` command: up, master, storenode, status, drain, bench, token, etcd-auth, tls, router."""
 
 import argparse
 import sys
@@ -182,6 +182,34 @@ def cmd_tls(args) -> int:
     return 0
 
 
+def cmd_router(args) -> int:
+    """Run the KV-aware router (connectors/routing_service.py) until Ctrl-C."""
+    from .connectors.block_keys import BlockNamespace
+    from .connectors.routing_service import RoutingService
+    from .errors import KvpoolError
+    from .local_cluster import wait_for_signal
+
+    try:
+        engines = dict(_engine(text) for text in args.engine)
+        namespace = BlockNamespace.from_prefix(args.namespace)
+    except (ValueError, KvpoolError) as exc:
+        raise SystemExit(f"kvpool router: {exc}") from None
+    with RoutingService(engines, namespace, master=args.master, etcd=args.etcd, cluster=args.cluster,
+                        token=_token(args),
+                        pool_weight=args.pool_weight) as service:
+        port = service.serve_http(args.host, args.port)
+        print(f"kvpool router ready http://{args.host}:{port} engines={','.join(engines)}", flush=True)
+        wait_for_signal()
+    return 0
+
+
+def _engine(text: str) -> tuple[str, str]:
+    name, sep, endpoint = text.partition("=")
+    if not name or not sep:
+        raise ValueError(f"--engine {text!r}: expected NAME=ZMQ-ENDPOINT (or NAME= with no events)")
+    return name, endpoint
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvpool", description="Distributed KV-cache block store")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -253,6 +281,20 @@ def build_parser() -> argparse.ArgumentParser:
                            help="the cluster secret (default: $KVPOOL_TOKEN_FILE, else $KVPOOL_TOKEN)")
     etcd_auth.add_argument("--tls-dir", metavar="DIR", help="etcd serves TLS: check it against DIR/ca.pem")
     etcd_auth.set_defaults(func=cmd_etcd_auth)
+
+    router = sub.add_parser("router", help="KV-aware routing: which engine holds most of a prompt's prefix")
+    router.add_argument("--engine", action="append", required=True, metavar="NAME=ENDPOINT",
+                        help="an engine and the ZMQ endpoint of its KV events (vLLM --kv-events-config), e.g. "
+                             "a=tcp://10.0.0.5:5557; repeat per engine")
+    router.add_argument("--namespace", required=True, metavar="PREFIX",
+                        help="the engines' block namespace in kvpool, as the connector reports it "
+                             "(kv/MODEL/DTYPE/LAYOUT/bsN/heads-H/rankRofW/)")
+    _add_target(router)
+    router.add_argument("--host", default="127.0.0.1")
+    router.add_argument("--port", type=int, default=8100, help="HTTP port (0: a free one)")
+    router.add_argument("--pool-weight", type=float, default=0.8,
+                        help="what a block kvpool holds is worth against one the engine holds (0..1)")
+    router.set_defaults(func=cmd_router)
 
     tls = sub.add_parser("tls", help="make a CA and a certificate for the cluster's members")
     tls.add_argument("dir", metavar="DIR", help="where ca.pem, cert.pem and key.pem go")
