@@ -8,7 +8,8 @@ Enable it with
 kv_role: kv_producer saves, kv_consumer loads, kv_both does both. Extra config: "master" or "etcd" (+ "cluster"),
 "transports", "token_file", "tls_ca" as kvpool.Client takes them; "model_id" (the name blocks are stored under; default the
 served model name); "hold_seconds" (how long a lookup keeps the found blocks from eviction until they are
-loaded, default 30).
+loaded, default 30); "save_decode_blocks" (default true: blocks filled with generated tokens are saved too, so
+the next turn of a conversation, whose prompt holds this answer, loads it instead of computing it).
 
 Scheduler side: get_num_new_matched_tokens asks kvpool, in one call, how many leading full blocks of the prompt
 are stored; update_state_after_alloc notes where they go; build_connector_meta tells the worker which blocks to
@@ -75,7 +76,10 @@ class KVPoolWorkerMetadata(KVConnectorWorkerMetadata):
 @dataclass
 class _PromptState:
     """What the scheduler side tracks for a request until it finishes."""
-    hashes: list[str]               # every full block of the prompt
+    hashes: list[str]               # every full block of the prompt, then of the tokens generated after it
+    prompt_blocks: int = 0          # how many of `hashes` are the prompt's
+    request: Any = None             # the scheduler's request (its all_token_ids grows as tokens are generated)
+    salt: str = ""
     found: int = 0                  # leading blocks the last lookup found in kvpool
     stored: int = 0                 # leading blocks known to be in kvpool (found, or planned to be saved)
     block_ids: list[int] = field(default_factory=list)
@@ -121,6 +125,7 @@ class KVPoolConnector(KVConnectorBase_V1):
         self._saves = transfer.is_kv_producer
         self._loads = transfer.is_kv_consumer
         self._hold = float(extra.get("hold_seconds", 30))
+        self._save_decode = str(extra.get("save_decode_blocks", True)).lower() not in ("false", "0", "no")
         self._block_size = vllm_config.cache_config.block_size
         self._client = Client(**client_settings(extra, "in kv_connector_extra_config"))
         parallel = vllm_config.parallel_config
@@ -147,7 +152,7 @@ class KVPoolConnector(KVConnectorBase_V1):
         if not self._loads or state is None:
             return 0, False
         # At least the last prompt token is always computed (its logits give the first output token).
-        loadable = (len(request.prompt_token_ids) - 1) // self._block_size
+        loadable = min((len(request.prompt_token_ids) - 1) // self._block_size, state.prompt_blocks)
         try:
             found = min(store.lookup(state.hashes[:loadable], hold=self._hold) for store in self._stores)
         except KvpoolError as exc:
@@ -219,17 +224,31 @@ class KVPoolConnector(KVConnectorBase_V1):
         KV (multimodal inputs)."""
         state = self._requests.get(request.request_id)
         if state is None and not request.mm_features and request.prompt_token_ids:
-            hashes = block_hashes(request.prompt_token_ids, self._block_size, parent=_salt(request))
-            state = self._requests[request.request_id] = _PromptState(hashes)
+            salt = _salt(request)
+            hashes = block_hashes(request.prompt_token_ids, self._block_size, parent=salt)
+            state = self._requests[request.request_id] = _PromptState(hashes, len(hashes), request, salt)
         return state
 
     def _plan_save(self, meta: KVPoolConnectorMetadata, req_id: str, state: _PromptState, computed: int):
-        """Save the prompt blocks this step completes that kvpool does not hold yet."""
+        """Save the blocks this step completes that kvpool does not hold yet: the prompt's, and (with
+        save_decode_blocks) those filled with generated tokens, named by the same chained hash."""
+        if self._save_decode and state.request is not None:
+            self._extend_hashes(state, computed)
         done = min(computed // self._block_size, len(state.hashes), len(state.block_ids))
         if self._saves and done > state.stored:
             meta.saves.append(BlockTransfer(req_id, state.hashes[state.stored:done],
                                             state.block_ids[state.stored:done]))
             state.stored = done
+
+    def _extend_hashes(self, state: _PromptState, computed: int) -> None:
+        """Hash the full blocks of generated tokens whose KV is computed by the end of this step."""
+        tokens = state.request.all_token_ids
+        full = min(computed, len(tokens)) // self._block_size
+        have = len(state.hashes)
+        if full > have:
+            parent = state.hashes[-1] if state.hashes else state.salt
+            state.hashes.extend(block_hashes(list(tokens[have * self._block_size:full * self._block_size]),
+                                             self._block_size, parent=parent))
 
     # ---------------------------------------------------------------- worker side
 

@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 BLOCK = 128             # the vLLM CPU engine's block size, in tokens
 SYSTEM_PROMPT = 4 * BLOCK
 NEW_TOKENS = 16
+TURN_TOKENS = 2 * BLOCK + 10  # the first turn's answer: it fills blocks the second turn then loads
 
 
 def prompts() -> dict[str, list[int]]:
@@ -41,7 +42,10 @@ def prompts() -> dict[str, list[int]]:
             "B": system + [rng.randrange(1, 1000) for _ in range(80)],
             "C": [rng.randrange(1, 1000) for _ in range(3 * BLOCK + 20)],
             "D": [rng.randrange(1, 1000) for _ in range(2 * BLOCK + 30)],
-            "W": [rng.randrange(1, 1000) for _ in range(BLOCK + 10)]}
+            "W": [rng.randrange(1, 1000) for _ in range(BLOCK + 10)],
+            # A conversation: T's first turn (prefill engine), then T + its answer + U (decode engine).
+            "T": [rng.randrange(1, 1000) for _ in range(2 * BLOCK + 20)],
+            "U": [rng.randrange(1, 1000) for _ in range(30)]}
 
 
 ROLES = {  # role -> (kv_role, prompts in the order the engine serves them)
@@ -113,8 +117,32 @@ def run_engine(role: str, model: str, master: str | None) -> dict:
                         "cached_tokens": out.num_cached_tokens or 0,
                         "ttft_s": out.metrics.first_token_latency if out.metrics else None,
                         "kvpool": (out.kv_transfer_params or {}).get("kvpool", {})}
+    turns = conversation(llm, role, table, Path(model).parent / "turn1.json")
     metrics = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:external_prefix_cache")}
-    return {"role": role, "requests": served, "metrics": metrics}
+    return {"role": role, "requests": served, "metrics": metrics, "turns": turns}
+
+
+def conversation(llm, role: str, table: dict, answer_file: Path) -> dict:
+    """Two turns of one conversation: the first on the prefill engine (its answer's blocks are saved as they
+    fill), the second, whose prompt holds that answer, on the decode engine; the baseline computes both."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    def generate(tokens: list[int], new: int) -> dict:
+        params = SamplingParams(temperature=0, ignore_eos=True, detokenize=False, max_tokens=new)
+        [out] = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)
+        return {"tokens": list(out.outputs[0].token_ids), "prompt_tokens": len(tokens),
+                "cached_tokens": out.num_cached_tokens or 0, "kvpool": (out.kv_transfer_params or {}).get("kvpool", {})}
+
+    turns = {}
+    if role in ("baseline", "prefill"):
+        turns["T1"] = generate(table["T"], TURN_TOKENS)
+        if role == "prefill":
+            answer_file.write_text(json.dumps(turns["T1"]["tokens"]))
+    if role in ("baseline", "decode"):
+        answer = turns["T1"]["tokens"] if role == "baseline" else json.loads(answer_file.read_text())
+        turns["T2"] = generate(table["T"] + answer + table["U"], NEW_TOKENS)
+    return turns
 
 
 def engine_process(role: str, model: Path, master: str | None, python: str, quiet: bool) -> dict:
@@ -134,12 +162,19 @@ def start_cluster(python: str, workdir: Path) -> tuple[subprocess.Popen, str]:
     if not line.startswith("kvpool ready"):
         cluster.kill()
         raise SystemExit(f"kvpool up did not start: {line!r}")
+    clients = cluster.stdout.readline()  # "clients: export KVPOOL_TOKEN_FILE=..." (the cluster's client token)
+    if clients.startswith("clients: export "):
+        # This process and the engines it starts are the cluster's clients.
+        os.environ.update(word.split("=", 1) for word in clients.split()[2:])
     return cluster, dict(word.split("=", 1) for word in line.split()[2:])["master"]
 
 
 def summarize(runs: dict) -> dict:
     base, decode = runs["baseline"]["requests"], runs["decode"]["requests"]
     identical = {name: base[name]["tokens"] == decode[name]["tokens"] for name in decode}
+    turns = {role: runs[role]["turns"] for role in runs}
+    identical["T1"] = turns["baseline"]["T1"]["tokens"] == turns["prefill"]["T1"]["tokens"]
+    identical["T2"] = turns["baseline"]["T2"]["tokens"] == turns["decode"]["T2"]["tokens"]
     handed = [name for name in decode if name != "D"]  # D is the damaged one: computed, so not in the sums
     loaded = sum(decode[n]["cached_tokens"] for n in handed)
     prompt = sum(decode[n]["prompt_tokens"] for n in handed)
@@ -160,6 +195,10 @@ def summarize(runs: dict) -> dict:
         "bytes_saved_per_request": {n: r["kvpool"].get("bytes_saved", 0)
                                     for n, r in runs["prefill"]["requests"].items()},
         "bytes_loaded_per_request": {n: decode[n]["kvpool"].get("bytes_loaded", 0) for n in handed},
+        "second_turn": {"prompt_tokens": turns["decode"]["T2"]["prompt_tokens"],
+                        "first_turn_prompt_tokens": turns["prefill"]["T1"]["prompt_tokens"],
+                        "loaded": turns["decode"]["T2"]["cached_tokens"],
+                        "blocks_saved_by_first_turn": turns["prefill"]["T1"]["kvpool"].get("blocks_saved", 0)},
     }
 
 

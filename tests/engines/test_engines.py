@@ -45,15 +45,15 @@ def test_sglang_hicache_storage_through_sglang_own_pools():
 @pytest.mark.timeout(BUILD_AND_RUN)
 def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
     """Three vLLM processes (baseline, prefill, decode): decode loads what prefill stored, including the
-    system prompt another request computed, computes a prompt whose stored blocks are junk, and its greedy
-    tokens equal the baseline's."""
+    system prompt another request computed, computes a prompt whose stored blocks are junk, loads a
+    conversation's second turn including the first turn's answer, and its greedy tokens equal the baseline's."""
     ensure("vllm")
     run = subprocess.run([sys.executable, "examples/vllm_disaggregation/run.py", "--master",
                           cluster.master_address, "--json-only"], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
-    assert summary["tokens_identical"] and summary["requests_compared"] == 4
+    assert summary["tokens_identical"] and summary["requests_compared"] == 6  # 4 requests and 2 turns
     # D's two blocks were junk when decode looked them up: found, refused at load, reported, computed instead.
     assert summary["damaged_D"] == {"prompt_tokens": 286, "blocks_failed": 2, "bytes_loaded": 0}
     block = 128
@@ -65,3 +65,7 @@ def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
     per_block = loaded["C"] // 3
     assert per_block > 0 and loaded == {"B": 4 * per_block, "A": 4 * per_block, "C": 3 * per_block}
     assert summary["bytes_saved_per_request"] == {"A": 4 * per_block, "C": 3 * per_block}
+    # The second turn of a conversation loads the blocks the first turn's answer filled, not only its prompt's:
+    # 276 prompt + 266 answer tokens are 4 full blocks, 2 of them written with generated tokens.
+    turn = summary["second_turn"]
+    assert turn["blocks_saved_by_first_turn"] == 4 and turn["loaded"] == 4 * block > turn["first_turn_prompt_tokens"]
