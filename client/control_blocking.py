@@ -22,7 +22,8 @@ import time
 from kvpool import control
 from kvpool.auth import handshake_blocking
 from kvpool.cluster_layout import parse_hostport
-from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
+from kvpool.errors import ProtocolError, UnavailableError
+from kvpool.netutil import connect_failure
 from kvpool.wire import MAGIC, REPLY, VERSION
 
 from .control_answer import NotSent, answer
@@ -58,13 +59,10 @@ class BlockingControlConnection:
         except BaseException as exc:
             if sock is not None:
                 sock.close()
-            if isinstance(exc, KvpoolError):  # refused our credential, not a kvpool server (some are OSErrors)
+            failure = connect_failure(exc, f"master control port {address}", NotSent)
+            if failure is None:
                 raise
-            if isinstance(exc, TimeoutError):
-                raise NotSent(f"master control port {address}: connect timed out") from None
-            if isinstance(exc, OSError):
-                raise NotSent(f"master control port {address}: cannot connect: {exc}") from None
-            raise
+            raise failure from None
         return cls(address, sock)
 
     def call(self, method: str, request, deadline: float):

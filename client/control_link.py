@@ -20,7 +20,7 @@ from kvpool import control
 from kvpool.auth import PeerHandshake, handshake
 from kvpool.cluster_layout import parse_hostport
 from kvpool.errors import KvpoolError, UnavailableError
-from kvpool.netutil import open_socket
+from kvpool.netutil import connect_failure, open_socket
 from kvpool.wire import MAGIC, REPLY, VERSION
 
 from .control_answer import LeaderHint, NotSent, answer
@@ -354,13 +354,10 @@ class ControlLinks:
         except BaseException as exc:
             if sock is not None:
                 sock.close()
-            if isinstance(exc, KvpoolError):  # refused our credential, not a kvpool server (some are OSErrors)
+            failure = connect_failure(exc, f"master control port {address}", NotSent)
+            if failure is None:
                 raise
-            if isinstance(exc, TimeoutError):
-                raise NotSent(f"master control port {address}: connect timed out") from None
-            if isinstance(exc, OSError):
-                raise NotSent(f"master control port {address}: cannot connect: {exc}") from None
-            raise
+            raise failure from None
         old = self._connections.get(address)
         if old is not None:
             old.close("replaced")

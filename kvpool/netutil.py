@@ -2,8 +2,12 @@
 
 import asyncio
 import ipaddress
+import os
 import socket
+import ssl
 import time
+
+from .errors import KvpoolError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -45,3 +49,18 @@ async def open_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def connect_failure(exc: BaseException, what: str, error_type, timeout: float | None = None) -> BaseException | None:
+    """What to raise for a connection attempt (connect, TLS and AUTH handshakes) that failed with `exc`: a
+    timeout or an OS error (refused, unreachable, TLS) as `error_type` naming `what`; None to raise `exc`
+    itself (a kvpool error, e.g. a refused credential, or a cancellation)."""
+    if isinstance(exc, KvpoolError):  # some are OSErrors too (UnavailableError, ForbiddenError)
+        return None
+    if isinstance(exc, TimeoutError):
+        return error_type(f"{what}: connect timed out" + (f" after {timeout}s" if timeout else ""))
+    if isinstance(exc, OSError):
+        # (an SSLError's errno is the TLS library's, not the system's)
+        reason = os.strerror(exc.errno) if exc.errno and not isinstance(exc, ssl.SSLError) else str(exc)
+        return error_type(f"{what}: cannot connect: {reason}")
+    return None

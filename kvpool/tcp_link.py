@@ -9,14 +9,13 @@ COPY to another node) all reach nodes through a TcpLink.
 import asyncio
 import functools
 import json
-import os
 import ssl
 
 from . import inventory, wire
 from .auth import Credential, handshake
 from .cluster_layout import parse_hostport
-from .errors import InvalidArgumentError, KvpoolError, ProtocolError, UnavailableError
-from .netutil import open_socket
+from .errors import InvalidArgumentError, ProtocolError, UnavailableError
+from .netutil import connect_failure, open_socket
 from .tls_socket import TlsSocket, handshake as tls_handshake
 from .tcp_connection import Connection
 
@@ -66,17 +65,13 @@ class TcpLink:
                     sock = TlsSocket(sock, self.tls, server_side=False, server_hostname=host)
                     await tls_handshake(sock)
                 await handshake(sock, self.credential, f"node {address}")
-        except BaseException as exc:
+        except BaseException as exc:  # refused, unreachable: a node that is down fails fast
             if sock is not None:
                 sock.close()
-            if isinstance(exc, KvpoolError):  # refused our credential, not a kvpool server (some are OSErrors)
+            failure = connect_failure(exc, f"node {address}", UnavailableError, self.connect_timeout)
+            if failure is None:
                 raise
-            if isinstance(exc, TimeoutError):
-                raise UnavailableError(f"node {address}: connect timed out after {self.connect_timeout}s") from None
-            if isinstance(exc, OSError):  # refused, unreachable: a node that is down fails fast
-                reason = os.strerror(exc.errno) if exc.errno else str(exc)
-                raise UnavailableError(f"node {address}: cannot connect: {reason}") from None
-            raise
+            raise failure from None
         if self._closed:
             sock.close()
             raise UnavailableError("transport is closed")
