@@ -108,22 +108,15 @@ class _BlockingClientAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClie
         self.credential = credential
 
     def _details(self, details):
+        # grpc hands a blocking channel's interceptors its call details as a namedtuple
         metadata = [*(details.metadata or ()), (METADATA, call_proof(self.credential, details.method))]
-        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready,
-            getattr(details, "compression", None))
+        return details._replace(metadata=metadata)
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
-
-
-class _Details(grpc.ClientCallDetails):
-    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
-        self.method, self.timeout, self.metadata = method, timeout, metadata
-        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
 
 
 def blocking_channel(address: str, credential: Credential | None, options=(), tls=None) -> grpc.Channel:

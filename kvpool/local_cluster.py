@@ -180,7 +180,7 @@ class LocalCluster:
                 os.environ["KVPOOL_TOKEN_FILE"] = str(self.client_token_file)
                 self._gave_token = True
 
-    def _secret_args(self) -> list:
+    def _security_args(self) -> list:
         tls = ["--tls-dir", str(self.tls_files.cert.parent)] if self.tls_files else []
         return (["--token-file", str(self.secret_file)] if self.secret else []) + tls
 
@@ -239,7 +239,7 @@ class LocalCluster:
         name = "master" if index == 0 else f"master-{index}"
         argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
                 "--port", str(port), "--cluster", self.cluster, "--master-id", name,
-                "--put-timeout", str(self.put_timeout), *self._secret_args(), *self.master_args]
+                "--put-timeout", str(self.put_timeout), *self._security_args(), *self.master_args]
         return self._child(name, argv)
 
     def restart_master(self, index: int, timeout: float = 30.0) -> Child:
@@ -256,7 +256,7 @@ class LocalCluster:
                 "--host", host or self.host,
                 "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
                 "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl),
-                "--ssd", str(self.ssd_per_node), *self._secret_args(), *self.node_args]
+                "--ssd", str(self.ssd_per_node), *self._security_args(), *self.node_args]
         return self._child(node_id, argv)
 
     def add_node(self, host: str, prefix: tuple = (), timeout: float = 30.0) -> Child:
