@@ -69,3 +69,19 @@ def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
     # 276 prompt + 266 answer tokens are 4 full blocks, 2 of them written with generated tokens.
     turn = summary["second_turn"]
     assert turn["blocks_saved_by_first_turn"] == 4 and turn["loaded"] == 4 * block > turn["first_turn_prompt_tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_AND_RUN)
+def test_vllm_kv_events_name_blocks_as_kvpool_does():
+    """A real vLLM engine's KV events, followed by the router, name every block it cached as kvpool's chained
+    prefix hash does (prompt and generated tokens alike), and its cache reset empties the view."""
+    python = ensure("vllm")
+    run = subprocess.run([str(python), "tests/engines/in_vllm_events.py"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
+    # vLLM logs to stdout as well: the result is the line that is a JSON object
+    result = json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
+    # 424 prompt + 256 generated tokens: 5 full blocks of 128 whose KV was computed.
+    assert result["named"] == result["expected_blocks"] == 5 and result["extra"] == 0 and result["gaps"] == 0
+    assert result["after_reset"] == 0
