@@ -29,15 +29,6 @@ class TlsSocket:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def setsockopt(self, *args):
-        return self.sock.setsockopt(*args)
-
-    def getsockopt(self, *args):
-        return self.sock.getsockopt(*args)
-
-    def setblocking(self, flag: bool) -> None:
-        self.sock.setblocking(flag)
-
     def shutdown(self, how) -> None:
         self.sock.shutdown(how)
 
@@ -56,11 +47,6 @@ class TlsSocket:
                 self._pull()  # BlockingIOError when the socket has nothing either
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return 0
-
-    def recv(self, size: int) -> bytes:
-        buf = bytearray(size)
-        got = self.recv_into(buf)
-        return bytes(buf[:got])
 
     def send(self, data) -> int:
         return self.sendmsg((data,))
