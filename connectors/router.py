@@ -12,8 +12,11 @@ a chained hash of the token prefix, block by block):
 
 For a prompt the router counts, per engine, the leading blocks it holds itself and the leading blocks the pool
 holds; a block the engine holds costs nothing, a pool block costs a load (`pool_weight` of a local one; the rest
-is computed). The engine with the most reusable prefix wins; the one with the fewest requests in flight breaks
-ties, then the order engines were given in.
+is computed). An engine's cost for the prompt is the blocks it would compute (those not reusable) plus the work
+already queued there (`load_weight` x the blocks each request in flight there computes, plus one for the
+request itself), so a busy engine holding a prefix loses to an idle one that can load it from the pool; with
+load_weight 0 the most reusable prefix always wins. The lowest cost wins, then the fewest requests in flight, then
+the order engines were given in. finished(engine) ends the oldest request in flight there.
 """
 
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ class EngineView:
         self.name = name
         self.blocks: set[str] = set()
         self._ours: dict = {}  # the engine's hash of a block -> ours
-        self.in_flight = 0  # requests routed here and not finished
+        self.queued: list[float] = []  # per request routed here and not finished, oldest first: its work
         self.unmapped = 0  # stored blocks that could not be named (unknown parent, extra keys)
 
     def stored(self, engine_hashes: list, parent, token_ids: list[int], block_size: int,
@@ -61,6 +64,10 @@ class EngineView:
             if ours is not None:
                 self.blocks.discard(ours)
 
+    @property
+    def in_flight(self) -> int:
+        return len(self.queued)
+
     def cleared(self) -> None:
         self.blocks.clear()
         self._ours.clear()
@@ -73,6 +80,7 @@ class Score:
     pool_blocks: int   # leading prompt blocks kvpool holds
     in_flight: int
     reusable: float    # local blocks, plus pool_weight for each pool block beyond them
+    cost: float        # blocks this engine would compute, plus load_weight x the work queued there
 
 
 def leading(hashes: list[str], held: set[str]) -> int:
@@ -88,14 +96,17 @@ class Router:
     """engines: their names, in the order that breaks the last ties; block_size: tokens per block, as the
     engines' caches and the connector's namespace use it."""
 
-    def __init__(self, engines: list[str], block_size: int, pool_weight: float = 0.8):
+    def __init__(self, engines: list[str], block_size: int, pool_weight: float = 0.8, load_weight: float = 1.0):
         if not engines:
             raise ValueError("a router needs at least one engine")
         if not 0 <= pool_weight <= 1:
             raise ValueError(f"pool_weight must be within [0, 1], got {pool_weight}")
+        if load_weight < 0:
+            raise ValueError(f"load_weight must not be negative, got {load_weight}")
         self.views = {name: EngineView(name) for name in engines}
         self.block_size = block_size
         self.pool_weight = pool_weight
+        self.load_weight = load_weight
         self.pool: set[str] = set()
 
     def view(self, engine: str) -> EngineView:
@@ -111,24 +122,28 @@ class Router:
         loadable = (len(token_ids) - 1) // self.block_size if len(token_ids) else 0
         hashes = block_hashes(token_ids[:loadable * self.block_size], self.block_size, parent=parent)
         pool = leading(hashes, self.pool)
+        total = len(token_ids) / self.block_size
         result = []
         for view in self.views.values():
             local = leading(hashes, view.blocks)
-            result.append(Score(view.name, local, pool, view.in_flight,
-                                local + self.pool_weight * max(0, pool - local)))
+            reusable = local + self.pool_weight * max(0, pool - local)
+            result.append(Score(view.name, local, pool, view.in_flight, reusable,
+                                total - reusable + self.load_weight * sum(view.queued)))
         return result
 
     def choose(self, token_ids, parent: str = "") -> tuple[str, list[Score]]:
         """The engine to send this prompt to (counted as in flight there until finished())."""
         scores = self.scores(token_ids, parent)
         order = {name: i for i, name in enumerate(self.views)}
-        best = min(scores, key=lambda s: (-s.reusable, s.in_flight, order[s.engine]))
-        self.views[best.engine].in_flight += 1
+        best = min(scores, key=lambda s: (s.cost, s.in_flight, order[s.engine]))
+        # What this request adds to the engine's queue: the blocks it computes, and one for the request itself.
+        self.views[best.engine].queued.append(len(token_ids) / self.block_size - best.reusable + 1)
         return best.engine, scores
 
     def finished(self, engine: str) -> None:
-        view = self.views[engine]
-        view.in_flight = max(0, view.in_flight - 1)
+        queued = self.views[engine].queued
+        if queued:
+            queued.pop(0)
 
 
 class RoundRobin:

@@ -39,8 +39,8 @@ class RoutingService:
 
     def __init__(self, engines: dict[str, str], namespace: BlockNamespace, *, master: str | None = None,
                  etcd: str | None = None, cluster: str = DEFAULT_CLUSTER, token: str | None = None,
-                 pool_weight: float = 0.8):
-        self.router = Router(list(engines), namespace.block_size, pool_weight)
+                 pool_weight: float = 0.8, load_weight: float = 1.0):
+        self.router = Router(list(engines), namespace.block_size, pool_weight, load_weight)
         self.endpoints = dict(engines)
         self.namespace = namespace
         self._cluster = {"master": master, "etcd": etcd, "cluster": cluster, "token": token}

@@ -6,21 +6,33 @@ Enable it with
                            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                            "kv_connector_extra_config": {"master": "HOST:PORT"}}'
 kv_role: kv_producer saves, kv_consumer loads, kv_both does both. Extra config: "master" or "etcd" (+ "cluster"),
-"transports", "token_file", "tls_ca" as kvpool.Client takes them; "model_id" (the name blocks are stored under; default the
-served model name); "hold_seconds" (how long a lookup keeps the found blocks from eviction until they are
+"transports", "token_file", "tls_ca" as kvpool.Client takes them; "model_id" (the name blocks are stored under;
+default the served model name); "hold_seconds" (how long a lookup keeps the found blocks from eviction until they are
 loaded, default 30); "save_decode_blocks" (default true: blocks filled with generated tokens are saved too, so
-the next turn of a conversation, whose prompt holds this answer, loads it instead of computing it).
+the next turn of a conversation, whose prompt holds this answer, loads it instead of computing it); "transfer":
+"async" (default) or "sync".
 
 Scheduler side: get_num_new_matched_tokens asks kvpool, in one call, how many leading full blocks of the prompt
 are stored; update_state_after_alloc notes where they go; build_connector_meta tells the worker which blocks to
-load this step and which prompt blocks this step completes and should be saved. Worker side: start_load_kv
-scatters the blocks into the paged caches before the forward pass; wait_for_save stores the completed blocks
-after it (a block of every layer is one kvpool object, sent from the cache tensors without a gather copy).
-Blocks that could not be loaded are reported through get_block_ids_with_load_errors, so vLLM recomputes them.
+load and which blocks this step completes and should be saved. A block of every layer is one kvpool object, sent
+from the cache tensors and scattered back into them without a gather copy.
+
+transfer "async": a request with blocks to load waits (vLLM's WAITING_FOR_REMOTE_KVS) while a worker thread loads
+them, and the engine goes on stepping every other request meanwhile; get_finished tells the scheduler when it
+may run. Saves are handed to the same thread when the step that filled the blocks ends, so no step waits for
+kvpool; a finished request keeps its blocks (request_finished returns True) until they are saved.
+transfer "sync": blocks load in start_load_kv before the forward pass that needs them, and wait_for_save stores
+the completed blocks before the step returns. Either way, blocks that could not be loaded are reported through
+get_block_ids_with_load_errors, and vLLM recomputes them.
+
+Not layer by layer: a block of every layer is one object with one checksum, so no layer of it is handed to
+attention before all of it is verified (and per-layer objects would multiply kvpool's operations by the number
+of layers).
 """
 
 import hashlib
 import logging
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +53,8 @@ from .paged_layout import block_parts
 
 log = logging.getLogger(__name__)
 
+IDLE_WAIT = 0.05  # seconds an engine with nothing else to run waits for a load before its next (empty) step
+
 
 @dataclass
 class BlockTransfer:
@@ -54,6 +68,7 @@ class BlockTransfer:
 class KVPoolConnectorMetadata(KVConnectorMetadata):
     loads: list[BlockTransfer] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
+    idle: bool = False  # the step runs no request: only transfers can make progress
 
 
 @dataclass
@@ -83,7 +98,8 @@ class _PromptState:
     found: int = 0                  # leading blocks the last lookup found in kvpool
     stored: int = 0                 # leading blocks known to be in kvpool (found, or planned to be saved)
     block_ids: list[int] = field(default_factory=list)
-    load: BlockTransfer | None = None
+    load: BlockTransfer | None = None   # a synchronous load, sent with the step that schedules the request
+    saving: bool = False                # a save was planned (async: vLLM must keep its blocks until it is done)
     moved: KVPoolWorkerMetadata = field(default_factory=KVPoolWorkerMetadata)  # reported back by the workers
 
 
@@ -127,6 +143,7 @@ class KVPoolConnector(KVConnectorBase_V1):
         self._hold = float(extra.get("hold_seconds", 30))
         self._save_decode = str(extra.get("save_decode_blocks", True)).lower() not in ("false", "0", "no")
         self._block_size = vllm_config.cache_config.block_size
+        self._async = transfer_mode(extra) == "async"
         self._client = Client(**client_settings(extra, "in kv_connector_extra_config"))
         parallel = vllm_config.parallel_config
         self._world = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
@@ -135,6 +152,7 @@ class KVPoolConnector(KVConnectorBase_V1):
             self._stores = [KVBlockStore(self._client, namespace_for(vllm_config, kv_cache_config, rank))
                             for rank in range(self._world)]
             self._requests: dict[str, _PromptState] = {}
+            self._async_loads: list[BlockTransfer] = []  # for the next step's metadata
         else:
             from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
             rank = get_pp_group().rank_in_group * parallel.tensor_parallel_size + get_tensor_model_parallel_rank()
@@ -143,14 +161,20 @@ class KVPoolConnector(KVConnectorBase_V1):
             self._store: KVBlockStore | None = None
             self._load_errors: set[int] = set()
             self._moved = KVPoolWorkerMetadata()  # this step's, for the scheduler side
-        log.info("kvpool connector: role %s, saves %s, loads %s", role.name, self._saves, self._loads)
+            # async: one thread moves blocks (and alone uses the client), in the order the steps asked.
+            self._mover = ThreadPoolExecutor(1, thread_name_prefix="kvpool-blocks") if self._async else None
+            self._loading: dict[str, list[tuple[Future, BlockTransfer]]] = {}
+            self._saving: dict[str, list[Future]] = {}
+            self._finished: set[str] = set()  # finished requests whose saves vLLM waits for
+        log.info("kvpool connector: role %s, saves %s, loads %s, transfer %s", role.name, self._saves,
+                 self._loads, "async" if self._async else "sync")
 
     # ---------------------------------------------------------------- scheduler side
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         state = self._state(request)
-        if not self._loads or state is None:
-            return 0, False
+        if not self._loads or state is None or state.moved.moved.get(request.request_id, {}).get("blocks_failed"):
+            return 0, False  # after a failed load the request computes what it lacks (else: look up, fail again)
         # At least the last prompt token is always computed (its logits give the first output token).
         loadable = min((len(request.prompt_token_ids) - 1) // self._block_size, state.prompt_blocks)
         try:
@@ -160,7 +184,8 @@ class KVPoolConnector(KVConnectorBase_V1):
             return 0, False
         state.found = found
         state.stored = max(state.stored, found)
-        return max(0, found * self._block_size - num_computed_tokens), False
+        tokens = max(0, found * self._block_size - num_computed_tokens)
+        return tokens, self._async and tokens > 0
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         state = self._state(request)
@@ -172,10 +197,16 @@ class KVPoolConnector(KVConnectorBase_V1):
             # blocks: the lookup answered whole blocks past a block-aligned hit).
             end = state.found
             start = end - num_external_tokens // self._block_size
-            state.load = BlockTransfer(request.request_id, state.hashes[start:end], state.block_ids[start:end])
+            load = BlockTransfer(request.request_id, state.hashes[start:end], state.block_ids[start:end])
+            if self._async:
+                self._async_loads.append(load)  # the request waits, unscheduled, until it is loaded
+            else:
+                state.load = load
 
     def build_connector_meta(self, scheduler_output) -> KVPoolConnectorMetadata:
-        meta = KVPoolConnectorMetadata()
+        meta = KVPoolConnectorMetadata(loads=self._async_loads,
+                                       idle=scheduler_output.total_num_scheduled_tokens == 0)
+        self._async_loads = []
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
@@ -211,13 +242,14 @@ class KVPoolConnector(KVConnectorBase_V1):
                     self._requests[request_id].moved.add(request_id, counts)
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """Saves are done by now (wait_for_save is synchronous), so vLLM may free the blocks. What kvpool moved
-        for the request comes back in the output's kv_transfer_params["kvpool"]."""
+        """sync: saves are done by now, so vLLM may free the blocks. async: a request with saves planned keeps
+        its blocks until the worker reports them saved (get_finished). What kvpool moved for the request comes
+        back in the output's kv_transfer_params["kvpool"] (async saves still under way are not counted)."""
         state = self._requests.pop(request.request_id, None)
         if state is None:
             return False, None
         moved = state.moved.moved.get(request.request_id, {})
-        return False, {"kvpool": {"namespace": self._stores[0].namespace.prefix(), **moved}}
+        return self._async and state.saving, {"kvpool": {"namespace": self._stores[0].namespace.prefix(), **moved}}
 
     def _state(self, request) -> _PromptState | None:
         """The request's tracked state, made on first sight; None for requests whose tokens do not name their
@@ -239,6 +271,7 @@ class KVPoolConnector(KVConnectorBase_V1):
             meta.saves.append(BlockTransfer(req_id, state.hashes[state.stored:done],
                                             state.block_ids[state.stored:done]))
             state.stored = done
+            state.saving = True
 
     def _extend_hashes(self, state: _PromptState, computed: int) -> None:
         """Hash the full blocks of generated tokens whose KV is computed by the end of this step."""
@@ -265,39 +298,86 @@ class KVPoolConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         meta = self._connector_metadata
-        if not isinstance(meta, KVPoolConnectorMetadata) or not meta.loads:
+        if not isinstance(meta, KVPoolConnectorMetadata):
             return
         for load in meta.loads:
-            try:
-                loaded = self._store.load(load.hashes, load.block_ids, self._caches)
-            except KvpoolError as exc:
-                log.warning("kvpool: loading %d blocks of request %s failed: %s", len(load.hashes),
-                            load.request_id, exc)
-                loaded = 0
-            self._load_errors.update(load.block_ids[loaded:])
-            self._moved.add(load.request_id, {"blocks_loaded": loaded, "bytes_loaded": loaded * self._block_bytes,
-                                              "blocks_failed": len(load.hashes) - loaded})
-            log.info("kvpool: loaded %d of %d blocks (%d tokens) for request %s", loaded, len(load.hashes),
-                     loaded * self._block_size, load.request_id)
+            if self._mover is not None:
+                self._loading.setdefault(load.request_id, []).append((self._mover.submit(self._load, load), load))
+            else:
+                self._account(load, self._load(load))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv loads every layer before the forward pass
+        return  # blocks are whole objects: loaded before the forward pass (sync) or before scheduling (async)
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
-        return  # whole blocks of every layer are saved once the forward pass is done (wait_for_save)
+        return  # whole blocks of every layer are saved once the step is done (wait_for_save)
 
     def wait_for_save(self):
         meta = self._connector_metadata
         if not isinstance(meta, KVPoolConnectorMetadata):
             return
         for save in meta.saves:
-            try:
-                written = self._store.save(save.hashes, save.block_ids, self._caches)
-            except KvpoolError as exc:  # a block not saved is a later cache miss, not a failed request
-                log.warning("kvpool: saving %d blocks of request %s failed: %s", len(save.hashes),
-                            save.request_id, exc)
-                continue
-            self._moved.add(save.request_id, {"blocks_saved": written, "bytes_saved": written * self._block_bytes})
+            if self._mover is not None:
+                self._saving.setdefault(save.request_id, []).append(self._mover.submit(self._save, save))
+            else:
+                self._moved.add(save.request_id, self._save(save))
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """async: the requests whose loads are done (they may run now; blocks that failed are reported with
+        them), and the finished requests whose saves are done (vLLM may free their blocks)."""
+        if self._mover is None:
+            return None, None
+        meta = self._connector_metadata
+        if self._loading and isinstance(meta, KVPoolConnectorMetadata) and meta.idle:
+            # Nothing else to run: wait here, briefly, rather than spin through empty steps that would keep the
+            # loading thread from the interpreter.
+            wait([f for loads in self._loading.values() for f, _ in loads], IDLE_WAIT, FIRST_COMPLETED)
+        loaded = {request for request, loads in self._loading.items() if all(f.done() for f, _ in loads)}
+        for request in loaded:
+            for future, load in self._loading.pop(request):
+                self._account(load, future.result())
+        self._finished.update(request for request in finished_req_ids if request in self._saving)
+        saved = {request for request in self._finished if all(f.done() for f in self._saving[request])}
+        for request in saved:
+            for future in self._saving.pop(request):
+                self._moved.add(request, future.result())
+        self._finished -= saved
+        return saved or None, loaded or None
+
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        """A preempted request's blocks are reused from this step on: finish saving what was read from them."""
+        if self._mover is not None and self._saving:
+            for futures in self._saving.values():
+                for future in futures:
+                    future.result()
+
+    def _load(self, load: BlockTransfer) -> int:
+        """Scatter the blocks into the caches; how many leading ones were loaded (never raises)."""
+        try:
+            return self._store.load(load.hashes, load.block_ids, self._caches)
+        except KvpoolError as exc:
+            log.warning("kvpool: loading %d blocks of request %s failed: %s", len(load.hashes), load.request_id,
+                        exc)
+            return 0
+
+    def _account(self, load: BlockTransfer, loaded: int) -> None:
+        """Blocks past the loaded prefix are reported as load errors, so vLLM computes them."""
+        self._load_errors.update(load.block_ids[loaded:])
+        self._moved.add(load.request_id, {"blocks_loaded": loaded, "bytes_loaded": loaded * self._block_bytes,
+                                          "blocks_failed": len(load.hashes) - loaded})
+        log.info("kvpool: loaded %d of %d blocks (%d tokens) for request %s", loaded, len(load.hashes),
+                 loaded * self._block_size, load.request_id)
+
+    def _save(self, save: BlockTransfer) -> dict[str, int]:
+        """Store the blocks kvpool does not hold yet; what was written (never raises: a block not saved is a
+        later cache miss, not a failed request)."""
+        try:
+            written = self._store.save(save.hashes, save.block_ids, self._caches)
+        except KvpoolError as exc:
+            log.warning("kvpool: saving %d blocks of request %s failed: %s", len(save.hashes), save.request_id,
+                        exc)
+            return {}
+        return {"blocks_saved": written, "bytes_saved": written * self._block_bytes}
 
     def build_connector_worker_meta(self) -> KVPoolWorkerMetadata | None:
         if not self._moved.moved:
@@ -310,4 +390,13 @@ class KVPoolConnector(KVConnectorBase_V1):
         return failed
 
     def shutdown(self):
+        if getattr(self, "_mover", None) is not None:
+            self._mover.shutdown(wait=True)  # saves under way finish first
         self._client.close()
+
+
+def transfer_mode(extra: dict) -> str:
+    mode = str(extra.get("transfer", "async")).lower()
+    if mode not in ("async", "sync"):
+        raise ValueError(f'kv_connector_extra_config "transfer" must be "async" or "sync", not {mode!r}')
+    return mode

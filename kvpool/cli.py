@@ -196,7 +196,7 @@ def cmd_router(args) -> int:
         raise SystemExit(f"kvpool router: {exc}") from None
     with RoutingService(engines, namespace, master=args.master, etcd=args.etcd, cluster=args.cluster,
                         token=_token(args),
-                        pool_weight=args.pool_weight) as service:
+                        pool_weight=args.pool_weight, load_weight=args.load_weight) as service:
         port = service.serve_http(args.host, args.port)
         print(f"kvpool router ready http://{args.host}:{port} engines={','.join(engines)}", flush=True)
         wait_for_signal()
@@ -294,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--port", type=int, default=8100, help="HTTP port (0: a free one)")
     router.add_argument("--pool-weight", type=float, default=0.8,
                         help="what a block kvpool holds is worth against one the engine holds (0..1)")
+    router.add_argument("--load-weight", type=float, default=1.0,
+                        help="what a block of work queued at an engine costs against one to compute "
+                             "(0: the most reusable prefix always wins)")
     router.set_defaults(func=cmd_router)
 
     tls = sub.add_parser("tls", help="make a CA and a certificate for the cluster's members")

@@ -26,6 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from vllm_parts import make_model, start_cluster  # noqa: E402
 BLOCK = 128             # the vLLM CPU engine's block size, in tokens
 SYSTEM_PROMPT = 4 * BLOCK
 NEW_TOKENS = 16
@@ -48,6 +51,9 @@ def prompts() -> dict[str, list[int]]:
             "U": [rng.randrange(1, 1000) for _ in range(30)]}
 
 
+# The prefill engine saves synchronously, so each request's output reports what it saved; the decode engine loads
+# asynchronously (the connector's default: a request waits off the step while its blocks load).
+TRANSFER = {"prefill": "sync", "decode": "async"}
 ROLES = {  # role -> (kv_role, prompts in the order the engine serves them)
     "baseline": (None, ["A", "B", "C", "D"]),
     "prefill": ("kv_producer", ["A", "C"]),
@@ -72,19 +78,6 @@ def damaged_blocks(master: str, namespace: str, tokens: list[int]):
                 client.remove(key)
 
 
-def make_model(directory: Path) -> None:
-    """A small Llama (8 layers, 22 M parameters) with random weights, saved where vLLM loads it from (nothing
-    is downloaded). Big enough that a prefill costs what it saves: with a much smaller model, computing the
-    prompt is as cheap as fetching its KV."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
-                         initializer_range=0.1, eos_token_id=None)  # a wide init, or the model repeats one token
-    LlamaForCausalLM(config).save_pretrained(directory)
-
-
 def run_engine(role: str, model: str, master: str | None) -> dict:
     """One vLLM engine serving its role's prompts one at a time; returns what each request did."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -97,7 +90,8 @@ def run_engine(role: str, model: str, master: str | None) -> dict:
     if kv_role:
         transfer = KVTransferConfig(kv_connector="KVPoolConnector", kv_connector_module_path="kvpool.connectors.vllm",
                                     kv_role=kv_role, kv_load_failure_policy="recompute",
-                                    kv_connector_extra_config={"master": master, "model_id": "tiny-llama-example"})
+                                    kv_connector_extra_config={"master": master, "model_id": "tiny-llama-example",
+                                                               "transfer": TRANSFER[role]})
     # No local prefix cache, so every reuse in this demo goes through kvpool. The prefill engine computes at most
     # 256 tokens a step, so a long prompt is prefilled in chunks and its blocks are saved as each chunk completes.
     chunked = {"max_num_batched_tokens": 2 * BLOCK} if role == "prefill" else {}
@@ -154,21 +148,6 @@ def engine_process(role: str, model: Path, master: str | None, python: str, quie
     return json.loads(result.read_text())
 
 
-def start_cluster(python: str, workdir: Path) -> tuple[subprocess.Popen, str]:
-    """A local kvpool cluster (`kvpool up`): etcd, a master and two storage nodes; returns it and the master."""
-    cluster = subprocess.Popen([python, "-m", "kvpool.cli", "up", "--nodes", "2", "--dram-per-node", "256MiB",
-                                "--data-dir", str(workdir / "kvpool")], stdout=subprocess.PIPE, text=True)
-    line = cluster.stdout.readline()
-    if not line.startswith("kvpool ready"):
-        cluster.kill()
-        raise SystemExit(f"kvpool up did not start: {line!r}")
-    clients = cluster.stdout.readline()  # "clients: export KVPOOL_TOKEN_FILE=..." (the cluster's client token)
-    if clients.startswith("clients: export "):
-        # This process and the engines it starts are the cluster's clients.
-        os.environ.update(word.split("=", 1) for word in clients.split()[2:])
-    return cluster, dict(word.split("=", 1) for word in line.split()[2:])["master"]
-
-
 def summarize(runs: dict) -> dict:
     base, decode = runs["baseline"]["requests"], runs["decode"]["requests"]
     identical = {name: base[name]["tokens"] == decode[name]["tokens"] for name in decode}
@@ -218,7 +197,6 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(run_engine(args.engine, args.model, args.master)))
         return 0
 
-    sys.path.insert(0, str(HERE.parent))
     from engine_venvs import ensure
     python = str(ensure("vllm"))
     with tempfile.TemporaryDirectory(prefix="kvpool-vllm-") as tmp:

@@ -59,10 +59,11 @@ def test_routes_by_the_engines_caches_and_the_pool(cluster):
         assert status == 200 and answer["engine"] == "a"  # 1 local + 0.8 × 2 pool beats 0.8 × 3
         by = {s["engine"]: s for s in answer["scores"]}
         assert (by["a"]["local_blocks"], by["a"]["pool_blocks"], by["b"]["local_blocks"]) == (1, 3, 0)
-        assert post(http, "/route", {"token_ids": prompt})[1]["engine"] == "a"
-        assert service.state()["a"]["in_flight"] == 2
+        # "a" is busy with it now: the same prompt goes to "b", which loads the pool's three blocks.
+        assert post(http, "/route", {"token_ids": prompt})[1]["engine"] == "b"
+        assert (service.state()["a"]["in_flight"], service.state()["b"]["in_flight"]) == (1, 1)
         assert post(http, "/finished", {"engine": "a"})[0] == 200
-        assert service.state()["a"]["in_flight"] == 1
+        assert service.state()["a"]["in_flight"] == 0
         assert post(http, "/route", {"token_ids": "not tokens"})[0] == 400
         assert post(http, "/nowhere", {})[0] == 404
         client.remove_prefix(NAMESPACE.prefix())

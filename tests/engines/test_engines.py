@@ -18,6 +18,8 @@ sys.path.insert(0, str(REPO / "examples"))
 
 from engine_venvs import ensure  # noqa: E402
 
+from kvpool.netutil import wait_until  # noqa: E402
+
 BUILD_AND_RUN = 1800  # seconds: building an engine venv from nothing is most of it
 
 
@@ -85,3 +87,47 @@ def test_vllm_kv_events_name_blocks_as_kvpool_does():
     # 424 prompt + 256 generated tokens: 5 full blocks of 128 whose KV was computed.
     assert result["named"] == result["expected_blocks"] == 5 and result["extra"] == 0 and result["gaps"] == 0
     assert result["after_reset"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_AND_RUN)
+@pytest.mark.parametrize("transfer", ["async", "sync"])
+def test_vllm_loads_give_identical_tokens_and_survive_a_node_killed_before_loading(own_cluster, tmp_path, transfer):
+    """Both transfer modes: loaded blocks give the computed run's tokens; a storage node killed between the
+    lookup and the load loses its blocks, vLLM computes them, and the tokens are still identical."""
+    python = ensure("vllm")
+    cluster = own_cluster(2)
+    engine = subprocess.Popen([str(python), "tests/engines/in_vllm_transfer.py", "--master", cluster.master_address,
+                               "--transfer", transfer, "--rendezvous", str(tmp_path)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        paused = tmp_path / "paused"
+        wait_until(lambda: paused.exists() or engine.poll() is not None, 600, what="the engine to reach its load")
+        assert engine.poll() is None, engine.communicate()[1][-6000:]
+        keys = json.loads(paused.read_text())
+        holders = replica_addresses(cluster, keys)
+        # Kill a node holding a later block if one does not hold the first (some blocks load, the rest are
+        # computed); otherwise the first block's node (none load).
+        later = [address for address in holders[1:] if address != holders[0]]
+        victim = later[0] if later else holders[0]
+        next(node for node in cluster.nodes if node.info["address"] == victim).kill()
+        (tmp_path / "go").write_text("")
+        out, err = engine.communicate(timeout=600)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+    assert engine.returncode == 0, err[-6000:] + out[-2000:]
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    first, second = result["first"], result["second"]
+    assert first["identical"] and first["blocks_loaded"] == first["stored_blocks"] == 5
+    assert second["identical"] and second["stored_blocks"] == 6
+    assert second["blocks_loaded"] == holders.index(victim) and second["blocks_failed"] == 6 - holders.index(victim)
+
+
+def replica_addresses(cluster, keys: list[str]) -> list[str]:
+    """The node holding each key (one replica each)."""
+    from kvpool import Client
+
+    with Client(cluster.master_address) as client:
+        infos = [client._run(client._client._lookup(key)) for key in keys]
+    return [info.replicas[0].address for info in infos]

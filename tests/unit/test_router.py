@@ -89,3 +89,25 @@ def test_round_robin_and_bad_settings():
         Router([], BS)
     with pytest.raises(ValueError):
         Router(["a"], BS, pool_weight=2)
+
+
+def test_a_busy_engine_loses_to_an_idle_one_that_can_load_the_prefix():
+    router = Router(["a", "b"], BS, pool_weight=0.8)
+    prompt = tokens(8 * BS) + [3]
+    store_prompt(router.view("a"), prompt[:8 * BS])
+    for block in block_hashes(prompt[:8 * BS], BS):
+        router.pool_changed("stored", block)
+    assert router.choose(prompt)[0] == "a"  # idle, and holds it all
+    other = tokens(8 * BS, 900) + [4]  # a long prompt nobody holds: "a" now has it queued
+    assert router.choose(other)[0] == "b"
+    assert router.choose(tokens(8 * BS, 1800) + [5])[0] == "a"  # b's queue is now the longer one
+    engine, scores = router.choose(prompt)
+    by = {s.engine: s for s in scores}
+    assert by["a"].cost == pytest.approx(8 + 1 / BS - 8 + (1 / BS + 1) + (8 + 1 / BS + 1))
+    assert engine == "a"
+    # With load_weight 0 the queue never matters: the most reusable prefix wins.
+    greedy = Router(["a", "b"], BS, load_weight=0)
+    store_prompt(greedy.view("a"), prompt[:8 * BS])
+    assert [greedy.choose(prompt)[0] for _ in range(3)] == ["a", "a", "a"]
+    router.finished("a")
+    assert router.view("a").in_flight == 2
