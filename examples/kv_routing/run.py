@@ -11,12 +11,12 @@ two vLLM engines (one CPU core each), each engine publishing its KV events:
   kv_aware          kvpool, and the router sends each request where most of its prefix is: an engine's own cache
                     first, then kvpool (kvpool.connectors.RoutingService, as `kvpool router` runs it)
 
-The workload: conversations of ../shared/traces/conversation_trace.jsonl (a request whose leading hash ids
-extend an earlier request's is that conversation's next turn), taken in arrival order; each trace block (512
+The workload: whole conversations of ../shared/traces/conversation_trace.jsonl (a request whose leading hash ids
+extend an earlier request's is that conversation's next turn), the earliest ones, served in arrival order; each trace block (512
 tokens there) becomes one 128-token vLLM block whose tokens derive from its hash id, so equal ids are equal
 token prefixes; a conversation's turn is sent only after its previous turn answered (and a short pause, the
-user reading it). Each engine's own cache holds LOCAL_BLOCKS blocks, fewer than the workload's, as a GPU's
-memory would be. Between policies every cache is emptied (the engines' and kvpool's).
+user reading it). Each engine's own cache holds --local-blocks blocks (64: fewer than the workload needs, as
+a GPU's memory holds less than a day of conversations). Between policies every cache is emptied (the engines' and kvpool's).
 
 Prints, last, one JSON line: per policy computed_tokens (prompt tokens the engines computed), loaded_tokens
 (from kvpool), local_hit_tokens, ttft_p50_ms, ttft_p90_ms, identical_tokens (every request's tokens equal the
@@ -48,7 +48,7 @@ BLOCK = 128            # the vLLM CPU engine's block size: one trace block becom
 MAX_BLOCKS = 14        # conversations whose turns all fit (the model takes 2048 tokens)
 TAIL = 8               # each request's own last tokens (its new message)
 NEW_TOKENS = 8
-LOCAL_BLOCKS = 64      # each engine's own KV cache, in blocks
+LOCAL_BLOCKS = 64      # each engine's own KV cache, in blocks (default)
 THINK = 0.3            # seconds between an answer and the conversation's next turn
 ENGINES = ("engine-a", "engine-b")
 POLICIES = (("no_kvpool", False, "round_robin"), ("kv_aware_local", False, "kv_aware"),
@@ -56,7 +56,8 @@ POLICIES = (("no_kvpool", False, "round_robin"), ("kv_aware_local", False, "kv_a
 
 
 def workload(path: Path, requests: int) -> list[dict]:
-    """The first `requests` turns, in arrival order, of the trace's conversations of two turns or more."""
+    """Whole conversations of two turns or more, the earliest first, until there are `requests` turns; served in
+    arrival order (the last conversation may lose its last turns to the count)."""
     rows = [json.loads(line) for line in path.open()]
     roots: dict[tuple, int] = {}
     conversation = []
@@ -71,7 +72,12 @@ def workload(path: Path, requests: int) -> list[dict]:
         turns.setdefault(owner, []).append(i)
     kept = {owner for owner, members in turns.items()
             if len(members) >= 2 and all(len(rows[i]["hash_ids"]) <= MAX_BLOCKS for i in members)}
-    chosen = [i for i in range(len(rows)) if conversation[i] in kept][:requests]
+    chosen: list[int] = []
+    for owner in sorted(kept):
+        if len(chosen) >= requests:
+            break
+        chosen += turns[owner]
+    chosen = sorted(chosen)[:requests]
     out = []
     for n, i in enumerate(chosen):
         tokens = []
@@ -87,7 +93,7 @@ def workload(path: Path, requests: int) -> list[dict]:
 # ---------------------------------------------------------------- one engine, in its own process (vLLM venv)
 
 def run_engine(name: str, model: str, events_port: int, kvpool_master: str | None, control: str,
-               key: bytes) -> None:
+               key: bytes, local_blocks: int) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
     from vllm.config import KVEventsConfig, KVTransferConfig
@@ -99,7 +105,7 @@ def run_engine(name: str, model: str, events_port: int, kvpool_master: str | Non
                                     kv_role="kv_both", kv_load_failure_policy="recompute",
                                     kv_connector_extra_config={"master": kvpool_master, "model_id": "kv-routing"})
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=2048, enforce_eager=True,
-              enable_prefix_caching=True, num_gpu_blocks_override=LOCAL_BLOCKS, disable_log_stats=False, seed=0,
+              enable_prefix_caching=True, num_gpu_blocks_override=local_blocks, disable_log_stats=False, seed=0,
               kv_transfer_config=transfer,
               kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
                                               endpoint=f"tcp://*:{events_port}"))  # "*": the engine binds it
@@ -133,7 +139,8 @@ class Engine:
         return self.pipe.recv()
 
 
-def start_engines(python: str, model: Path, master: str | None, work: Path, quiet: bool) -> dict[str, Engine]:
+def start_engines(python: str, model: Path, master: str | None, work: Path, quiet: bool,
+                  local_blocks: int) -> dict[str, Engine]:
     from kvpool.netutil import free_port
 
     key = secrets.token_bytes(16)
@@ -145,7 +152,8 @@ def start_engines(python: str, model: Path, master: str | None, work: Path, quie
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=str(core % os.cpu_count()), KVPOOL_ROUTING_KEY=key.hex())
         log = open(work / f"{name}-{'kvpool' if master else 'local'}.log", "w")
         process = subprocess.Popen([python, __file__, "--engine", name, "--model", str(model), "--events-port",
-                                    str(port), "--control", control] + (["--master", master] if master else []),
+                                    str(port), "--control", control, "--local-blocks", str(local_blocks)]
+                                   + (["--master", master] if master else []),
                                    stdout=log, stderr=subprocess.STDOUT if quiet else None, env=env)
         engines[name] = Engine(name, process, f"tcp://127.0.0.1:{port}")
     for _ in ENGINES:
@@ -247,7 +255,8 @@ def drive(args, python: str, work: Path) -> dict:
     reference = None
     try:
         for with_kvpool in (False, True):
-            engines = start_engines(python, model, master if with_kvpool else None, work, args.json_only)
+            engines = start_engines(python, model, master if with_kvpool else None, work, args.json_only,
+                                    args.local_blocks)
             try:
                 # A request one block long on each: warms the engines, and says where their blocks go in kvpool.
                 warm = [engine.serve({"op": "generate", "tokens": [2] * (BLOCK + 1)}) for engine in engines.values()]
@@ -284,14 +293,17 @@ def drive(args, python: str, work: Path) -> dict:
     kv_aware = summary["kv_aware"]["computed_tokens"]
     summary["kv_aware_computed_vs_round_robin"] = round(kv_aware / max(1, summary["round_robin"]["computed_tokens"]), 3)
     summary["kv_aware_computed_vs_no_kvpool"] = round(kv_aware / max(1, summary["no_kvpool"]["computed_tokens"]), 3)
+    summary["kv_aware_computed_vs_prompt"] = round(kv_aware / max(1, summary["kv_aware"]["prompt_tokens"]), 3)
     summary["workload"] = {"requests": len(requests), "conversations": conversations,
-                           "prompt_tokens": summary["no_kvpool"]["prompt_tokens"], "local_blocks": LOCAL_BLOCKS}
+                           "prompt_tokens": summary["no_kvpool"]["prompt_tokens"], "local_blocks": args.local_blocks}
     return summary
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=48, help="turns to serve (default 48)")
+    parser.add_argument("--local-blocks", type=int, default=LOCAL_BLOCKS,
+                        help=f"each engine's own KV cache, in {BLOCK}-token blocks (default {LOCAL_BLOCKS})")
     parser.add_argument("--trace", default=str(TRACE), help="the conversation trace (default: ../shared/traces)")
     parser.add_argument("--master", help="an existing kvpool master HOST:PORT (default: start a local cluster)")
     parser.add_argument("--json-only", action="store_true", help="print only the summary line")
@@ -304,7 +316,7 @@ def main(argv=None) -> int:
     if args.engine:
         host, port = args.control.rsplit(":", 1)
         run_engine(args.engine, args.model, args.events_port, args.master, (host, int(port)),
-                   bytes.fromhex(os.environ.pop("KVPOOL_ROUTING_KEY")))
+                   bytes.fromhex(os.environ.pop("KVPOOL_ROUTING_KEY")), args.local_blocks)
         return 0
     from engine_venvs import ensure
     python = str(ensure("vllm"))
