@@ -1,6 +1,6 @@
 """KV-aware routing across two vLLM engines sharing kvpool, on conversations from Mooncake's production trace.
 
-    python3 examples/kv_routing/run.py [--requests 48] [--master HOST:PORT] [--json-only]
+    python3 examples/kv_routing/run.py [--requests 240] [--master HOST:PORT] [--json-only]
 
 Builds vLLM's CPU venv on first use (examples/engine_venvs.py), makes the small random-weight Llama of the
 vLLM examples, starts a local kvpool cluster (unless --master names one), and serves one workload four ways on
@@ -301,7 +301,7 @@ def drive(args, python: str, work: Path) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=48, help="turns to serve (default 48)")
+    parser.add_argument("--requests", type=int, default=240, help="turns to serve (default 240)")
     parser.add_argument("--local-blocks", type=int, default=LOCAL_BLOCKS,
                         help=f"each engine's own KV cache, in {BLOCK}-token blocks (default {LOCAL_BLOCKS})")
     parser.add_argument("--trace", default=str(TRACE), help="the conversation trace (default: ../shared/traces)")

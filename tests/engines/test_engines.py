@@ -131,3 +131,27 @@ def replica_addresses(cluster, keys: list[str]) -> list[str]:
     with Client(cluster.master_address) as client:
         infos = [client._run(client._client._lookup(key)) for key in keys]
     return [info.replicas[0].address for info in infos]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_AND_RUN)
+def test_kv_routing_example_two_engines_behind_the_router(cluster):
+    """The routing example, small: two vLLM engines publishing KV events, four policies, every output equal to
+    the engines-without-kvpool run's; the router sends turns where their prefix is, and kvpool's blocks are
+    loaded by whichever engine did not compute them."""
+    ensure("vllm")
+    run = subprocess.run([sys.executable, "examples/kv_routing/run.py", "--master", cluster.master_address,
+                          "--requests", "16", "--json-only"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    policies = ("no_kvpool", "kv_aware_local", "round_robin", "kv_aware")
+    assert all(summary[p]["identical_tokens"] and summary[p]["requests"] == 16 for p in policies)
+    prompt = summary["workload"]["prompt_tokens"]
+    assert all(summary[p]["prompt_tokens"] == prompt for p in policies)
+    assert summary["no_kvpool"]["loaded_tokens"] == summary["kv_aware_local"]["loaded_tokens"] == 0
+    assert summary["round_robin"]["loaded_tokens"] > 0  # the other engine's turns, from kvpool
+    # The same round-robin order computes less with kvpool: what it loaded, the other engine had computed.
+    assert summary["round_robin"]["computed_tokens"] < summary["no_kvpool"]["computed_tokens"]
+    assert summary["kv_aware"]["computed_tokens"] < summary["no_kvpool"]["computed_tokens"]
+    assert summary["kv_aware"]["local_hit_tokens"] > 0 and summary["kv_aware_local"]["local_hit_tokens"] > 0
