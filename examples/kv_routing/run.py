@@ -244,6 +244,9 @@ def drive(args, python: str, work: Path) -> dict:
     from kvpool.connectors.routing_service import RoutingService
     from kvpool.netutil import wait_until
 
+    if not Path(args.trace).is_file():
+        raise SystemExit(f"no trace at {args.trace}: --trace names one (JSON lines with timestamp and hash_ids, as in "
+                         "Mooncake's FAST'25 traces)")
     requests = workload(Path(args.trace), args.requests)
     conversations = len({r["conversation"] for r in requests})
     say = (lambda *a: None) if args.json_only else (lambda *a: print(*a, file=sys.stderr, flush=True))

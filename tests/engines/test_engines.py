@@ -135,18 +135,27 @@ def replica_addresses(cluster, keys: list[str]) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
-def test_kv_routing_example_two_engines_behind_the_router(cluster):
+def test_kv_routing_example_two_engines_behind_the_router(cluster, tmp_path):
     """The routing example, small: two vLLM engines publishing KV events, four policies, every output equal to
     the engines-without-kvpool run's; the router sends turns where their prefix is, and kvpool's blocks are
     loaded by whichever engine did not compute them."""
     ensure("vllm")
+    trace = tmp_path / "trace.jsonl"  # the shared trace's format (it is not part of the repository)
+    with open(trace, "w") as out:
+        # 7 conversations of 3 turns, interleaved; the example takes the first 5 whole (an odd count, so that
+        # round-robin sends a conversation's turns to both engines); all share block 0, a system prompt.
+        for i in range(21):
+            conversation, turn = i % 7, i // 7
+            chain = [0] + [100 * (conversation + 1) + b for b in range(2 * turn + 2)]
+            out.write(json.dumps({"timestamp": i, "input_length": 512 * len(chain), "output_length": 8,
+                                  "hash_ids": chain}) + "\n")
     run = subprocess.run([sys.executable, "examples/kv_routing/run.py", "--master", cluster.master_address,
-                          "--requests", "16", "--json-only"], cwd=REPO, stdout=subprocess.PIPE,
+                          "--requests", "15", "--trace", str(trace), "--json-only"], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     policies = ("no_kvpool", "kv_aware_local", "round_robin", "kv_aware")
-    assert all(summary[p]["identical_tokens"] and summary[p]["requests"] == 16 for p in policies)
+    assert all(summary[p]["identical_tokens"] and summary[p]["requests"] == 15 for p in policies)
     prompt = summary["workload"]["prompt_tokens"]
     assert all(summary[p]["prompt_tokens"] == prompt for p in policies)
     assert summary["no_kvpool"]["loaded_tokens"] == summary["kv_aware_local"]["loaded_tokens"] == 0
