@@ -7,5 +7,6 @@ COPY proto proto
 COPY master master
 COPY storenode storenode
 COPY client client
+COPY connectors connectors
 RUN pip install --no-cache-dir .
 ENTRYPOINT ["kvpool"]

@@ -32,6 +32,7 @@ import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from . import transports as transport_names
 from .bench_latency import batch_exists_latency, call_targets, fresh_puts, get_latency
@@ -88,22 +89,28 @@ def memcpy_baseline(size: int = 256 * 1024 * 1024, rounds: int = 4) -> float:
 
 
 class _Progress:
-    """A one-line progress bar on stderr when it is a terminal; silent otherwise."""
+    """A progress bar (tqdm) on stderr when it is a terminal; silent otherwise. `total` may grow as work is
+    found."""
 
     def __init__(self, total: int):
-        self.total, self.done = total, 0
-        self.enabled = sys.stderr.isatty()
+        self._bar = tqdm(total=total, file=sys.stderr, disable=not sys.stderr.isatty(), unit="step",
+                         bar_format="{l_bar}{bar:30}| {n_fmt}/{total_fmt} {postfix}")
+
+    @property
+    def total(self) -> int:
+        return self._bar.total
+
+    @total.setter
+    def total(self, value: int) -> None:
+        self._bar.total = value
+        self._bar.refresh()
 
     def step(self, label: str) -> None:
-        self.done += 1
-        if self.enabled:
-            filled = int(30 * self.done / self.total)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {label:<28}")
-            sys.stderr.flush()
+        self._bar.set_postfix_str(label, refresh=False)
+        self._bar.update(1)
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+        self._bar.close()
 
 
 def _timed(seconds: float, op) -> tuple[int, float]:

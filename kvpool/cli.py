@@ -1,8 +1,9 @@
-"""The `kvpool` command: up, master, storenode, status, drain, bench, token, etcd-auth, tls, router."""
+"""The `kvpool` command: up, master, storenode, status, drain, bench, token, etcd-auth, tls, router, config."""
 
 import argparse
 import sys
 
+from . import config
 from .cluster_layout import DEFAULT_CLUSTER
 from .units import parse_size
 
@@ -52,7 +53,10 @@ def cmd_up(args) -> int:
     cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,
                            data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
                            metrics=args.metrics, masters=args.masters, secret=secret, tls=args.tls,
-                           node_args=["--transports", args.transports] if args.transports else None)
+                           # The file's [master] and [storenode] tables reach the components this starts.
+                           master_args=["--config", args.config] if args.config else None,
+                           node_args=(["--transports", args.transports] if args.transports else [])
+                           + (["--config", args.config] if args.config else []))
     with cluster:
         print(f"kvpool ready master={cluster.leader_address()} etcd={cluster.etcd_endpoint}", flush=True)
         tls_ca = f" KVPOOL_TLS_CA={cluster.tls_files.ca}" if cluster.tls_files else ""
@@ -78,7 +82,16 @@ def cmd_status(args) -> int:
     from .status import render_status
 
     with _connect(args) as client:
-        print(render_status(client.stats()))
+        stats = client.stats()
+    if args.json:
+        import json
+
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(stats, preserving_proto_field_name=True,
+                                       always_print_fields_with_no_presence=True)))
+    else:
+        print(render_status(stats))
     return 0
 
 
@@ -95,15 +108,22 @@ def cmd_drain(args) -> int:
             return 1
         print(f"draining {args.node}: {objects} objects to copy elsewhere", flush=True)
         if args.wait:
-            def drained() -> bool:
-                node = next((n for n in client.stats().nodes if n.node_id == args.node), None)
-                return node is None or node.objects == 0
+            from tqdm import tqdm
 
-            try:
-                wait_until(drained, args.wait, what=f"node {args.node} to hold no objects")
-            except TimeoutError as exc:
-                print(f"kvpool drain: {exc}", file=sys.stderr)
-                return 1
+            # Objects moved off the node so far, on stderr when it is a terminal.
+            with tqdm(total=objects, desc=f"draining {args.node}", unit="obj", file=sys.stderr,
+                      disable=not sys.stderr.isatty()) as bar:
+                def drained() -> bool:
+                    node = next((n for n in client.stats().nodes if n.node_id == args.node), None)
+                    left = 0 if node is None else node.objects
+                    bar.update(max(0, objects - left - bar.n))
+                    return left == 0
+
+                try:
+                    wait_until(drained, args.wait, interval=0.25, what=f"node {args.node} to hold no objects")
+                except TimeoutError as exc:
+                    print(f"kvpool drain: {exc}", file=sys.stderr)
+                    return 1
             print(f"drained {args.node}", flush=True)
     return 0
 
@@ -235,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--tls", action="store_true",
                     help="every component serves TLS (etcd, the master's ports, the nodes' TCP data path) with a "
                          "CA and certificate made in DATA_DIR/tls")
+    config.add_config_option(up)
     up.add_argument("--demo", action="store_true", help="run a short workload once the cluster is up")
     up.add_argument("--exit-after-demo", action="store_true", help="stop the cluster when the demo ends")
     up.set_defaults(func=cmd_up)
@@ -245,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="per node and tier: capacity, use, hits, moves, evictions")
     _add_target(status)
+    status.add_argument("--json", action="store_true", help="one JSON object (the master's StatsResponse)")
     status.set_defaults(func=cmd_status)
 
     drain = sub.add_parser("drain", help="move every object off a storage node so it can be taken down")
@@ -297,7 +319,17 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--load-weight", type=float, default=1.0,
                         help="what a block of work queued at an engine costs against one to compute "
                              "(0: the most reusable prefix always wins)")
+    config.add_config_option(router)
     router.set_defaults(func=cmd_router)
+
+    settings = sub.add_parser("config", help="the settings in effect (from --config FILE / $KVPOOL_CONFIG and the "
+                                             "environment) and where each came from")
+    settings.add_argument("commands", nargs="*", choices=[[], *config.COMMANDS], metavar="COMMAND",
+                          help=f"only these ({', '.join(config.COMMANDS)}; default: all)")
+    config.add_config_option(settings)
+    settings.add_argument("--reference", action="store_true",
+                          help="print the reference of every setting (markdown) instead")
+    settings.set_defaults(func=cmd_config)
 
     tls = sub.add_parser("tls", help="make a CA and a certificate for the cluster's members")
     tls.add_argument("dir", metavar="DIR", help="where ca.pem, cert.pem and key.pem go")
@@ -317,8 +349,42 @@ def main(argv: list[str] | None = None) -> int:
         from .storenode.main import main as storenode_main
 
         return storenode_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if argv and argv[0] in ("up", "router"):  # these take a config table
+        args, _ = config.resolve(subcommands(parser)[argv[0]], argv[0], argv[1:])
+    else:
+        args = parser.parse_args(argv)
     return args.func(args)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command that takes a config table, by name."""
+    from .master.main import build_parser as master_parser
+    from .storenode.main import build_parser as storenode_parser
+
+    sub = subcommands(build_parser())
+    return {"master": master_parser(), "storenode": storenode_parser(), "up": sub["up"], "router": sub["router"]}
+
+
+def cmd_config(args) -> int:
+    from pathlib import Path
+
+    from . import config_report
+
+    parsers = command_parsers()
+    if args.reference:
+        print(config_report.reference(parsers), end="")
+        return 0
+    path = Path(args.config) if args.config else config.config_path([])
+    try:
+        print(config_report.effective(parsers, args.commands or list(parsers), path), end="")
+    except config.ConfigError as exc:
+        raise SystemExit(f"kvpool config: {exc}") from None
+    return 0
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ def blocking_channel(address: str, credential: Credential | None, options=(), tl
     return grpc.intercept_channel(channel, _BlockingClientAuth(credential)) if credential is not None else channel
 
 
+HEALTH_METHODS = "/grpc.health.v1.Health/"  # answered without a proof: they tell only whether it serves
+
+
 class ServerAuth(grpc.aio.ServerInterceptor):
     """Refuses (UNAUTHENTICATED) every call whose proof does not hold; counts them in `refused`."""
 
@@ -134,6 +137,8 @@ class ServerAuth(grpc.aio.ServerInterceptor):
         self.on_refused = on_refused
 
     async def intercept_service(self, continuation, handler_call_details):
+        if handler_call_details.method.startswith(HEALTH_METHODS):
+            return await continuation(handler_call_details)  # serving or not, for orchestrators' probes
         proof = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == METADATA:

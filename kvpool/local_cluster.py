@@ -91,8 +91,8 @@ class Child:
 
 class LocalCluster:
     def __init__(self, nodes: int = 2, dram_per_node: str = "256MiB", data_dir: str | os.PathLike | None = None,
-                 master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float = 5,
-                 put_timeout: float = 30, metrics: bool = False, host: str = "127.0.0.1",
+                 master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float | None = None,
+                 put_timeout: float | None = None, metrics: bool = False, host: str = "127.0.0.1",
                  ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None,
                  masters: int = 1, etcd_members: int = 1, secret: str | None = None, tls: bool = False):
         """node_args / master_args: extra command-line options for every storage node / every master.
@@ -234,12 +234,17 @@ class LocalCluster:
             raise
         return self
 
+    @staticmethod
+    def _given(flag: str, value) -> list:
+        """The flag when a value was given (else the component's own default, or its config file's, holds)."""
+        return [] if value is None else [flag, str(value)]
+
     def _master_child(self, index: int = 0) -> Child:
         port = self.master_port if index == 0 and self.master_port else free_port(self.host)
         name = "master" if index == 0 else f"master-{index}"
         argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
                 "--port", str(port), "--cluster", self.cluster, "--master-id", name,
-                "--put-timeout", str(self.put_timeout), *self._security_args(), *self.master_args]
+                *self._given("--put-timeout", self.put_timeout), *self._security_args(), *self.master_args]
         return self._child(name, argv)
 
     def restart_master(self, index: int, timeout: float = 30.0) -> Child:
@@ -255,7 +260,7 @@ class LocalCluster:
         argv = [*prefix, sys.executable, "-m", "kvpool.storenode", "--etcd", self.etcd_endpoint,
                 "--host", host or self.host,
                 "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
-                "--data-dir", str(self.data_dir / node_id), "--lease-ttl", str(self.lease_ttl),
+                "--data-dir", str(self.data_dir / node_id), *self._given("--lease-ttl", self.lease_ttl),
                 "--ssd", str(self.ssd_per_node), *self._security_args(), *self.node_args]
         return self._child(node_id, argv)
 

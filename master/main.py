@@ -13,7 +13,7 @@ import aetcd
 import grpc
 from kvpool.proto import kvpool_pb2_grpc
 
-from kvpool import auth, cluster_layout, tls
+from kvpool import auth, cluster_layout, config, tls
 from kvpool.etcd_client import EtcdClient
 from kvpool.grpc_auth import ServerAuth
 from kvpool.process import run_server
@@ -23,6 +23,7 @@ from . import takeover
 from .adoption import Adopter
 from .control_port import FRAME_TIMEOUT, ControlPort
 from .election import Election
+from .health_service import MasterHealth
 from .eviction_watch import EvictionWatch
 from .key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
 from .key_feed import KeyFeed
@@ -50,6 +51,7 @@ def size(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool master", description="Run the kvpool master (control plane).")
+    config.add_config_option(p)
     p.add_argument("--etcd", required=True, metavar="HOST:PORT", help="etcd endpoint")
     p.add_argument("--host", default="127.0.0.1", help="address to serve gRPC on (default 127.0.0.1)")
     p.add_argument("--advertise-host", default=None,
@@ -213,6 +215,8 @@ async def serve(args) -> int:
         feed = KeyFeed(table, args.key_feed_size)  # open while this master leads (key_feed.py)
         service.key_watch = KeyWatch(feed)
         kvpool_pb2_grpc.add_MasterServicer_to_server(service, server)
+        health = MasterHealth(server, election, metrics)
+        health_task = loop.create_task(health.run(), name="health")
         leader: Leader | None = None
         campaign: asyncio.Task | None = None
         feed_task = loop.create_task(feed.run(election), name="key-feed")
@@ -222,13 +226,14 @@ async def serve(args) -> int:
             await server.start()  # followers serve too: Stats, and NOT_LEADER naming the leader
             await control.start()
             if args.metrics_port:
-                metrics.serve(args.metrics_port, args.host)
+                metrics.serve(args.metrics_port, args.host, health.probes)
             # A lone master leads before it says it is ready, so its first client is served at once.
             if await election.campaign(give_up_after=0):
                 leader = Leader(args, etcd, election, table, node_io, adopter)
                 await _lead(leader, election)
             else:
                 log.info("master %s following %s", master_id, election.leader_address or "(none yet)")
+            health.joined = True
             print(f"kvpool-master ready address={address} control={service.control_address}", flush=True)
             log.info("master %s serving cluster %r on %s", master_id, args.cluster, address)
             while not stop.is_set():
@@ -265,9 +270,11 @@ async def serve(args) -> int:
                 campaign = None
             log.info("stopping")
         finally:
+            health.stopping = True
             election.serving = False
-            feed_task.cancel()
-            await asyncio.gather(feed_task, return_exceptions=True)
+            for task in (feed_task, health_task):
+                task.cancel()
+            await asyncio.gather(feed_task, health_task, return_exceptions=True)
             if campaign is not None:
                 campaign.cancel()
                 await asyncio.gather(campaign, return_exceptions=True)
@@ -300,7 +307,7 @@ async def _step_down(leader: Leader, election: Election, table: ObjectTable, nod
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, _ = config.resolve(parser, "master", argv)
     args.secret = auth.secret_of(parser, args)
     args.tls = tls.files_of(parser, args)
     for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "key_feed_size",

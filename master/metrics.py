@@ -5,8 +5,10 @@ RPC counters are updated as requests are served; everything about the table
 at scrape time, so the numbers can never drift from the table itself.
 """
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from kvpool.health import Health, serve_http
 
 from .objects import ObjectTable
 
@@ -102,6 +104,10 @@ class MasterMetrics:
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
         self.unauthenticated = Counter("kvpool_master_grpc_unauthenticated",
                                        "gRPC calls refused for a missing or wrong credential", registry=self.registry)
+        self.leader = Gauge("kvpool_master_leader", "1 while this master leads and serves, else 0",
+                            registry=self.registry)
+        self.term = Gauge("kvpool_master_term", "The election term this master last led or saw",
+                          registry=self.registry)
         self.registry.register(_TableCollector(table))
         self._http = None
         self._per_method: dict[str, tuple] = {}  # labels() costs more than the update itself
@@ -118,8 +124,9 @@ class MasterMetrics:
     def refused_call(self) -> None:
         self.unauthenticated.inc()
 
-    def serve(self, port: int, host: str) -> None:
-        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str, health: Health) -> None:
+        """/metrics, and the /healthz and /readyz probes (kvpool/health.py)."""
+        self._http = serve_http(port, host, self.registry, health)
 
     def stop(self) -> None:
         if self._http is not None:

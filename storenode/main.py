@@ -10,11 +10,11 @@ import secrets
 import signal
 import uuid
 
-from prometheus_client import start_http_server
 
-from kvpool import auth, tls, transports
+from kvpool import auth, config, tls, transports
 from kvpool.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError
+from kvpool.health import Health, serve_http
 from kvpool.process import run_server
 from kvpool.units import parse_size
 
@@ -86,6 +86,7 @@ def _size(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool storenode", description="Run a kvpool storage node.")
+    config.add_config_option(p)
     p.add_argument("--etcd", required=True, type=_hostport, metavar="HOST:PORT", help="etcd client endpoint")
     p.add_argument("--dram", required=True, type=_positive_size, metavar="SIZE",
                    help="DRAM segment size, e.g. 1GiB")
@@ -156,7 +157,7 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, _ = config.resolve(parser, "storenode", argv)
     _check(parser, args)
     args.secret = auth.secret_of(parser, args)
     args.tls = tls.files_of(parser, args)
@@ -210,6 +211,8 @@ async def _serve(args) -> int:
     metrics_http = None
     registration = None
     ucx = None
+    health = Health()
+    beat = loop.create_task(health.beat(), name="health-beat")
     try:
         if ssd:
             recover(store)
@@ -220,7 +223,7 @@ async def _serve(args) -> int:
             if ucx is not None:
                 server.offers[transports.UCX] = ucx.offer
         if args.metrics_port:
-            metrics_http, _ = start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
+            metrics_http = serve_http(args.metrics_port, args.host, metrics.registry, health)
         tiers = {tier.name: TierRecord(tier.segment.capacity, tier.segment.path) for tier in store.tiers}
         record = NodeRecord(node_id=node_id, instance=instance, host=args.advertise_host or args.host,
                             data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
@@ -229,14 +232,18 @@ async def _serve(args) -> int:
         registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl, credential, args.tls)
         if not await _until_stopped(registration.start(), stopping):
             return 0
+        health.ready = lambda: (True, "") if registration.in_etcd() else (
+            False, "etcd lease not refreshed within its ttl: the master may count this node gone")
         print(f"kvpool-storenode ready node_id={node_id} address={record.address}", flush=True)
         await stopping.wait()
+        health.ready = lambda: (False, "stopping")
         log.info("stopping")
         return 0
     except (OSError, KvpoolError) as exc:
         log.error("storage node failed: %s", exc)
         return 1
     finally:
+        beat.cancel()
         if registration:
             await registration.stop()
         await server.stop()

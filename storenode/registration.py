@@ -29,6 +29,7 @@ class NodeRegistration:
         self.lease_id: int | None = None
         self.credential = credential  # logs in to etcd as a member (kvpool/etcd_client.py)
         self.tls = tls  # TlsFiles: etcd is reached over TLS
+        self.refreshed = float("-inf")  # when the lease was last granted or refreshed
         self._client: aetcd.Client | None = None
         self._keepalive: asyncio.Task | None = None
 
@@ -49,6 +50,10 @@ class NodeRegistration:
                 await asyncio.sleep(0.5)
         self._keepalive = asyncio.create_task(self._keep_alive(), name="etcd-keepalive")
 
+    def in_etcd(self) -> bool:
+        """Registered, and the lease refreshed within its ttl (so the master still counts this node)."""
+        return time.monotonic() - self.refreshed < self.ttl
+
     async def stop(self) -> None:
         if self._keepalive:
             self._keepalive.cancel()
@@ -66,6 +71,7 @@ class NodeRegistration:
         lease = await self._client.lease(self.ttl)
         await self._client.put(self.key, self.value, lease=lease)
         self.lease_id = lease.id
+        self.refreshed = time.monotonic()
         log.info("registered %s in etcd (lease %x, ttl %ds)", self.key.decode(), lease.id, self.ttl)
 
     async def _keep_alive(self) -> None:
@@ -77,5 +83,7 @@ class NodeRegistration:
                     # Expired while etcd was unreachable, or etcd lost its data: the key is gone.
                     log.warning("lease %x lost; registering again", self.lease_id)
                     await self._register()
+                else:
+                    self.refreshed = time.monotonic()
             except Exception as exc:  # keep trying: etcd may come back before the lease runs out
                 log.warning("etcd keepalive failed: %s", exc)
