@@ -5,9 +5,10 @@ removed blocks of one namespace (connectors/block_events.py); choose() and finis
 thread. serve_http() answers the same over HTTP for routers and gateways in other languages:
 
     POST /route     {"token_ids": [...]}  ->  {"engine": NAME, "scores": [{"engine", "local_blocks",
-                                                "pool_blocks", "in_flight", "reusable"}, ...]}
+                                                "pool_blocks", "in_flight", "reusable", "cost"}, ...]}
     POST /finished  {"engine": NAME}      ->  {}
     GET  /engines                         ->  {NAME: {"blocks", "in_flight", "unmapped"}, ..., "pool_blocks": N}
+    GET  /healthz, /readyz                ->  {"ok": true} while the service runs (probes)
 
 `kvpool router` runs it from the command line.
 """
@@ -114,6 +115,9 @@ class RoutingService:
             def do_GET(self):
                 if self.path == "/engines":
                     self._answer(200, service.state())
+                elif self.path in ("/healthz", "/readyz"):  # probes: answering at all, and following engines
+                    alive = service._thread is not None and service._thread.is_alive()
+                    self._answer(200 if alive else 503, {"ok": alive})
                 else:
                     self._answer(404, {"error": f"no {self.path}"})
 

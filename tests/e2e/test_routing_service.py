@@ -66,6 +66,8 @@ def test_routes_by_the_engines_caches_and_the_pool(cluster):
         assert service.state()["a"]["in_flight"] == 0
         assert post(http, "/route", {"token_ids": "not tokens"})[0] == 400
         assert post(http, "/nowhere", {})[0] == 404
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/readyz", timeout=10) as ready:
+            assert ready.status == 200 and json.loads(ready.read()) == {"ok": True}
         client.remove_prefix(NAMESPACE.prefix())
         wait_until(lambda: service.state()["pool_blocks"] == 0, 20, what="the router to see the blocks go")
     pub.close()
