@@ -126,6 +126,8 @@ def settings(parser: argparse.ArgumentParser, command: str, argv: list[str],
             sources[dest] = f"{path} [{table}]"
     for table in (SHARED, command):
         for dest, action in known.items():
+            if table == SHARED and dest not in SHARED_KEYS:
+                continue
             name = env_name(table, dest)
             if name in os.environ:
                 values[dest] = convert(action, os.environ[name], name)

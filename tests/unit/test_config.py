@@ -34,6 +34,14 @@ def test_flag_over_environment_over_table_over_cluster_over_default(tmp_path, mo
     assert args.low_watermark == 0.6 and sources["low_watermark"] == "$KVPOOL_STORENODE_LOW_WATERMARK"
     assert args.lease_ttl == 7 and sources["lease_ttl"] == "flag"
     assert args.high_watermark == 0.95 and sources["high_watermark"] == "default"
+    # KVPOOL_CLUSTER_<OPTION> reaches every command with the (shared) option, under its own table's variable.
+    monkeypatch.setenv("KVPOOL_CLUSTER_ETCD", "e:2")
+    args, sources = resolve("master", [])
+    assert args.etcd == "e:2" and sources["etcd"] == "$KVPOOL_CLUSTER_ETCD"
+    monkeypatch.setenv("KVPOOL_MASTER_ETCD", "e:3")
+    assert resolve("master", [])[0].etcd == "e:3"
+    monkeypatch.delenv("KVPOOL_CLUSTER_ETCD")
+    monkeypatch.delenv("KVPOOL_MASTER_ETCD")
     # KVPOOL_CONFIG names the file when --config does not; required options may come from it.
     monkeypatch.setenv(config.CONFIG_ENV, str(path))
     args, _ = resolve("storenode", [])
