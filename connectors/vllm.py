@@ -69,6 +69,7 @@ class KVPoolConnectorMetadata(KVConnectorMetadata):
     loads: list[BlockTransfer] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
     idle: bool = False  # the step runs no request: only transfers can make progress
+    preempted: bool = False  # the step preempted requests: their blocks may be written from this step on
 
 
 @dataclass
@@ -205,7 +206,8 @@ class KVPoolConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output) -> KVPoolConnectorMetadata:
         meta = KVPoolConnectorMetadata(loads=self._async_loads,
-                                       idle=scheduler_output.total_num_scheduled_tokens == 0)
+                                       idle=scheduler_output.total_num_scheduled_tokens == 0,
+                                       preempted=bool(scheduler_output.preempted_req_ids))
         self._async_loads = []
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
@@ -345,8 +347,10 @@ class KVPoolConnector(KVConnectorBase_V1):
         return saved or None, loaded or None
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
-        """A preempted request's blocks are reused from this step on: finish saving what was read from them."""
-        if self._mover is not None and self._saving:
+        """A preempted request's blocks are reused from this step on: finish the saves under way (they may read
+        them) before the forward pass writes there. Steps without preemptions do not wait."""
+        preempted = isinstance(kv_connector_metadata, KVPoolConnectorMetadata) and kv_connector_metadata.preempted
+        if preempted and self._mover is not None and self._saving:
             for futures in self._saving.values():
                 for future in futures:
                     future.result()
