@@ -148,6 +148,7 @@ class KVPoolConnector(KVConnectorBase_V1):
         self._client = Client(**client_settings(extra, "in kv_connector_extra_config"))
         parallel = vllm_config.parallel_config
         self._world = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+        self._mover: ThreadPoolExecutor | None = None  # the worker's transfer thread (async mode)
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler looks up every rank's blocks: a prefix counts only when all ranks can load it.
             self._stores = [KVBlockStore(self._client, namespace_for(vllm_config, kv_cache_config, rank))
@@ -394,7 +395,7 @@ class KVPoolConnector(KVConnectorBase_V1):
         return failed
 
     def shutdown(self):
-        if getattr(self, "_mover", None) is not None:
+        if self._mover is not None:
             self._mover.shutdown(wait=True)  # saves under way finish first
         self._client.close()
 
