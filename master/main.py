@@ -33,7 +33,7 @@ from .metrics import MasterMetrics
 from .node_io import NodeIO
 from .node_reports import ReportPoller
 from .objects import ObjectTable
-from .puts import MAX_REPLICAS
+from .pending_puts import MAX_REPLICAS
 from .repair import DEFAULT_RATE, Repairer
 from .service import MAX_BATCH, MasterService
 
