@@ -3,10 +3,10 @@
 A thin adapter: each handler validates its request, calls the object table and
 writes the answer (conversions in convert.py). Every answer carries a typed
 Status; batch RPCs answer each item on its own, so one bad key never fails its
-neighbours. Handlers change the table without
-awaiting, so it is consistent between any two lines of the event loop; the
-waiting comes after (FREEs of released replicas), or, for an Exists asking for a
-hold, before a fresh read of the table.
+neighbours. Handlers change the table without awaiting, so it is consistent
+between any two lines of the event loop; the waiting comes after (FREEs of
+released replicas), or, for an Exists asking for a hold, before a fresh read of
+the table.
 """
 
 import functools
@@ -39,22 +39,24 @@ def _answer(response_cls, fn, *args):
     """fn(*args), or a response_cls carrying the status of the error it raised."""
     try:
         return fn(*args)
-    except KvpoolError as exc:
-        return response_cls(status=int(exc.code), message=str(exc))
     except Exception as exc:  # noqa: BLE001 - a bug must answer INTERNAL, not kill the RPC
-        log.exception("internal error in %s", fn.__name__)
-        return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
+        return _error_answer(response_cls, fn, exc)
 
 
 async def _answer_async(response_cls, fn, *args):
     """await fn(*args), or a response_cls carrying the status of the error it raised."""
     try:
         return await fn(*args)
-    except KvpoolError as exc:
-        return response_cls(status=int(exc.code), message=str(exc))
     except Exception as exc:  # noqa: BLE001 - a bug must answer INTERNAL, not kill the RPC
-        log.exception("internal error in %s", fn.__name__)
-        return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
+        return _error_answer(response_cls, fn, exc)
+
+
+def _error_answer(response_cls, fn, exc: Exception):
+    """The answer to a call of `fn` that raised `exc` (called while it is handled): its status, or INTERNAL."""
+    if isinstance(exc, KvpoolError):
+        return response_cls(status=int(exc.code), message=str(exc))
+    log.exception("internal error in %s", fn.__name__)
+    return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _invalid_keys(keys) -> dict:
