@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import time
+from typing import Protocol
 
 import aetcd
 from aetcd.rtypes import EventKind
@@ -38,7 +39,27 @@ def control_address_of(value: bytes) -> str:
         return ""
 
 
+class LeadershipState(Protocol):
+    """What the rest of the master reads of the election: the service's gate and Stats, the
+    health service, the key feed. Election is the one implementation."""
+
+    is_leader: bool      # won the election and holds the leader's key
+    serving: bool        # leads and has taken over (leadership.py sets it): requests are answered only then
+    term: int            # this master's term while it leads
+    leader_term: int     # the current leader's term, as last seen
+    leader_address: str  # the leader's gRPC address ("" while nobody leads, as far as this master knows)
+    leader_control_address: str  # the leader's control port ("" if unknown or not offered)
+    members: list[str]   # addresses of every registered master
+
+    def holds_lease(self) -> bool: ...
+
+    def answering(self) -> bool: ...
+
+
 class Election:
+    """Campaigns for the leader's key and keeps this master's lease (LeadershipState is what
+    the rest of the master may read of it)."""
+
     def __init__(self, etcd: aetcd.Client, cluster: str, master_id: str, address: str, ttl: int = 5,
                  control_address: str = ""):
         self._etcd = etcd
@@ -60,6 +81,7 @@ class Election:
         self.members: list[str] = [address]  # addresses of every registered master
         self._members_task: asyncio.Task | None = None
         self.lost = asyncio.Event()  # set when this master led and no longer does
+        self.serving = False  # leads and has taken over: the service answers only then (leadership.py)
 
     @property
     def followers(self) -> list[str]:
@@ -130,6 +152,10 @@ class Election:
         request: a leader that hangs past its ttl must not answer once a successor may lead, since
         the successor rebuilds its table from the nodes at that moment."""
         return self.is_leader and time.monotonic() < self._refreshed + self.ttl * (1 - LEASE_MARGIN)
+
+    def answering(self) -> bool:
+        """Whether this master may answer requests now: it has taken over and its lease holds."""
+        return self.serving and self.holds_lease()
 
     def _lease_expired(self) -> None:
         if self.is_leader:

@@ -14,12 +14,15 @@ from grpc_health.v1.health import aio as health_aio
 
 from kvpool.health import Health
 
+from .election import LeadershipState
+from .metrics import MasterMetrics
+
 LEADER_SERVICE = "kvpool.Leader"
 REFRESH = 0.5  # seconds between looks at the election
 
 
 class MasterHealth:
-    def __init__(self, server, election, metrics=None):
+    def __init__(self, server, election: LeadershipState, metrics: MasterMetrics | None = None):
         self.servicer = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
         self.election = election
@@ -29,7 +32,7 @@ class MasterHealth:
         self.probes = Health(self.ready)
 
     def leading(self) -> bool:
-        return self.election.is_leader and getattr(self.election, "serving", False)
+        return self.election.is_leader and self.election.serving
 
     def ready(self) -> tuple[bool, str]:
         if self.stopping:

@@ -20,6 +20,8 @@ import asyncio
 import logging
 import secrets
 
+from .election import LeadershipState
+
 log = logging.getLogger(__name__)
 
 STORED, REMOVED = "stored", "removed"
@@ -69,7 +71,7 @@ class KeyFeed:
     def is_open(self) -> bool:
         return bool(self.id)
 
-    async def run(self, election) -> None:
+    async def run(self, election: LeadershipState) -> None:
         """Follow the table while `election` says this master serves as leader (open for each term)."""
         try:
             while True:

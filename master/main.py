@@ -1,4 +1,9 @@
-"""`python -m kvpool.master`: run the control plane until SIGTERM/SIGINT."""
+"""`python -m kvpool.master`: run the control plane until SIGTERM/SIGINT.
+
+Start-up: the options, the parts of the master, its servers (gRPC, the control
+port, metrics) and their orderly stop. What happens as this master wins and
+loses the leadership is leadership.py.
+"""
 
 import argparse
 import asyncio
@@ -9,7 +14,6 @@ import signal
 import socket
 import sys
 
-import aetcd
 import grpc
 from kvpool.proto import kvpool_pb2_grpc
 
@@ -19,29 +23,23 @@ from kvpool.grpc_auth import ServerAuth
 from kvpool.process import run_server
 from kvpool.units import parse_size
 
-from . import takeover
 from .adoption import Adopter
 from .control_port import FRAME_TIMEOUT, ControlPort
 from .election import Election
 from .health_service import MasterHealth
-from .eviction_watch import EvictionWatch
 from .key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
 from .key_feed import KeyFeed
 from .key_watch import KeyWatch
-from .membership import Membership
+from .leadership import ETCD_CONNECT_TIMEOUT, Leadership
 from .metrics import MasterMetrics
 from .node_io import NodeIO
-from .node_reports import ReportPoller
 from .objects import ObjectTable
-from .puts import MAX_REPLICAS
-from .repair import DEFAULT_RATE, Repairer
+from .pending_puts import MAX_REPLICAS
+from .repair import DEFAULT_RATE
 from .service import MAX_BATCH, MasterService
 
 log = logging.getLogger("kvpool.master")
 
-RECLAIM_INTERVAL = 0.5
-ETCD_CONNECT_TIMEOUT = 10.0
-STARTUP_INVENTORY_TIMEOUT = 10.0  # how long serving waits for the nodes' inventories at start
 MAX_MESSAGE_BYTES = 64 << 20  # batch requests for thousands of keys exceed gRPC's 4 MiB default
 
 
@@ -93,74 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _reclaim_loop(table: ObjectTable, node_io: NodeIO) -> None:
-    while True:
-        await asyncio.sleep(RECLAIM_INTERVAL)
-        keys = table.reclaim_expired()
-        if keys:
-            log.info("reclaimed %d puts not ended within %gs", len(keys), table.put_timeout)
-        expired = table.drop_expired()
-        if expired:
-            log.info("dropped %d objects past their ttl", len(expired))
-        node_io.submit_frees(table.take_frees())
-
-
-class Leader:
-    """What only the leading master runs, started by take_over(): the node watch, the
-    table rebuilt from the nodes, and the background loops."""
-
-    def __init__(self, args, etcd: aetcd.Client, election: Election, table: ObjectTable, node_io: NodeIO,
-                 adopter: Adopter):
-        self._args, self._etcd, self._election = args, etcd, election
-        self._table, self._node_io, self._adopter = table, node_io, adopter
-        self.tasks: list[asyncio.Task] = []
-        self._joins: list | None = []  # node instances met before the table was rebuilt
-
-    def _node_joined(self, node_id: str, instance: str, address: str) -> None:
-        if self._joins is not None:
-            self._joins.append((node_id, instance, address))
-        else:
-            self._adopter.node_joined(node_id, instance, address)
-
-    async def take_over(self) -> None:
-        """Know the nodes, then rebuild the table from what they hold (nothing per object is in etcd)."""
-        args, loop = self._args, asyncio.get_running_loop()
-        self._node_io.term = self._election.term  # REPORT and INVENTORY carry it: nodes refuse older leaders
-        membership = Membership(self._etcd, args.cluster, self._table, self._node_io, on_join=self._node_joined)
-        self.tasks.append(loop.create_task(membership.run(), name="membership"))
-        await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
-        joins, self._joins = self._joins, None
-        # Every node at once; later joins (and nodes that did not answer now) go to the adopter.
-        silent = await asyncio.wait_for(
-            takeover.rebuild(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT),
-            STARTUP_INVENTORY_TIMEOUT * 2)
-        for node in silent:
-            self._adopter.node_joined(*node)
-        self.tasks.append(loop.create_task(_reclaim_loop(self._table, self._node_io), name="reclaim"))
-        self.tasks.append(loop.create_task(ReportPoller(self._table, self._node_io, args.report_interval).run(),
-                                           name="node-reports"))
-        self.tasks.append(loop.create_task(EvictionWatch(self._table, self._node_io).run(),
-                                           name="eviction-watch"))
-        self.tasks.append(loop.create_task(Repairer(self._table, self._node_io, args.repair_rate).run(),
-                                           name="repair"))
-        log.info("took over with term %d: %d objects on %d nodes (%d did not answer yet)", self._election.term,
-                 self._table.object_count, len(self._table.nodes), len(silent))
-
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-async def _first_of(*events: asyncio.Event) -> None:
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-
-
 async def serve(args) -> int:
     etcd_host, etcd_port = cluster_layout.parse_hostport(args.etcd)
     master_id = args.master_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -210,15 +140,13 @@ async def serve(args) -> int:
             return 1
         service.control_address = f"{args.advertise_host or args.host}:{control_port}"
         election = Election(etcd, args.cluster, master_id, address, args.election_ttl, service.control_address)
-        election.serving = False  # leads and has taken over: the service answers only then
         service.leadership = election
+        leadership = Leadership(args, etcd, election, table, node_io, adopter)
         feed = KeyFeed(table, args.key_feed_size)  # open while this master leads (key_feed.py)
         service.key_watch = KeyWatch(feed)
         kvpool_pb2_grpc.add_MasterServicer_to_server(service, server)
         health = MasterHealth(server, election, metrics)
         health_task = loop.create_task(health.run(), name="health")
-        leader: Leader | None = None
-        campaign: asyncio.Task | None = None
         feed_task = loop.create_task(feed.run(election), name="key-feed")
         try:
             node_io.start()
@@ -227,82 +155,27 @@ async def serve(args) -> int:
             await control.start()
             if args.metrics_port:
                 metrics.serve(args.metrics_port, args.host, health.probes)
-            # A lone master leads before it says it is ready, so its first client is served at once.
-            if await election.campaign(give_up_after=0):
-                leader = Leader(args, etcd, election, table, node_io, adopter)
-                await _lead(leader, election)
-            else:
+            if not await leadership.first_campaign():
                 log.info("master %s following %s", master_id, election.leader_address or "(none yet)")
             health.joined = True
             print(f"kvpool-master ready address={address} control={service.control_address}", flush=True)
             log.info("master %s serving cluster %r on %s", master_id, args.cluster, address)
-            while not stop.is_set():
-                if leader is None:
-                    campaign = loop.create_task(election.campaign(), name="campaign")
-                    stopping = loop.create_task(stop.wait(), name="stop-wait")
-                    await asyncio.wait([campaign, stopping], return_when=asyncio.FIRST_COMPLETED)
-                    stopping.cancel()
-                    if not campaign.done():
-                        break  # stopped while following
-                    campaign.result()
-                    campaign = None
-                    leader = Leader(args, etcd, election, table, node_io, adopter)
-                    try:
-                        await _lead(leader, election)
-                    except Exception as exc:  # noqa: BLE001 - etcd or the nodes failed the takeover: try again
-                        log.error("taking over failed (%s: %s)", type(exc).__name__, exc)
-                        election.step_down()
-                if election.is_leader:
-                    await _first_of(stop, election.lost)
-                if stop.is_set():
-                    break
-                # Deposed: stop the term's work, forget its (possibly stale) table, campaign afresh.
-                election.step_down()
-                await _step_down(leader, election, table, node_io, adopter)
-                leader = None
-                campaign = loop.create_task(election.rejoin(), name="rejoin")
-                stopping = loop.create_task(stop.wait(), name="stop-wait")
-                await asyncio.wait([campaign, stopping], return_when=asyncio.FIRST_COMPLETED)
-                stopping.cancel()
-                if not campaign.done():
-                    break
-                campaign.result()
-                campaign = None
+            await leadership.run(stop)
             log.info("stopping")
         finally:
             health.stopping = True
-            election.serving = False
+            await leadership.stop_campaign()
             for task in (feed_task, health_task):
                 task.cancel()
             await asyncio.gather(feed_task, health_task, return_exceptions=True)
-            if campaign is not None:
-                campaign.cancel()
-                await asyncio.gather(campaign, return_exceptions=True)
             await election.resign()
             await server.stop(grace=1.0)
             await control.stop()
-            if leader is not None:
-                await leader.stop()
+            await leadership.stop_term()
             await adopter.close()
             await node_io.close()
             metrics.stop()
     return 0
-
-
-async def _lead(leader: Leader, election: Election) -> None:
-    await leader.take_over()
-    election.serving = election.is_leader  # the lease may have expired while taking over
-
-
-async def _step_down(leader: Leader, election: Election, table: ObjectTable, node_io: NodeIO,
-                     adopter: Adopter) -> None:
-    """End a lost term: nothing it started may act for the next one."""
-    election.serving = False  # from now on every RPC but Stats answers NOT_LEADER
-    log.error("leadership of term %d lost; following until this master wins again", election.term)
-    await leader.stop()
-    await adopter.close()
-    node_io.discard_frees()
-    table.reset()
 
 
 def main(argv=None) -> int:
@@ -310,9 +183,10 @@ def main(argv=None) -> int:
     args, _ = config.resolve(parser, "master", argv)
     args.secret = auth.secret_of(parser, args)
     args.tls = tls.files_of(parser, args)
+    options = vars(args)
     for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "key_feed_size",
                  "control_frame_timeout", "max_batch", "max_replicas"):
-        if not getattr(args, flag) > 0:  # also NaN
+        if not options[flag] > 0:  # also NaN
             print(f"kvpool-master: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
             return 2
     try:

@@ -22,7 +22,8 @@ from kvpool import cluster_layout
 from kvpool.cluster_layout import NodeRecord
 
 from .node_io import NodeIO
-from .objects import Dropped, ObjectTable
+from .node_events import Dropped
+from .objects import ObjectTable
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvpool.tcp_link import TcpLink
 
-from .objects import FreeOrder
+from .ledger import FreeOrder
 
 log = logging.getLogger(__name__)
 

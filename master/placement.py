@@ -1,7 +1,12 @@
 """Which storage nodes receive the replicas of a new object."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
+
+from kvpool.errors import NoSpaceError, ValueTooLargeError
+
+from .node_state import NodeState
+from .versions import Replica
 
 TIER_ORDER = ("dram", "ssd")
 
@@ -10,6 +15,7 @@ class Candidate(Protocol):
     """What a policy may look at: a node, its believed free space per tier, its largest tier."""
 
     node_id: str
+    zone: str  # "" for none
 
     def free_bytes(self, tier: str) -> int: ...
 
@@ -85,7 +91,7 @@ def spread_zones(ranked: Sequence[C], count: int, taken: Sequence[str] = ()) -> 
     used = {z for z in taken if z}
     chosen: list[C] = []
     for c in ranked:
-        zone = getattr(c, "zone", "")
+        zone = c.zone
         if len(chosen) < count and (not zone or zone not in used):
             chosen.append(c)
             used.add(zone)
@@ -95,3 +101,50 @@ def spread_zones(ranked: Sequence[C], count: int, taken: Sequence[str] = ()) -> 
         if c not in chosen:
             chosen.append(c)
     return chosen
+
+
+def placer(nodes: Iterable[NodeState], policy: PlacementPolicy, max_object_size: int | None,
+           shared: dict, count: int, tier: str) -> Callable[[int], tuple[Replica, ...]]:
+    """place(size) -> the replicas for an object of that size, for puts that share `count` and
+    `tier`: what every one of them would look at once (the candidates, the size limit) is
+    looked at once. Raises for a size no node can take. `shared`: (node ids, tier) -> the
+    replica tuple placed there, so equal placements share one tuple."""
+    candidates, largest, registered = [], 0, False
+    for n in nodes:
+        registered = True
+        largest = max(largest, n.largest_tier)
+        if not n.draining:
+            candidates.append(n)
+    limit = largest if max_object_size is None else min(max_object_size, largest)
+    # One copy: the best node is the whole answer (spread_zones takes the first); more: rank them all.
+    wanted = len(candidates) if count > 1 else 1
+    choose = policy.choose
+    simple = isinstance(policy, MostFreeSpace)
+    only = candidates[0] if len(candidates) == 1 and simple else None
+    pick = policy.one_at_a_time(candidates, tier) if simple and count == 1 and not only else None
+
+    def place(size: int) -> tuple[Replica, ...]:
+        if not registered:
+            raise NoSpaceError("no storage nodes")
+        if size > limit:
+            raise ValueTooLargeError(f"object of {size} bytes exceeds the maximum of {limit}")
+        if not candidates:
+            raise NoSpaceError("every storage node is draining")
+        if only is not None:  # one node to choose from: the usual small cluster
+            chosen = [only] if only.largest_tier >= size else []
+        elif pick is not None:
+            best = pick(size)
+            chosen = [best] if best is not None else []
+        else:
+            chosen = choose(candidates, size, wanted, tier)
+            if count > 1:
+                chosen = spread_zones(chosen, count)
+        if not chosen:  # only when every node is smaller than the object
+            raise NoSpaceError(f"no storage node can hold {size} bytes")
+        ids = tuple(n.node_id for n in chosen)
+        replicas = shared.get((ids, tier))
+        if replicas is None:
+            replicas = shared[(ids, tier)] = tuple(Replica(n.node_id, n.address, tier) for n in chosen)
+        return replicas
+
+    return place

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from kvpool.tcp_link import TcpLink
 
 from .node_io import NodeIO
-from .objects import DRAM, NodeState, ObjectTable, Replica
+from .node_state import NodeState
+from .objects import ObjectTable
 from .placement import spread_zones
+from .versions import DRAM, Replica
 
 log = logging.getLogger(__name__)
 

@@ -1,34 +1,36 @@
 """The Master service (over gRPC and the control port): validates requests and answers them from the object table.
 
-Every answer carries a typed Status; batch RPCs answer each item on its own, so
-one bad key never fails its neighbours. Handlers change the table without
-awaiting, so it is consistent between any two lines of the event loop; the
-waiting comes after (FREEs of released replicas), or, for an Exists asking for a
-hold, before a fresh read of the table.
+A thin adapter: each handler validates its request, calls the object table and
+writes the answer (conversions in convert.py). Every answer carries a typed
+Status; batch RPCs answer each item on its own, so one bad key never fails its
+neighbours. Handlers change the table without awaiting, so it is consistent
+between any two lines of the event loop; the waiting comes after (FREEs of
+released replicas), or, for an Exists asking for a hold, before a fresh read of
+the table.
 """
 
 import functools
+import inspect
 import logging
 import time
 
 import grpc
 
-from kvpool.errors import Code, InvalidArgumentError, KeyNotFoundError, KvpoolError
+from kvpool.errors import InvalidArgumentError, KeyNotFoundError, KvpoolError
 from kvpool.keys import validate_key
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
+from . import convert
+from .election import LeadershipState
 from .key_feed import FeedClosed
+from .key_watch import KeyWatch
 from .metrics import MasterMetrics
 from .node_io import HoldOrder, NodeIO
-from .objects import NO_OPTIONS, NodeState, ObjectTable, ObjectVersion, PutOptions
+from .objects import ObjectTable
 
 log = logging.getLogger(__name__)
 
-TIERS = {"dram": pb.DRAM, "ssd": pb.SSD}
-TIER_NAMES = {value: name for name, value in TIERS.items()}
-PINS = {"none": pb.PIN_NONE, "soft": pb.PIN_SOFT, "hard": pb.PIN_HARD}
-PIN_NAMES = {value: name for name, value in PINS.items()}
 HOLD_TIMEOUT = 2.0  # an Exists with a hold answers from the table if a node is slower than this
 FREE_WAIT = 1.0     # longest a request waits for nodes to confirm the FREEs it caused
 
@@ -37,33 +39,24 @@ def _answer(response_cls, fn, *args):
     """fn(*args), or a response_cls carrying the status of the error it raised."""
     try:
         return fn(*args)
-    except KvpoolError as exc:
-        return response_cls(status=int(exc.code), message=str(exc))
     except Exception as exc:  # noqa: BLE001 - a bug must answer INTERNAL, not kill the RPC
-        log.exception("internal error in %s", getattr(fn, "__name__", fn))
-        return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
+        return _error_answer(response_cls, fn, exc)
 
 
 async def _answer_async(response_cls, fn, *args):
     """await fn(*args), or a response_cls carrying the status of the error it raised."""
     try:
         return await fn(*args)
-    except KvpoolError as exc:
-        return response_cls(status=int(exc.code), message=str(exc))
     except Exception as exc:  # noqa: BLE001 - a bug must answer INTERNAL, not kill the RPC
-        log.exception("internal error in %s", getattr(fn, "__name__", fn))
-        return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
+        return _error_answer(response_cls, fn, exc)
 
 
-def _error_statuses(response) -> list[str]:
-    fields = response.DESCRIPTOR.fields_by_name
-    if "items" in fields:
-        statuses = [item.status for item in response.items]
-        if "errors" in fields:  # a BatchPutStart's columnar answers
-            statuses += [error.status for error in response.errors]
-    else:
-        statuses = [getattr(response, "status", pb.OK)]
-    return [Code(s).name if s in Code._value2member_map_ else str(s) for s in statuses if s != pb.OK]
+def _error_answer(response_cls, fn, exc: Exception):
+    """The answer to a call of `fn` that raised `exc` (called while it is handled): its status, or INTERNAL."""
+    if isinstance(exc, KvpoolError):
+        return response_cls(status=int(exc.code), message=str(exc))
+    log.exception("internal error in %s", fn.__name__)
+    return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _invalid_keys(keys) -> dict:
@@ -91,9 +84,10 @@ def _in_request_order(count: int, bad: dict, results: list) -> list:
 
 
 MAX_BATCH = 65536  # default --max-batch: keys one batch call may name
-# The repeated fields of each batch request that name a key each.
-_BATCH_COLUMNS = {"BatchPutStart": ("items", "keys"), "BatchPutEnd": ("items", "keys"), "BatchPutRevoke": ("items",),
-                  "BatchGetReplicaList": ("keys",), "BatchExists": ("keys",)}
+# How many keys each batch request names (its repeated fields of one key each).
+_BATCH_SIZE = {"BatchPutStart": lambda r: len(r.items) + len(r.keys),
+               "BatchPutEnd": lambda r: len(r.items) + len(r.keys), "BatchPutRevoke": lambda r: len(r.items),
+               "BatchGetReplicaList": lambda r: len(r.keys), "BatchExists": lambda r: len(r.keys)}
 
 FOLLOWER_RPCS = ("Stats",)  # what a master that does not lead still answers itself
 
@@ -114,14 +108,14 @@ class NotLeading(Exception):
         self.control_address = control_address
 
 
-_HANDLERS = {}  # RPC name -> handler(self, request), for MasterService.dispatch
+_HANDLERS = {}  # RPC name -> (handler(self, request), whether it is a coroutine function), for dispatch
 
 
 def _rpc(handler):
     """Register a handler(self, request) (plain or async) for MasterService.dispatch, and
     adapt it to grpc.aio: gRPC and the control port serve every RPC the same way."""
     name = handler.__name__
-    _HANDLERS[name] = handler
+    _HANDLERS[name] = (handler, inspect.iscoroutinefunction(handler))
 
     @functools.wraps(handler)
     async def method(self, request, context):
@@ -135,56 +129,6 @@ def _rpc(handler):
     return method
 
 
-def put_options(message: pb.PutOptions) -> PutOptions:
-    if message.tier not in TIER_NAMES and message.tier != pb.TIER_UNSPECIFIED:
-        raise InvalidArgumentError(f"unknown tier {message.tier}")
-    if message.pin not in PIN_NAMES:
-        raise InvalidArgumentError(f"unknown pin {message.pin}")
-    return PutOptions(tier=TIER_NAMES.get(message.tier), pin=PIN_NAMES[message.pin],
-                      pin_ttl_seconds=message.pin_ttl_seconds, ttl_seconds=message.ttl_seconds)
-
-
-def object_info(version: ObjectVersion) -> pb.ObjectInfo:
-    info = pb.ObjectInfo()
-    fill_object_info(info, version)
-    return info
-
-
-def fill_object_info(info: pb.ObjectInfo, version: ObjectVersion) -> None:
-    """Write `version` into an empty ObjectInfo in place (e.g. inside a batch's answer: no copies)."""
-    info.key, info.size, info.checksum, info.generation = version.key, version.size, version.checksum, \
-        version.generation
-    add = info.replicas.add
-    for r in version.replicas:
-        add(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED), length=version.size)
-    info.compressed, info.raw_size = version.compressed, version.raw_size
-    o = version.options
-    if o != NO_OPTIONS:
-        info.options.tier, info.options.pin = TIERS.get(o.tier, pb.TIER_UNSPECIFIED), PINS[o.pin]
-        info.options.pin_ttl_seconds, info.options.ttl_seconds = o.pin_ttl_seconds, o.ttl_seconds
-    info.target_replicas = version.target_replicas
-
-
-def tier_stats(node: NodeState, name: str) -> pb.TierStats:
-    """One tier of a node: capacity as registered; usage estimated (NodeState.estimated_use);
-    the node's counters as reported."""
-    reported = node.reported.get(name, {})
-
-    def number(field: str) -> int:
-        try:
-            return max(0, int(reported.get(field) or 0))
-        except (TypeError, ValueError):
-            return 0
-
-    objects, used = node.estimated_use(name)
-    return pb.TierStats(
-        tier=TIERS.get(name, pb.TIER_UNSPECIFIED), capacity=node.capacity.get(name, 0),
-        used=used, objects=objects, hits=number("hits"),
-        misses=number("misses"), demotions=number("demotions"), promotions=number("promotions"),
-        evictions=number("evictions"), evicted_bytes=number("evicted_bytes"),
-        watermark=str(reported.get("watermark") or ""), pinned_bytes=number("pinned_bytes"))
-
-
 def _validate_prefix(prefix: str) -> None:
     # An empty prefix would wipe the whole cluster; that deserves more than a default argument.
     if prefix == "":
@@ -193,9 +137,10 @@ def _validate_prefix(prefix: str) -> None:
 
 
 class MasterService(kvpool_pb2_grpc.MasterServicer):
-    leadership = None  # the master's Election (None: serve unconditionally, as a lone master without etcd)
+    # Set by start-up (main.py) once they exist:
+    leadership: LeadershipState | None = None  # None: serve unconditionally (a lone master without etcd)
     control_address = ""  # HOST:PORT of this master's control port (master/control_port.py)
-    key_watch = None   # the KeyWatch serving WatchKeys from the leader's key feed
+    key_watch: KeyWatch | None = None  # serves WatchKeys from the leader's key feed
 
     @property
     def term(self) -> int:
@@ -218,39 +163,33 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         cannot get them."""
         started = time.perf_counter()
         gate = self.leadership
-        if gate is not None and name not in FOLLOWER_RPCS and not (gate.serving and gate.holds_lease()):
+        if gate is not None and name not in FOLLOWER_RPCS and not gate.answering():
             leader = gate.leader_address if gate.leader_address != self.address else ""
             raise NotLeading(leader, gate.leader_control_address if leader else "")
-        columns = _BATCH_COLUMNS.get(name)
-        if columns is not None:
-            size = sum(len(getattr(request, column)) for column in columns)
+        batch_size = _BATCH_SIZE.get(name)
+        if batch_size is not None:
+            size = batch_size(request)
             if size > self.max_batch:  # placed and answered on the leader's loop: bounded, or it stalls
                 raise InvalidArgumentError(f"{name} of {size} keys exceeds --max-batch {self.max_batch}")
-        response = _HANDLERS[name](self, request)
-        if hasattr(response, "__await__"):
+        handler, is_async = _HANDLERS[name]
+        response = handler(self, request)
+        if is_async:
             response = await response
         await self._node_io.free_now(self._table.take_frees(), FREE_WAIT)
-        self._metrics.observe(name, time.perf_counter() - started, _error_statuses(response))
+        self._metrics.observe(name, time.perf_counter() - started, convert.error_statuses(response))
         return response
 
     # ----- one item each -----
 
     def _put_start(self, req: pb.PutStartRequest) -> pb.PutStartResponse:
-        options = put_options(req.options) if req.HasField("options") else NO_OPTIONS
+        options = convert.options_of(req)
+        validate_key(req.key)
+        version = self._table.put_start(req.key, req.size, req.checksum, req.overwrite, req.replicas or 1,
+                                        options=options, compressed=req.compressed, raw_size=req.raw_size,
+                                        min_replicas=req.min_replicas)
         response = pb.PutStartResponse(status=pb.OK)
-        self._started(response, req.key, req.size, req.checksum, req, options, req.compressed, req.raw_size)
+        convert.fill_object_info(response.object, version, self.term)
         return response
-
-    def _started(self, response: pb.PutStartResponse, key: str, size: int, checksum: int,
-                 common: pb.PutStartRequest, options: PutOptions, compressed: bool, raw_size: int) -> None:
-        """Open one put (`common` gives overwrite, replicas and min_replicas) and write its answer."""
-        validate_key(key)
-        version = self._table.put_start(key, size, checksum, common.overwrite, common.replicas or 1,
-                                        options=options, compressed=compressed, raw_size=raw_size,
-                                        min_replicas=common.min_replicas)
-        info = response.object
-        fill_object_info(info, version)
-        info.term = self.term  # WRITEs carry it so nodes refuse a deposed leader's placements
 
     def _put_starts(self, request: pb.BatchPutStartRequest, response: pb.BatchPutStartResponse) -> None:
         """The columnar puts of a BatchPutStart, answered in the response's columns (see kvpool.proto)."""
@@ -262,7 +201,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                     (request.compressed or request.raw_sizes) and not len(request.compressed) == len(request.raw_sizes) == count:
                 raise InvalidArgumentError(f"{count} keys but {len(sizes)} sizes, {len(checksums)} checksums, "
                                            f"{len(request.compressed)} compressed, {len(request.raw_sizes)} raw sizes")
-            options = put_options(common.options) if common.HasField("options") else NO_OPTIONS
+            options = convert.options_of(common)
             bad = _invalid_keys(keys)
             started = self._table.put_start_many(
                 _valid_only(keys, bad), _valid_only(sizes, bad), _valid_only(checksums, bad), common.overwrite,
@@ -270,33 +209,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                 _valid_only(request.compressed, bad) if request.compressed else None,
                 _valid_only(request.raw_sizes, bad) if request.raw_sizes else None, common.min_replicas)
         except KvpoolError as exc:
-            response.generations.extend([0] * count)
-            response.placement.extend([0] * count)
-            response.refused.extend(range(count))
-            response.errors.extend([pb.StatusResponse(status=int(exc.code), message=str(exc))] * count)
+            convert.refuse_put_starts(response, count, exc)
             return
-        started = _in_request_order(count, bad, started)
-        term = self.term
-        generations, placement, refused = [], [], []
-        index_of: dict = {}  # id of the table's shared replica tuple -> its place in placements
-        for i, result in enumerate(started):
-            if isinstance(result, KvpoolError):
-                generations.append(0)
-                placement.append(0)
-                refused.append(i)
-                response.errors.add(status=int(result.code), message=str(result))
-                continue
-            generations.append(result.generation)
-            where = index_of.get(id(result.replicas))
-            if where is None:
-                where = index_of[id(result.replicas)] = len(response.placements)
-                placed = response.placements.add(term=term)
-                for r in result.replicas:
-                    placed.replicas.add(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED))
-            placement.append(where)
-        response.generations.extend(generations)
-        response.placement.extend(placement)
-        response.refused.extend(refused)
+        convert.fill_put_starts(response, _in_request_order(count, bad, started), self.term)
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
         validate_key(req.key)
@@ -310,9 +225,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     def _replica_list(self, key: str) -> pb.GetReplicaListResponse:
         validate_key(key)
-        info = object_info(self._table.get(key))
-        info.term = self.term  # the placement's authority: the leader answering it
-        return pb.GetReplicaListResponse(status=pb.OK, object=info)
+        response = pb.GetReplicaListResponse(status=pb.OK)
+        convert.fill_object_info(response.object, self._table.get(key), self.term)
+        return response
 
     def _hold_ms(self, seconds: float) -> int:
         """Milliseconds to hold for, capped at --max-hold; 0 = no hold asked for."""
@@ -406,11 +321,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         bad = _invalid_keys(keys)
         ended = _in_request_order(len(keys), bad, self._table.put_end_many(_valid_only(keys, bad),
                                                                            _valid_only(generations, bad)))
-        add = response.items.add
-        for error in ended:
-            item = add()  # an empty item is OK: cheaper than building one per put
-            if error is not None:
-                item.status, item.message = int(error.code), str(error)
+        convert.fill_statuses(response, ended)
         return response
 
     @_rpc
@@ -450,7 +361,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     async def WatchKeys(self, request, context):
         """A server stream (key_watch.py), so not an _rpc; it ends with NOT_LEADER when the term does."""
         gate = self.leadership
-        if self.key_watch is None or (gate is not None and not (gate.serving and gate.holds_lease())):
+        if self.key_watch is None or (gate is not None and not gate.answering()):
             leader = gate.leader_address if gate is not None and gate.leader_address != self.address else ""
             await _not_leader(context, leader)
         try:
@@ -461,20 +372,12 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     @_rpc
     def Stats(self, request):
         t = self._table
-        nodes = []
-        for node in sorted(t.nodes.values(), key=lambda n: n.node_id):
-            tiers = [tier_stats(node, name) for name in sorted(set(node.capacity) | set(node.reported))]
-            nodes.append(pb.NodeStats(node_id=node.node_id, address=node.address, tiers=tiers,
-                                      objects=t.objects_on(node.node_id), transports=node.transports,
-                                      zone=node.zone, draining=node.draining))
-        c = t.counters
+        nodes = [convert.node_stats(node, t.objects_on(node.node_id))
+                 for node in sorted(t.nodes.values(), key=lambda n: n.node_id)]
         return pb.StatsResponse(
             master_id=self.master_id, address=self.address, control_address=self.control_address,
-            nodes=nodes, objects=t.object_count,
-            bytes=t.total_bytes, pending_puts=t.pending_count, hits=c.hits, misses=c.misses, puts=c.puts,
-            removes=c.removes, reclaimed_puts=c.reclaimed_puts,
-            under_replicated=t.under_replicated(), repairs_done=c.repairs_done, repair_bytes=c.repair_bytes,
-            **self._leadership_stats(),
+            nodes=nodes, objects=t.object_count, bytes=t.total_bytes, pending_puts=t.pending_count,
+            under_replicated=t.under_replicated(), **convert.counter_stats(t.counters), **self._leadership_stats(),
         )
 
     def _leadership_stats(self) -> dict:

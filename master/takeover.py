@@ -17,7 +17,8 @@ import logging
 from kvpool import inventory
 
 from .node_io import NodeIO
-from .objects import Adopted, ObjectTable
+from .inventory_match import Adopted
+from .objects import ObjectTable
 
 log = logging.getLogger(__name__)
 

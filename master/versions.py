@@ -30,8 +30,7 @@ class PutOptions:
             raise InvalidArgumentError(f"unknown tier {self.tier!r}")
         if self.pin not in PINS:
             raise InvalidArgumentError(f"unknown pin {self.pin!r}")
-        for name in ("pin_ttl_seconds", "ttl_seconds"):
-            value = getattr(self, name)
+        for name, value in (("pin_ttl_seconds", self.pin_ttl_seconds), ("ttl_seconds", self.ttl_seconds)):
             if not (0 <= value < math.inf):  # also rejects NaN
                 raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value}")
 

@@ -10,7 +10,9 @@ from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError, ValueTooLargeError,
 )
 from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry
-from kvpool.master.objects import DRAM, SSD, FreeOrder, ObjectTable, PutOptions
+from kvpool.master.ledger import FreeOrder
+from kvpool.master.objects import ObjectTable
+from kvpool.master.versions import DRAM, SSD, PutOptions
 from kvpool.wire import WriteFlag
 
 MiB = 1 << 20

@@ -11,6 +11,7 @@ class Node:
     dram: int
     ssd: int = 0
     capacity: dict = field(default_factory=lambda: {"dram": 1000})
+    zone: str = ""
 
     def free_bytes(self, tier: str) -> int:
         return {"dram": self.dram, "ssd": self.ssd}[tier]

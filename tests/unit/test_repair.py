@@ -78,10 +78,9 @@ def test_partial_put_is_planned_onto_a_node_without_a_copy():
 def test_lost_node_plans_one_copy_per_object_in_a_zone_not_yet_used():
     table = table_with(("a1", "a"), ("b1", "b"), ("b2", "b"), ("c1", "c"))
     keys = [f"k{i}" for i in range(6)]
-    for key in keys:
-        table.put_start(key, 100, 1, replicas=2)
-    for key in keys:
-        table.put_end(key, table._pending[key].version.generation)
+    started = [table.put_start(key, 100, 1, replicas=2) for key in keys]
+    for version in started:
+        table.put_end(version.key, version.generation)
     on_a1 = [k for k in keys if "a1" in holders(table, k)]
     assert on_a1
     table.drop_node("a1")

@@ -1,0 +1,153 @@
+"""Between the Master protocol's messages (proto/kvpool.proto) and the object table's records.
+
+Every protobuf the master builds from a table record, and every table record it
+reads out of a request, is converted here; the service (service.py) only routes
+requests to the table. Answers are written into the response in place where a
+batch carries many (no message built per item and copied in).
+"""
+
+from kvpool.errors import Code, InvalidArgumentError, KvpoolError
+from kvpool.proto import kvpool_pb2 as pb
+
+from .ledger import Counters
+from .node_state import NodeState
+from .versions import NO_OPTIONS, ObjectVersion, PutOptions
+
+TIERS = {"dram": pb.DRAM, "ssd": pb.SSD}
+TIER_NAMES = {value: name for name, value in TIERS.items()}
+PINS = {"none": pb.PIN_NONE, "soft": pb.PIN_SOFT, "hard": pb.PIN_HARD}
+PIN_NAMES = {value: name for name, value in PINS.items()}
+
+
+# ----- requests -----
+
+def put_options(message: pb.PutOptions) -> PutOptions:
+    if message.tier not in TIER_NAMES and message.tier != pb.TIER_UNSPECIFIED:
+        raise InvalidArgumentError(f"unknown tier {message.tier}")
+    if message.pin not in PIN_NAMES:
+        raise InvalidArgumentError(f"unknown pin {message.pin}")
+    return PutOptions(tier=TIER_NAMES.get(message.tier), pin=PIN_NAMES[message.pin],
+                      pin_ttl_seconds=message.pin_ttl_seconds, ttl_seconds=message.ttl_seconds)
+
+
+def options_of(request) -> PutOptions:
+    """The PutOptions of a request whose `options` field may be unset (then the defaults)."""
+    return put_options(request.options) if request.HasField("options") else NO_OPTIONS
+
+
+# ----- objects -----
+
+def object_info(version: ObjectVersion, term: int) -> pb.ObjectInfo:
+    info = pb.ObjectInfo()
+    fill_object_info(info, version, term)
+    return info
+
+
+def fill_object_info(info: pb.ObjectInfo, version: ObjectVersion, term: int) -> None:
+    """Write `version` into an empty ObjectInfo in place (e.g. inside a batch's answer: no copies).
+    `term`: the placement's authority, the leader answering (WRITEs carry it, so nodes refuse a
+    deposed leader's placements)."""
+    info.key, info.size, info.checksum, info.generation = version.key, version.size, version.checksum, \
+        version.generation
+    add = info.replicas.add
+    for r in version.replicas:
+        add(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED), length=version.size)
+    info.compressed, info.raw_size = version.compressed, version.raw_size
+    o = version.options
+    if o != NO_OPTIONS:
+        info.options.tier, info.options.pin = TIERS.get(o.tier, pb.TIER_UNSPECIFIED), PINS[o.pin]
+        info.options.pin_ttl_seconds, info.options.ttl_seconds = o.pin_ttl_seconds, o.ttl_seconds
+    info.target_replicas = version.target_replicas
+    info.term = term
+
+
+# ----- batch answers -----
+
+def refuse_put_starts(response: pb.BatchPutStartResponse, count: int, exc: KvpoolError) -> None:
+    """Every one of a BatchPutStart's `count` columnar puts refused with `exc`."""
+    response.generations.extend([0] * count)
+    response.placement.extend([0] * count)
+    response.refused.extend(range(count))
+    response.errors.extend([pb.StatusResponse(status=int(exc.code), message=str(exc))] * count)
+
+
+def fill_put_starts(response: pb.BatchPutStartResponse, started: list, term: int) -> None:
+    """The columnar answers of a BatchPutStart (see kvpool.proto), one per result: a pending
+    ObjectVersion, or the KvpoolError that refused it. Each distinct placement is written once."""
+    generations, placement, refused = [], [], []
+    index_of: dict = {}  # id of the table's shared replica tuple -> its place in placements
+    for i, result in enumerate(started):
+        if isinstance(result, KvpoolError):
+            generations.append(0)
+            placement.append(0)
+            refused.append(i)
+            response.errors.add(status=int(result.code), message=str(result))
+            continue
+        generations.append(result.generation)
+        where = index_of.get(id(result.replicas))
+        if where is None:
+            where = index_of[id(result.replicas)] = len(response.placements)
+            placed = response.placements.add(term=term)
+            for r in result.replicas:
+                placed.replicas.add(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED))
+        placement.append(where)
+    response.generations.extend(generations)
+    response.placement.extend(placement)
+    response.refused.extend(refused)
+
+
+def fill_statuses(response: pb.BatchStatusResponse, errors: list) -> None:
+    """One item per result: None for OK, else the KvpoolError."""
+    add = response.items.add
+    for error in errors:
+        item = add()  # an empty item is OK: cheaper than building one per put
+        if error is not None:
+            item.status, item.message = int(error.code), str(error)
+
+
+def error_statuses(response) -> list[str]:
+    """The names of the non-OK statuses in an answer (each item's, for a batch), for metrics."""
+    fields = response.DESCRIPTOR.fields_by_name
+    if "items" in fields:
+        statuses = [item.status for item in response.items]
+        if "errors" in fields:  # a BatchPutStart's columnar answers
+            statuses += [error.status for error in response.errors]
+    elif "status" in fields:
+        statuses = [response.status]
+    else:
+        statuses = []
+    return [Code(s).name if s in Code._value2member_map_ else str(s) for s in statuses if s != pb.OK]
+
+
+# ----- stats -----
+
+def tier_stats(node: NodeState, name: str) -> pb.TierStats:
+    """One tier of a node: capacity as registered; usage estimated (NodeState.estimated_use);
+    the node's counters as reported."""
+    reported = node.reported.get(name, {})
+
+    def number(field: str) -> int:
+        try:
+            return max(0, int(reported.get(field) or 0))
+        except (TypeError, ValueError):
+            return 0
+
+    objects, used = node.estimated_use(name)
+    return pb.TierStats(
+        tier=TIERS.get(name, pb.TIER_UNSPECIFIED), capacity=node.capacity.get(name, 0),
+        used=used, objects=objects, hits=number("hits"),
+        misses=number("misses"), demotions=number("demotions"), promotions=number("promotions"),
+        evictions=number("evictions"), evicted_bytes=number("evicted_bytes"),
+        watermark=str(reported.get("watermark") or ""), pinned_bytes=number("pinned_bytes"))
+
+
+def node_stats(node: NodeState, objects: int) -> pb.NodeStats:
+    tiers = [tier_stats(node, name) for name in sorted(set(node.capacity) | set(node.reported))]
+    return pb.NodeStats(node_id=node.node_id, address=node.address, tiers=tiers, objects=objects,
+                        transports=node.transports, zone=node.zone, draining=node.draining)
+
+
+def counter_stats(c: Counters) -> dict:
+    """The StatsResponse fields the table's counters fill."""
+    return {"hits": c.hits, "misses": c.misses, "puts": c.puts, "removes": c.removes,
+            "reclaimed_puts": c.reclaimed_puts, "repairs_done": c.repairs_done, "repair_bytes": c.repair_bytes}

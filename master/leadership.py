@@ -1,0 +1,181 @@
+"""The master's leadership lifecycle: becoming leader (take over the cluster, then serve) and
+stepping down (stop the term's work, forget the table), campaigning again in between.
+
+Start-up (main.py) builds the parts and hands them here; the election itself
+(etcd lease and leader key) is election.py. A term's work, started only once this
+master won: the node watch (membership.py), the table rebuilt from the nodes'
+inventories (takeover.py), and the background loops (reclaiming puts and expired
+objects, REPORTs, eviction news, repair).
+"""
+
+import asyncio
+import logging
+
+import aetcd
+
+from . import takeover
+from .adoption import Adopter
+from .election import Election
+from .eviction_watch import EvictionWatch
+from .membership import Membership
+from .node_io import NodeIO
+from .node_reports import ReportPoller
+from .objects import ObjectTable
+from .repair import Repairer
+
+log = logging.getLogger("kvpool.master")
+
+RECLAIM_INTERVAL = 0.5
+ETCD_CONNECT_TIMEOUT = 10.0
+STARTUP_INVENTORY_TIMEOUT = 10.0  # how long serving waits for the nodes' inventories at start
+
+
+async def _reclaim_loop(table: ObjectTable, node_io: NodeIO) -> None:
+    while True:
+        await asyncio.sleep(RECLAIM_INTERVAL)
+        keys = table.reclaim_expired()
+        if keys:
+            log.info("reclaimed %d puts not ended within %gs", len(keys), table.put_timeout)
+        expired = table.drop_expired()
+        if expired:
+            log.info("dropped %d objects past their ttl", len(expired))
+        node_io.submit_frees(table.take_frees())
+
+
+class Leader:
+    """What only the leading master runs, started by take_over(): the node watch, the
+    table rebuilt from the nodes, and the background loops."""
+
+    def __init__(self, args, etcd: aetcd.Client, election: Election, table: ObjectTable, node_io: NodeIO,
+                 adopter: Adopter):
+        self._args, self._etcd, self._election = args, etcd, election
+        self._table, self._node_io, self._adopter = table, node_io, adopter
+        self.tasks: list[asyncio.Task] = []
+        self._joins: list | None = []  # node instances met before the table was rebuilt
+
+    def _node_joined(self, node_id: str, instance: str, address: str) -> None:
+        if self._joins is not None:
+            self._joins.append((node_id, instance, address))
+        else:
+            self._adopter.node_joined(node_id, instance, address)
+
+    async def take_over(self) -> None:
+        """Know the nodes, then rebuild the table from what they hold (nothing per object is in etcd)."""
+        args, loop = self._args, asyncio.get_running_loop()
+        self._node_io.term = self._election.term  # REPORT and INVENTORY carry it: nodes refuse older leaders
+        membership = Membership(self._etcd, args.cluster, self._table, self._node_io, on_join=self._node_joined)
+        self.tasks.append(loop.create_task(membership.run(), name="membership"))
+        await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
+        joins, self._joins = self._joins, None
+        # Every node at once; later joins (and nodes that did not answer now) go to the adopter.
+        silent = await asyncio.wait_for(
+            takeover.rebuild(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT),
+            STARTUP_INVENTORY_TIMEOUT * 2)
+        for node in silent:
+            self._adopter.node_joined(*node)
+        self.tasks.append(loop.create_task(_reclaim_loop(self._table, self._node_io), name="reclaim"))
+        self.tasks.append(loop.create_task(ReportPoller(self._table, self._node_io, args.report_interval).run(),
+                                           name="node-reports"))
+        self.tasks.append(loop.create_task(EvictionWatch(self._table, self._node_io).run(),
+                                           name="eviction-watch"))
+        self.tasks.append(loop.create_task(Repairer(self._table, self._node_io, args.repair_rate).run(),
+                                           name="repair"))
+        log.info("took over with term %d: %d objects on %d nodes (%d did not answer yet)", self._election.term,
+                 self._table.object_count, len(self._table.nodes), len(silent))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+class Leadership:
+    """This master's part in the election from its first campaign to its stop. `election.serving`
+    is set only here: once a won term has taken over, cleared the moment it is lost."""
+
+    def __init__(self, args, etcd: aetcd.Client, election: Election, table: ObjectTable, node_io: NodeIO,
+                 adopter: Adopter):
+        self._args, self._etcd, self._election = args, etcd, election
+        self._table, self._node_io, self._adopter = table, node_io, adopter
+        self._leader: Leader | None = None  # the current term's work, while this master leads
+        self._campaign: asyncio.Task | None = None
+
+    async def first_campaign(self) -> bool:
+        """Lead at once if nobody does (a lone master leads before it says it is ready, so its first
+        client is served at once); True if it does."""
+        if not await self._election.campaign(give_up_after=0):
+            return False
+        await self._lead()
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow, lead, step down and campaign again, until `stop` is set."""
+        election = self._election
+        while not stop.is_set():
+            if self._leader is None:
+                if not await self._until_done(election.campaign(), "campaign", stop):
+                    break  # stopped while following
+                try:
+                    await self._lead()
+                except Exception as exc:  # noqa: BLE001 - etcd or the nodes failed the takeover: try again
+                    log.error("taking over failed (%s: %s)", type(exc).__name__, exc)
+                    election.step_down()
+            if election.is_leader:
+                await _first_of(stop, election.lost)
+            if stop.is_set():
+                break
+            # Deposed: stop the term's work, forget its (possibly stale) table, campaign afresh.
+            election.step_down()
+            await self._step_down()
+            if not await self._until_done(election.rejoin(), "rejoin", stop):
+                break
+
+    async def _until_done(self, step, name: str, stop: asyncio.Event) -> bool:
+        """Run the election's `step` (a coroutine) until it is done (True) or `stop` is set first (False;
+        the step keeps running until stop_campaign)."""
+        loop = asyncio.get_running_loop()
+        self._campaign = loop.create_task(step, name=name)
+        stopping = loop.create_task(stop.wait(), name="stop-wait")
+        await asyncio.wait([self._campaign, stopping], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not self._campaign.done():
+            return False
+        self._campaign.result()
+        self._campaign = None
+        return True
+
+    async def _lead(self) -> None:
+        self._leader = Leader(self._args, self._etcd, self._election, self._table, self._node_io, self._adopter)
+        await self._leader.take_over()
+        self._election.serving = self._election.is_leader  # the lease may have expired while taking over
+
+    async def _step_down(self) -> None:
+        """End a lost term: nothing it started may act for the next one."""
+        self._election.serving = False  # from now on every RPC but Stats answers NOT_LEADER
+        log.error("leadership of term %d lost; following until this master wins again", self._election.term)
+        await self._leader.stop()
+        self._leader = None
+        await self._adopter.close()
+        self._node_io.discard_frees()
+        self._table.reset()
+
+    async def stop_campaign(self) -> None:
+        """Stopping: no campaign (or rejoin) goes on."""
+        self._election.serving = False
+        if self._campaign is not None:
+            self._campaign.cancel()
+            await asyncio.gather(self._campaign, return_exceptions=True)
+
+    async def stop_term(self) -> None:
+        """Stopping: the current term's work ends."""
+        if self._leader is not None:
+            await self._leader.stop()

@@ -1,0 +1,198 @@
+"""What the master's object table holds, shared by its parts (objects.py composes them).
+
+The committed versions, the registered nodes (node_state.py), the sum of committed
+sizes, the FREEs owed to nodes, the counters and the generation counter, with the
+few steps that keep them consistent with each other (commit a version, discard
+one, take one node's copy off, release copies): every part of the table changes
+the state through these, so each rule is written once. Pure bookkeeping: no I/O,
+no awaits; every method runs to completion on the event loop.
+
+Whatever releases a replica queues a FreeOrder; the owner drains them with
+take_frees() and tells the nodes (best effort: a node checks (key, generation)
+before freeing anything, so a late order is harmless).
+"""
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .node_state import NodeState
+from .version_store import VersionStore
+from .versions import ObjectVersion
+
+
+@dataclass(frozen=True)
+class FreeOrder:
+    """A replica the master gave up: its node should forget (key, generation)."""
+
+    address: str
+    key: bytes
+    generation: int
+
+
+@dataclass
+class Counters:
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    removes: int = 0
+    reclaimed_puts: int = 0
+    expired: int = 0           # objects dropped because their ttl passed
+    evicted_replicas: int = 0  # replicas dropped because their node reported evicting them
+    evicted_objects: int = 0   # objects removed because their last replica was evicted
+    adopted: int = 0           # replicas taken back from a node's inventory
+    reports: int = 0
+    repairs_done: int = 0      # replicas copied to a new node to restore an object's target
+    repair_bytes: int = 0
+
+
+class Ledger:
+    """The table's state. Public attributes, read (and, for `committed` and `nodes`, changed)
+    by the table's parts:
+
+    - clock: the table's monotonic clock (put deadlines, ttls).
+    - nodes: node id -> NodeState of every registered node.
+    - committed: the visible version of each key (a VersionStore; replaced by reset()).
+    - bytes: sum of the committed versions' sizes.
+    - counters: what happened, for Stats and metrics.
+    - repair_keys: keys that may have fewer live copies than their target (repair.py checks and clears).
+    - last_seq: the table sequence of the latest commit (REPORTs are matched against it).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, first_generation: int | None = None):
+        self.clock = clock
+        # Seeded from the wall clock so a restarted master never hands out a generation
+        # a node may still hold from before.
+        self._next_generation = time.time_ns() if first_generation is None else first_generation
+        self._seq = itertools.count(1)  # orders commits against REPORT requests
+        self.last_seq = 0
+        self.nodes: dict[str, NodeState] = {}
+        # Can track changed keys for whoever follows the table (track_changes); off until one does.
+        self.committed = VersionStore()
+        self.bytes = 0
+        self._frees: list[FreeOrder] = []
+        self.counters = Counters()
+        self.repair_keys: set[str] = set()
+
+    def reset(self) -> None:
+        """Forget every node and object. The generation counter and the counters go on, so no
+        generation is ever handed out twice."""
+        self.nodes.clear()
+        tracking = self.committed.tracking
+        self.committed = VersionStore()
+        self.committed.tracking = tracking
+        self.bytes = 0
+        self._frees = []
+        self.repair_keys.clear()
+
+    # ----- generations and sequence -----
+
+    def new_generation(self) -> int:
+        generation = self._next_generation
+        self._next_generation += 1
+        return generation
+
+    def generation_seen(self, generation: int) -> None:
+        """A node holds `generation` (an inventory): never hand it out again."""
+        if generation >= self._next_generation:
+            self._next_generation = generation + 1
+
+    def next_seq(self) -> int:
+        """The sequence number of a commit happening now (NodeState.landed)."""
+        seq = self.last_seq = next(self._seq)
+        return seq
+
+    # ----- committed versions -----
+
+    def commit(self, key: str, version: ObjectVersion) -> None:
+        """Make `version` the visible one: the version it replaces is released first (its copies are let
+        go before the new version's are noted), then its copies are noted on their nodes."""
+        old = self.committed.get(key)
+        if old is not None:
+            self.bytes -= old.size
+            self.release_committed(old)
+        seq = self.next_seq()
+        nodes = self.nodes
+        for r in version.replicas:
+            node = nodes.get(r.node_id)
+            if node is not None:
+                node.landed(seq, r.tier, version.size)
+                node.keys.add(key)
+        self.committed[key] = version
+        self.bytes += version.size
+
+    def discard(self, key: str) -> ObjectVersion | None:
+        """Drop the committed version of `key` and release its copies; None if there was none."""
+        version = self.committed.pop(key, None)
+        if version is not None:
+            self.bytes -= version.size
+            self.release_committed(version)
+        return version
+
+    def expire_if_due(self, key: str) -> bool:
+        """Drop `key` if its ttl has passed; True if it did. Reads call it, so the answer never
+        depends on whether the periodic sweep ran yet."""
+        expires_at = self.committed.expiring.get(key)
+        if expires_at is None or expires_at > self.clock():
+            return False
+        self.discard(key)
+        self.counters.expired += 1
+        return True
+
+    def drop_copy(self, key: str, generation: int, node_id: str) -> bool:
+        """Take one node's copy off the committed (key, generation); True if that removed the object.
+        Nothing is freed: the node said it no longer holds it."""
+        committed = self.committed
+        version = committed.get(key)
+        if version is None or version.generation != generation:
+            return False
+        survivors = tuple(r for r in version.replicas if r.node_id != node_id)
+        if len(survivors) == len(version.replicas):
+            return False
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.keys.discard(key)
+        if survivors:
+            committed[key] = version._replace(replicas=survivors)
+            return False
+        del committed[key]
+        self.bytes -= version.size
+        return True
+
+    def live_count(self, version: ObjectVersion) -> int:
+        """Copies that count towards the target: on registered nodes that are not draining."""
+        nodes = self.nodes
+        return sum(1 for r in version.replicas
+                   if (node := nodes.get(r.node_id)) is not None and not node.draining)
+
+    # ----- releasing copies -----
+
+    def free(self, address: str, key: bytes, generation: int) -> None:
+        """Have the node at `address` forget (key, generation)."""
+        self._frees.append(FreeOrder(address, key, generation))
+
+    def release_pending(self, version: ObjectVersion) -> None:
+        """Tell the nodes of a pending put's targets to forget it (nodes gone or already told are skipped)."""
+        raw_key = version.key.encode()
+        for r in version.replicas:
+            node = self.nodes.get(r.node_id)
+            if node is not None and version.generation in node.pending:
+                node.unreserve(version.generation)
+                self._frees.append(FreeOrder(r.address, raw_key, version.generation))
+
+    def release_committed(self, version: ObjectVersion) -> None:
+        """Tell the nodes of a committed version's replicas to forget it (nodes gone or already told are
+        skipped). Called before any newer version of the key is noted on its nodes, so a node's key
+        still stands for this version."""
+        raw_key = version.key.encode()
+        for r in version.replicas:
+            node = self.nodes.get(r.node_id)
+            if node is not None and version.key in node.keys:
+                node.keys.discard(version.key)
+                self._frees.append(FreeOrder(r.address, raw_key, version.generation))
+
+    def take_frees(self) -> list[FreeOrder]:
+        """The replicas released since the last call, for the nodes to forget."""
+        frees, self._frees = self._frees, []
+        return frees

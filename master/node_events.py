@@ -1,0 +1,137 @@
+"""What nodes joining, leaving and reporting do to the master's object table.
+
+A part of ObjectTable (objects.py), working on the table's Ledger and its
+PendingPuts: a node registered or refreshed; a node lost (its copies are gone:
+objects with none left are removed, the rest repaired, puts to it revoked); a
+REPORT (usage per tier, evictions); a copy the node says it no longer holds.
+A node losing a copy by failure has it made again (repair); a node choosing to
+drop one (eviction) lowers the object's target instead.
+"""
+
+from dataclasses import dataclass, field
+
+from kvpool.cluster_layout import NodeRecord
+
+from .ledger import Ledger
+from .node_state import NodeState
+from .pending_puts import PendingPuts
+
+
+@dataclass
+class Dropped:
+    """What losing (or restarting) a node cost."""
+
+    node_id: str
+    removed: list[str] = field(default_factory=list)  # committed keys whose last replica was there
+    revoked: list[str] = field(default_factory=list)  # pending puts that had a target there
+
+
+class NodeEvents:
+    def __init__(self, ledger: Ledger, pending: PendingPuts):
+        self._ledger = ledger
+        self._pending = pending
+
+    # ----- membership -----
+
+    def upsert_node(self, record: NodeRecord) -> Dropped | None:
+        """Add a node, or refresh one; a new instance of a known node lost what it held
+        (until its inventory gives some of it back)."""
+        self._pending.nodes_changed()  # an address may change
+        nodes = self._ledger.nodes
+        node = nodes.get(record.node_id)
+        if node is not None and node.instance == record.instance:
+            node.address = record.address
+            node.transports = list(record.transports)
+            node.capacity = {name: t.capacity for name, t in record.tiers.items() if t.capacity > 0}
+            node.zone = record.zone
+            return None
+        dropped = self.drop_node(record.node_id) if node is not None else None
+        nodes[record.node_id] = NodeState(record)
+        nodes[record.node_id].draining = node is not None and node.draining  # a restart does not undo a drain
+        return dropped
+
+    def drop_node(self, node_id: str) -> Dropped:
+        """Forget a node and every replica on it; unknown nodes are a no-op."""
+        self._pending.nodes_changed()
+        ledger = self._ledger
+        dropped = Dropped(node_id)
+        node = ledger.nodes.pop(node_id, None)
+        if node is None:
+            return dropped
+        dropped.revoked = self._pending.revoke_on(node)
+        dropped.removed, kept, gone_bytes = ledger.committed.without_node(node_id, node.keys)
+        ledger.bytes -= gone_bytes
+        ledger.repair_keys.update(kept)  # a lost node is a failure: its copies are made again
+        return dropped
+
+    # ----- what nodes tell the master -----
+
+    def report_mark(self) -> int:
+        """Taken just before asking a node for a REPORT: commits up to here are in its answer."""
+        return self._ledger.last_seq
+
+    def apply_report(self, node_id: str, instance: str, report: dict, mark: int) -> list[str]:
+        """Take in one REPORT (asked for at `mark`): usage per tier, and drop the replicas the
+        node evicted. Returns the keys that lost their last replica. A report from an instance
+        that is no longer registered is ignored."""
+        node = self._ledger.nodes.get(node_id)
+        if node is None or node.instance != instance:
+            return []
+        tiers = report.get("tiers") or {}
+        node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
+        node.reported_up_to(mark)
+        self._ledger.counters.reports += 1
+        return self._apply_evicted(node, report.get("evicted"))
+
+    def apply_evictions(self, node_id: str, instance: str, evicted) -> list[str]:
+        """Drop the replicas a node says it evicted ([key, generation] each, from REPORT or
+        EVICTIONS); returns the keys that lost their last replica. Ignored from an instance
+        no longer registered."""
+        node = self._ledger.nodes.get(node_id)
+        if node is None or node.instance != instance:
+            return []
+        return self._apply_evicted(node, evicted)
+
+    def _apply_evicted(self, node: NodeState, evicted) -> list[str]:
+        removed = []
+        for entry in evicted or ():
+            try:
+                key, generation = str(entry[0]), int(entry[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            if self._evicted(node, key, generation):
+                removed.append(key)
+        return removed
+
+    def _evicted(self, node: NodeState, key: str, generation: int) -> bool:
+        counters = self._ledger.counters
+        if self._pending.target_evicted(node, key, generation):
+            counters.evicted_replicas += 1
+            return False
+        version = self._ledger.committed.get(key)
+        if version is None or version.generation != generation:
+            return False
+        counters.evicted_replicas += 1
+        if self._ledger.drop_copy(key, generation, node.node_id):
+            counters.evicted_objects += 1
+            return True
+        self._accept_loss(key)
+        return False
+
+    def _accept_loss(self, key: str) -> None:
+        """A node chose to drop a copy (eviction, not failure): the object keeps one copy fewer
+        rather than being repaired back onto a node that is short of room."""
+        committed = self._ledger.committed
+        version = committed[key]
+        if version.target_replicas > 1:
+            committed[key] = version._replace(target_replicas=version.target_replicas - 1)
+
+    def drop_replica(self, key: str, generation: int, node_id: str) -> bool:
+        """The node said it does not hold (key, generation): forget that replica.
+        True if the object is gone as a result."""
+        removed = self._ledger.drop_copy(key, generation, node_id)
+        if removed:
+            self._ledger.counters.evicted_objects += 1
+        elif key in self._ledger.committed:
+            self._accept_loss(key)
+        return removed
