@@ -398,37 +398,38 @@ def cmd_config(args) -> int:
 # Why a command failed, in one line: cause and fix. Errors whose message already says both keep it.
 DEBUG_ENV = "KVPOOL_DEBUG"
 _REFUSED = ("UNAUTHENTICATED", "user name is empty", "authentication failed", "invalid auth token")
-_TLS = ("SSL", "ssl", "TLS", "handshake", "certificate")
+_TLS_FAILED = ("SSL", "handshake", "certificate")
+_CLOSED = ("Socket closed", "closed connection", "Connection reset")  # what a TLS port does to plain TCP
 _PEER = re.compile(r"(master|etcd) (\S+:\d+)")
+_PATHS_FROM_ENV = ("KVPOOL_TLS_CA", "KVPOOL_TOKEN_FILE", "KVPOOL_CONFIG")
 
 
 def failure_line(exc: BaseException, given: dict) -> str:
     """What went wrong and what to do about it, for `exc` ending a command run with options `given`."""
-    import urllib.error
-
     from .errors import ForbiddenError, KvpoolError, UnavailableError
 
     text = " ".join(str(exc).split()) or type(exc).__name__
     found = _PEER.search(text)
-    etcd_http = isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, OSError)  # `etcd-auth`
-    unreachable = isinstance(exc, UnavailableError) or etcd_http
-    role, address = found.groups() if found else ("etcd", given.get("etcd")) if etcd_http else (None, None)
+    peer = found.group(0) if found else "the cluster"
     if isinstance(exc, (ForbiddenError, UnavailableError)) and any(word in text for word in _REFUSED):
-        peer = f"{role} {address}" if role else "the cluster"
         if given.get("token_file") or os.environ.get("KVPOOL_TOKEN_FILE") or os.environ.get("KVPOOL_TOKEN"):
             return (f"{peer} refuses the token given: use this cluster's client token (export KVPOOL_TOKEN_FILE "
                     f"as `kvpool up` printed, or make it with `kvpool token client`)")
         return f"{peer} asks for a credential: export KVPOOL_TOKEN_FILE as `kvpool up` printed"
-    if unreachable and "no master registered" in text:
-        return f"{text}: start one with `kvpool up`, or check --cluster"
-    if unreachable and role and any(word in text for word in _TLS):
-        return (f"{role} {address} and this command disagree on TLS ({text}): "
-                f"export KVPOOL_TLS_CA as `kvpool up` printed")
-    if unreachable and role:
-        return (f"no {role} answers at {address}: start one with `kvpool up` "
-                f"or pass --{role} HOST:PORT as it printed")
+    if isinstance(exc, UnavailableError) and found:
+        if "no master registered" in text:
+            return f"{text}: start one with `kvpool up`, or check --cluster"
+        if any(word in text for word in _TLS_FAILED):
+            return (f"the TLS handshake with {peer} failed: export KVPOOL_TLS_CA as `kvpool up --tls` printed, "
+                    f"or unset it if the cluster runs without TLS")
+        if any(word in text for word in _CLOSED):
+            return (f"{peer} closed the connection without answering: if it serves TLS, give its CA "
+                    f"(export KVPOOL_TLS_CA as `kvpool up` printed; etcd-auth: --tls-dir DIR)")
+        role, address = found.groups()
+        return f"no {role} answers at {address}: start one with `kvpool up` or pass --{role} HOST:PORT as it printed"
     if isinstance(exc, OSError) and exc.filename:
-        return f"{exc.filename}: {exc.strerror}: give a path that exists and that you may write to"
+        source = next((f" (${name})" for name in _PATHS_FROM_ENV if os.environ.get(name) == str(exc.filename)), "")
+        return f"{exc.filename}{source}: {exc.strerror}: check that path and its permissions"
     if isinstance(exc, (KvpoolError, ValueError, RuntimeError, TimeoutError, OSError)):
         return text  # kvpool's own errors, bad input, bad config: their message already says why
     return f"{type(exc).__name__}: {text} (unexpected: run again with --debug for the traceback)"

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import secrets
@@ -28,6 +29,7 @@ import grpc
 from aetcd import rpc, watcher
 
 from .auth import Credential, Role
+from .errors import UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -220,3 +222,5 @@ def _post(endpoint: str, path: str, body: dict, timeout: float, context=None) ->
         if "already exists" in text or "already granted" in text:  # set up before: keep it
             return {}
         raise RuntimeError(f"etcd {path}: {exc.code} {text}") from None
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError) as exc:  # no HTTP reply at all
+        raise UnavailableError(f"etcd {endpoint} unreachable: {getattr(exc, 'reason', None) or exc}") from None

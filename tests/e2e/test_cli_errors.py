@@ -15,8 +15,9 @@ NAMESPACE = "kv/m/bf16/paged/bs16/heads-8/rank0of1/"
 
 
 def _env(**extra: str) -> dict:
-    """This process's environment without any credential, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k not in ("KVPOOL_TOKEN", "KVPOOL_TOKEN_FILE", "KVPOOL_DEBUG")}
+    """This process's environment without any credential or CA, plus `extra`."""
+    unset = ("KVPOOL_TOKEN", "KVPOOL_TOKEN_FILE", "KVPOOL_TLS_CA", "KVPOOL_DEBUG")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     return {**env, **extra}
 
 
@@ -203,3 +204,16 @@ def test_ctrl_c_ends_quietly_with_130():
                 proc.wait()
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+
+
+def test_a_tls_cluster_reached_without_its_ca_or_with_a_missing_one_says_what_to_give(own_cluster, tmp_path):
+    running = own_cluster(nodes=1, tls=True, dram_per_node="32MiB")
+    token = _env(KVPOOL_TOKEN_FILE=str(running.client_token_file))
+    for args in (["--master", running.master_address], ["--etcd", running.etcd_endpoint]):
+        _says(_fails("status", *args, env=token), "status", "closed the connection", "KVPOOL_TLS_CA")
+    missing = str(tmp_path / "no-ca.pem")
+    _says(_fails("status", "--master", running.master_address, env={**token, "KVPOOL_TLS_CA": missing}), "status",
+          f"{missing} ($KVPOOL_TLS_CA): No such file")
+    secret = _secret_file(tmp_path, running.secret)
+    _says(_fails("etcd-auth", "--etcd", running.etcd_endpoint, "--token-file", secret), "etcd-auth",
+          "closed the connection", "--tls-dir")
