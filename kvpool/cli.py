@@ -408,7 +408,9 @@ def failure_line(exc: BaseException, given: dict) -> str:
     """What went wrong and what to do about it, for `exc` ending a command run with options `given`."""
     from .errors import ForbiddenError, KvpoolError, UnavailableError
 
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    # A message with a log's tail (a child that exited): its first line says who, its last line why.
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
     found = _PEER.search(text)
     peer = found.group(0) if found else "the cluster"
     if isinstance(exc, (ForbiddenError, UnavailableError)) and any(word in text for word in _REFUSED):

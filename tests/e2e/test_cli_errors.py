@@ -217,3 +217,10 @@ def test_a_tls_cluster_reached_without_its_ca_or_with_a_missing_one_says_what_to
     secret = _secret_file(tmp_path, running.secret)
     _says(_fails("etcd-auth", "--etcd", running.etcd_endpoint, "--token-file", secret), "etcd-auth",
           "closed the connection", "--tls-dir")
+
+
+def test_up_whose_node_cannot_start_names_the_node_and_its_reason(tmp_path):
+    result = _fails("up", "--nodes", "1", "--dram-per-node", "32MiB", "--transports", "bogus",
+                    "--data-dir", str(tmp_path), timeout=120)
+    _says(result, "up", "node-0 exited", "unknown transport(s) bogus")
+    assert "usage:" not in _last_line(result)  # the node's log tail is cut to its last line
