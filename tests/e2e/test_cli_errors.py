@@ -224,3 +224,18 @@ def test_up_whose_node_cannot_start_names_the_node_and_its_reason(tmp_path):
                     "--data-dir", str(tmp_path), timeout=120)
     _says(result, "up", "node-0 exited", "unknown transport(s) bogus")
     assert "usage:" not in _last_line(result)  # the node's log tail is cut to its last line
+
+
+def test_router_with_the_client_token_passes_its_check_and_serves(cluster):
+    proc = subprocess.Popen([*KVPOOL, "router", "--engine", "a=", "--namespace", NAMESPACE, "--master",
+                             cluster.master_address, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(KVPOOL_TOKEN_FILE=str(cluster.client_token_file)))
+    try:
+        line = proc.stdout.readline()  # the router prints it once it serves, or exits (then: "")
+        assert line.startswith("kvpool router ready http://127.0.0.1:"), line + proc.stderr.read()
+        proc.terminate()  # not SIGINT: the router prints its line just before it takes over SIGINT
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
