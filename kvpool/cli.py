@@ -340,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv, given)
     except KeyboardInterrupt:
+        import logging
+
+        logging.getLogger("asyncio").disabled = True  # else it reports each call the interrupt abandoned
         return 130
     except Exception as exc:  # noqa: BLE001 - every failure ends in one line saying why (the traceback on request)
         if debug:
