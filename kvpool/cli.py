@@ -1,6 +1,8 @@
 """The `kvpool` command: up, master, storenode, status, drain, bench, token, etcd-auth, tls, router, config."""
 
 import argparse
+import os
+import re
 import sys
 
 from . import config
@@ -24,18 +26,37 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
 def _token(args) -> str | None:
     from . import auth
 
-    try:
-        return auth.read_token(args.token_file) if args.token_file else None
-    except ValueError as exc:
-        raise SystemExit(f"kvpool: {exc}") from None
+    return auth.read_token(args.token_file) if args.token_file else None
 
 
-def _connect(args):
+def _secret(args) -> str:
+    """The cluster secret (a member's token) given to a command that needs one; ValueError if none."""
+    from . import auth
+
+    secret = auth.read_token(args.token_file)
+    if not secret:
+        raise ValueError("no cluster secret: give --token-file, or set KVPOOL_TOKEN_FILE or KVPOOL_TOKEN")
+    auth.Credential.for_member(secret)
+    return secret
+
+
+def _require_target(args) -> None:
+    if not args.master and not args.etcd:
+        raise ValueError("no cluster to talk to: pass --master HOST:PORT or --etcd HOST:PORT "
+                         "(`kvpool up` prints both)")
+
+
+def _connect(args, **options):
     from .client import Client
 
-    if not args.master and not args.etcd:
-        raise SystemExit("give --master HOST:PORT or --etcd HOST:PORT")
-    return Client(args.master, etcd=args.etcd, cluster=args.cluster, token=_token(args))
+    _require_target(args)
+    return Client(args.master, etcd=args.etcd, cluster=args.cluster, token=_token(args), **options)
+
+
+def _check_cluster(args) -> None:
+    """Fail now, with the reason, if the cluster cannot be reached or refuses this client's credential."""
+    with _connect(args) as client:
+        client.stats()
 
 
 def cmd_up(args) -> int:
@@ -43,13 +64,10 @@ def cmd_up(args) -> int:
 
     from . import auth
 
-    try:
-        secret = args.token if args.token is not None else (
-            auth.read_token(args.token_file) if args.token_file else None)
-        if secret:
-            auth.Credential.for_member(secret)
-    except ValueError as exc:
-        raise SystemExit(f"kvpool up: {exc}") from None
+    secret = args.token if args.token is not None else (
+        auth.read_token(args.token_file) if args.token_file else None)
+    if secret:
+        auth.Credential.for_member(secret)
     cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,
                            data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
                            metrics=args.metrics, masters=args.masters, secret=secret, tls=args.tls,
@@ -98,14 +116,8 @@ def cmd_status(args) -> int:
 def cmd_drain(args) -> int:
     from .netutil import wait_until
 
-    from .errors import KvpoolError
-
     with _connect(args) as client:
-        try:
-            objects = client.drain(args.node)
-        except KvpoolError as exc:
-            print(f"kvpool drain: {exc}", file=sys.stderr)
-            return 1
+        objects = client.drain(args.node)
         print(f"draining {args.node}: {objects} objects to copy elsewhere", flush=True)
         if args.wait:
             from tqdm import tqdm
@@ -119,27 +131,20 @@ def cmd_drain(args) -> int:
                     bar.update(max(0, objects - left - bar.n))
                     return left == 0
 
-                try:
-                    wait_until(drained, args.wait, interval=0.25, what=f"node {args.node} to hold no objects")
-                except TimeoutError as exc:
-                    print(f"kvpool drain: {exc}", file=sys.stderr)
-                    return 1
+                wait_until(drained, args.wait, interval=0.25, what=f"node {args.node} to hold no objects")
             print(f"drained {args.node}", flush=True)
     return 0
 
 
 def cmd_bench(args) -> int:
     from .bench import requested_transports, run_bench
-    from .client import Client
 
-    if not args.master and not args.etcd:
-        raise SystemExit("give --master HOST:PORT or --etcd HOST:PORT")
-
+    _check_cluster(args)  # before the baseline run, which takes a while
     token = _token(args)
 
     def connect(transport: str | None):
         # A client per run, so each run's bytes_by_transport() covers only that run.
-        return Client(args.master, etcd=args.etcd, cluster=args.cluster, transports=transport, token=token)
+        return _connect(args, transports=transport)
 
     from . import auth
     from .tls import client_files
@@ -149,7 +154,10 @@ def cmd_bench(args) -> int:
     report = run_bench(connect, requested_transports(args.transport), security=security,
                        sizes=[parse_size(s) for s in args.sizes.split(",")], batch=args.batch,
                        seconds=args.seconds, compress=args.compress)
-    return 0 if report["results"] else 1
+    if not report["results"]:
+        reasons = "; ".join(f"{name}: {why}" for name, why in report["skipped"].items())
+        raise RuntimeError(f"no run completed ({reasons}): fix that reason, or choose another --transport")
+    return 0
 
 
 def cmd_token(args) -> int:
@@ -160,33 +168,17 @@ def cmd_token(args) -> int:
     if args.what == "new":
         print(auth.new_secret())
         return 0
-    try:
-        secret = auth.read_token(args.token_file)
-        if not secret:
-            raise ValueError("no cluster secret: give --token-file, or set KVPOOL_TOKEN_FILE or KVPOOL_TOKEN")
-        auth.Credential.for_member(secret)
-    except ValueError as exc:
-        print(f"kvpool token: {exc}", file=sys.stderr)
-        return 1
-    print(auth.client_token(secret))
+    print(auth.client_token(_secret(args)))
     return 0
 
 
 def cmd_etcd_auth(args) -> int:
     """Turn on etcd's authentication with the cluster's users (kvpool/etcd_client.py)."""
-    from . import auth
     from .etcd_client import enable_auth
     from .tls import TlsFiles
 
-    try:
-        secret = auth.read_token(args.token_file)
-        if not secret:
-            raise ValueError("no cluster secret: give --token-file, or set KVPOOL_TOKEN_FILE or KVPOOL_TOKEN")
-        auth.Credential.for_member(secret)
-        done = enable_auth(args.etcd, secret, tls=TlsFiles.in_dir(args.tls_dir) if args.tls_dir else None)
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"kvpool etcd-auth: {exc}", file=sys.stderr)
-        return 1
+    secret = _secret(args)
+    done = enable_auth(args.etcd, secret, tls=TlsFiles.in_dir(args.tls_dir) if args.tls_dir else None)
     print("etcd authentication turned on" if done else "etcd authentication was already on", flush=True)
     return 0
 
@@ -206,14 +198,12 @@ def cmd_router(args) -> int:
     """Run the KV-aware router (connectors/routing_service.py) until Ctrl-C."""
     from .connectors.block_keys import BlockNamespace
     from .connectors.routing_service import RoutingService
-    from .errors import KvpoolError
     from .local_cluster import wait_for_signal
 
-    try:
-        engines = dict(_engine(text) for text in args.engine)
-        namespace = BlockNamespace.from_prefix(args.namespace)
-    except (ValueError, KvpoolError) as exc:
-        raise SystemExit(f"kvpool router: {exc}") from None
+    engines = dict(_engine(text) for text in args.engine)
+    namespace = BlockNamespace.from_prefix(args.namespace)
+    if args.master or args.etcd:
+        _check_cluster(args)  # the block stream would otherwise retry a refusal or a dead address forever
     with RoutingService(engines, namespace, master=args.master, etcd=args.etcd, cluster=args.cluster,
                         token=_token(args),
                         pool_weight=args.pool_weight, load_weight=args.load_weight) as service:
@@ -232,6 +222,9 @@ def _engine(text: str) -> tuple[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvpool", description="Distributed KV-cache block store")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"a failed command also prints its traceback (or set {DEBUG_ENV}=1); "
+                             "accepted anywhere on the line")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run etcd, a master and storage nodes on 127.0.0.1 until Ctrl-C")
@@ -340,7 +333,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    argv = [arg for arg in argv if arg != "--debug"]
+    given: dict = {}  # the command's options, once parsed: the addresses and the token it was given
+    try:
+        return _run(argv, given)
+    except KeyboardInterrupt:
+        import logging
+
+        logging.getLogger("asyncio").disabled = True  # else it reports each call the interrupt abandoned
+        return 130
+    except Exception as exc:  # noqa: BLE001 - every failure ends in one line saying why (the traceback on request)
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"kvpool {argv[0] if argv else ''}: {failure_line(exc, given)}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run(argv: list[str], given: dict) -> int:
     if argv and argv[0] == "master":
         from .master.main import main as master_main
 
@@ -354,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = config.resolve(subcommands(parser)[argv[0]], argv[0], argv[1:])
     else:
         args = parser.parse_args(argv)
+    given.update(vars(args))
     return args.func(args)
 
 
@@ -380,11 +394,50 @@ def cmd_config(args) -> int:
         print(config_report.reference(parsers), end="")
         return 0
     path = Path(args.config) if args.config else config.config_path([])
-    try:
-        print(config_report.effective(parsers, args.commands or list(parsers), path), end="")
-    except config.ConfigError as exc:
-        raise SystemExit(f"kvpool config: {exc}") from None
+    print(config_report.effective(parsers, args.commands or list(parsers), path), end="")
     return 0
+
+
+# Why a command failed, in one line: cause and fix. Errors whose message already says both keep it.
+DEBUG_ENV = "KVPOOL_DEBUG"
+_REFUSED = ("UNAUTHENTICATED", "user name is empty", "authentication failed", "invalid auth token")
+_TLS_FAILED = ("SSL", "handshake", "certificate")
+_CLOSED = ("Socket closed", "closed connection", "Connection reset")  # what a TLS port does to plain TCP
+_PEER = re.compile(r"(master|etcd) (\S+:\d+)")
+_PATHS_FROM_ENV = ("KVPOOL_TLS_CA", "KVPOOL_TOKEN_FILE", "KVPOOL_CONFIG")
+
+
+def failure_line(exc: BaseException, given: dict) -> str:
+    """What went wrong and what to do about it, for `exc` ending a command run with options `given`."""
+    from .errors import ForbiddenError, KvpoolError, UnavailableError
+
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    # A message with a log's tail (a child that exited): its first line says who, its last line why.
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+    found = _PEER.search(text)
+    peer = found.group(0) if found else "the cluster"
+    if isinstance(exc, (ForbiddenError, UnavailableError)) and any(word in text for word in _REFUSED):
+        if given.get("token_file") or os.environ.get("KVPOOL_TOKEN_FILE") or os.environ.get("KVPOOL_TOKEN"):
+            return (f"{peer} refuses the token given: use this cluster's client token (export KVPOOL_TOKEN_FILE "
+                    f"as `kvpool up` printed, or make it with `kvpool token client`)")
+        return f"{peer} asks for a credential: export KVPOOL_TOKEN_FILE as `kvpool up` printed"
+    if isinstance(exc, UnavailableError) and found:
+        if "no master registered" in text:
+            return f"{text}: start one with `kvpool up`, or check --cluster"
+        if any(word in text for word in _TLS_FAILED):
+            return (f"the TLS handshake with {peer} failed: export KVPOOL_TLS_CA as `kvpool up --tls` printed, "
+                    f"or unset it if the cluster runs without TLS")
+        if any(word in text for word in _CLOSED):
+            return (f"{peer} closed the connection without answering: if it serves TLS, give its CA "
+                    f"(export KVPOOL_TLS_CA as `kvpool up` printed; etcd-auth: --tls-dir DIR)")
+        role, address = found.groups()
+        return f"no {role} answers at {address}: start one with `kvpool up` or pass --{role} HOST:PORT as it printed"
+    if isinstance(exc, OSError) and exc.filename:
+        source = next((f" (${name})" for name in _PATHS_FROM_ENV if os.environ.get(name) == str(exc.filename)), "")
+        return f"{exc.filename}{source}: {exc.strerror}: check that path and its permissions"
+    if isinstance(exc, (KvpoolError, ValueError, RuntimeError, TimeoutError, OSError)):
+        return text  # kvpool's own errors, bad input, bad config: their message already says why
+    return f"{type(exc).__name__}: {text} (unexpected: run again with --debug for the traceback)"
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import secrets
@@ -28,6 +29,7 @@ import grpc
 from aetcd import rpc, watcher
 
 from .auth import Credential, Role
+from .errors import UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +177,13 @@ def enable_auth(endpoint: str, secret: str, prefix: str = "/kvpool/", timeout: f
     empty), clients only read. An etcd with authentication already on is left as it is:
     returns False then, True when it was set up now. tls: TlsFiles when etcd serves TLS."""
     context = tls.client_context() if tls is not None else None
-    if _post(endpoint, "/v3/auth/status", {}, timeout, context).get("enabled"):
-        return False
+    try:
+        if _post(endpoint, "/v3/auth/status", {}, timeout, context).get("enabled"):
+            return False
+    except RuntimeError as exc:
+        if "user name is empty" in str(exc):  # an etcd with authentication on answers no anonymous caller
+            return False
+        raise
     start, end = (prefix.encode(), _prefix_end(prefix.encode())) if prefix else (b"\0", b"\0")
     steps = [("role/add", {"name": "kvpool-member"}), ("role/add", {"name": "kvpool-client"}),
              ("role/grant", {"name": "kvpool-member", "perm": {"permType": "READWRITE", "key": _b64(start),
@@ -215,3 +222,5 @@ def _post(endpoint: str, path: str, body: dict, timeout: float, context=None) ->
         if "already exists" in text or "already granted" in text:  # set up before: keep it
             return {}
         raise RuntimeError(f"etcd {path}: {exc.code} {text}") from None
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError) as exc:  # no HTTP reply at all
+        raise UnavailableError(f"etcd {endpoint} unreachable: {getattr(exc, 'reason', None) or exc}") from None

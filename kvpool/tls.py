@@ -39,7 +39,10 @@ class TlsFiles:
         return context
 
     def client_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(self.ca))
+        try:
+            context = ssl.create_default_context(cafile=str(self.ca))
+        except FileNotFoundError as exc:  # ssl does not say which file
+            raise FileNotFoundError(exc.errno, exc.strerror, str(self.ca)) from None
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         return context
 
