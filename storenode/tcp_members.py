@@ -10,18 +10,17 @@ from .ops import MemberOps, Request
 
 
 async def free(conn, members: MemberOps, req: Request) -> bool:
-    try:
-        members.free(req)
-    except KvpoolError as exc:
-        conn.error(req.op, req.req_id, exc.code, str(exc))
-    else:
-        conn.reply_ok(req.op, req.req_id)
-    return True
+    return _acknowledge(conn, req, members.free)
 
 
 async def hold(conn, members: MemberOps, req: Request) -> bool:
+    return _acknowledge(conn, req, members.hold)
+
+
+def _acknowledge(conn, req: Request, operation) -> bool:
+    """operation(req), answered OK or with its typed error."""
     try:
-        members.hold(req)
+        operation(req)
     except KvpoolError as exc:
         conn.error(req.op, req.req_id, exc.code, str(exc))
     else:

@@ -22,7 +22,8 @@ ucxx = pytest.importorskip("ucxx")
 
 from kvpool import ucx_common as layout  # noqa: E402
 from kvpool.client.tcp import TcpTransport  # noqa: E402
-from kvpool.client.ucx import UcxTransport, parse_reply  # noqa: E402
+from kvpool.client.ucx import parse_reply  # noqa: E402
+from test_ucx import with_ucx  # noqa: E402
 
 TRANSPORTS = ["tcp", "shm", "ucx"]
 UCX_TLS = "tcp"  # a UCX transport every host has
@@ -81,20 +82,14 @@ def with_ucx_client(node, work):
     """work(transport, address) on a UcxTransport that proves the client role, on a fresh event loop."""
     address = f"{node.host}:{node.port}"
 
-    async def main():
+    async def ask_hello():
         tcp = TcpTransport(credential=client_credential())
         try:
-            hello = await tcp.hello(address)
+            return await tcp.hello(address)
         finally:
             await tcp.close()
-        transport = UcxTransport(options={"TLS": UCX_TLS}, credential=client_credential())
-        try:
-            await transport.attach(address, hello)
-            return await work(transport, address)
-        finally:
-            await transport.close()
 
-    return asyncio.run(main())
+    return with_ucx((UCX_TLS, address, asyncio.run(ask_hello())), work, credential=client_credential())
 
 
 async def ucx_request(transport, address: str, op: int, key: bytes, generation: int, arg: int):
