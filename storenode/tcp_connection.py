@@ -187,7 +187,7 @@ class Connection(Framing):
     # -- WRITE and READ; each handler returns whether the connection stays usable
 
     async def _write(self, req: Request) -> bool:
-        options = await self.take_options()
+        options = self.staged_options() if self.options_staged() else await self.take_options()
         length = req.length
         try:
             res = self.node.admit_write(req, options)

@@ -29,6 +29,7 @@ DRAIN_LIMIT = 64 * 1024 * 1024  # payload bytes read and dropped after refusing 
 DRAIN_SECONDS = 2.0
 _OPTIONS = wire.WRITE_OPTIONS.size
 _unpack_options = wire.WRITE_OPTIONS.unpack_from
+_new_options = tuple.__new__  # a NamedTuple from the unpacked tuple, without its Python-level constructor
 
 
 class _Disconnect(Exception):
@@ -82,13 +83,19 @@ class Framing:
             self.end += got
             between_requests = False
 
-    async def take_options(self) -> StoredOptions:
-        """The WRITE_OPTIONS block that follows a WRITE's or ALLOCATE's key."""
-        if self.end - self.start < _OPTIONS:
-            await self.fill(_OPTIONS)
-        options = StoredOptions._make(_unpack_options(self.buf, self.start))
+    def options_staged(self) -> bool:
+        return self.end - self.start >= _OPTIONS
+
+    def staged_options(self) -> StoredOptions:
+        """The WRITE_OPTIONS block that follows a WRITE's or ALLOCATE's key, once staged (options_staged)."""
+        options = _new_options(StoredOptions, _unpack_options(self.buf, self.start))
         self.start += _OPTIONS
         return options
+
+    async def take_options(self) -> StoredOptions:
+        """The WRITE_OPTIONS block, staged first if need be (a coroutine: the hot path asks options_staged)."""
+        await self.fill(_OPTIONS)
+        return self.staged_options()
 
     async def small_payload(self, op: int, req_id: int, length: int, limit: int, what: str) -> bytes | None:
         """The request's payload when it is at most `limit` bytes; else None after an error reply
