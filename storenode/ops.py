@@ -101,19 +101,14 @@ class NodeOps:
 
     def checked_record(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> ObjectRecord:
         """The record of a write whose bytes are in its extent, once they match its checksum; on a
-        mismatch the extent is given back and ChecksumMismatchError raised. Stored by `commit`."""
+        mismatch the extent is given back and ChecksumMismatchError raised. The caller stores it
+        (store.commit) once its bytes are final (an SSD object's header written)."""
         if digest != req.checksum:
             self.store.abort(res)
             raise ChecksumMismatchError(f"payload checksum differs from {req.checksum:#x}; object not stored")
         ttl_ms, soft_pin_ms, raw_size = options
         return self.store.new_record(req.key, req.generation, req.length, req.checksum, req.flags, raw_size,
                                      ttl_ms, soft_pin_ms)
-
-    def commit(self, res: Reservation, rec: ObjectRecord) -> None:
-        self.store.commit(res, rec)
-
-    def abort(self, res: Reservation) -> None:
-        self.store.abort(res)
 
     # -- reads: READ (TCP, UCX) and LOCATE (shared memory)
 

@@ -24,7 +24,7 @@ from kvpool.tls_socket import handshake as tls_handshake
 
 from . import tcp_members
 from .index import ObjectRecord
-from .ops import OP_NAMES, Request
+from .ops import OP_NAMES, Request, StoredOptions
 from .store import Reservation
 from .tcp_framing import HANDSHAKE_STAGING, STAGING_BYTES, Framing, _Disconnect
 from .tcp_shm import SharedMemoryRequests
@@ -41,7 +41,9 @@ LARGE_WRITE = 128 * 1024
 READ_AHEAD_AFTER_LARGE = 16 * 1024
 SSD_CHUNK = 1024 * 1024  # SSD WRITE payloads: received into one buffer while the other is written
 _HEADER = wire.REQUEST.size
+_OPTIONS = wire.WRITE_OPTIONS.size
 _unpack_request = wire.REQUEST.unpack_from
+_unpack_options = wire.WRITE_OPTIONS.unpack_from
 _new_record = tuple.__new__  # a NamedTuple from a tuple, without the Python-level constructor
 _MAGIC, _VERSION = wire.MAGIC, wire.VERSION
 _clock = time.perf_counter
@@ -187,7 +189,10 @@ class Connection(Framing):
     # -- WRITE and READ; each handler returns whether the connection stays usable
 
     async def _write(self, req: Request) -> bool:
-        options = self.staged_options() if self.options_staged() else await self.take_options()
+        if self.end - self.start < _OPTIONS:  # (inline: no coroutine, no call when the options are staged)
+            await self.fill(_OPTIONS)
+        options = _new_record(StoredOptions, _unpack_options(self.buf, self.start))
+        self.start += _OPTIONS
         length = req.length
         try:
             res = self.node.admit_write(req, options)
@@ -207,7 +212,7 @@ class Connection(Framing):
             received = True
         finally:
             if not received:  # the peer left mid-payload: nothing was recorded
-                self.node.abort(res)
+                self.store.abort(res)
         self.metrics.bytes_in.inc(length)
         try:
             rec = self.node.checked_record(res, req, options, digest)
@@ -216,7 +221,7 @@ class Connection(Framing):
             return True
         if res.tier is not self.dram:
             res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
-        self.node.commit(res, rec)
+        self.store.commit(res, rec)
         self.reply_ok(req.op, req.req_id)
         return True
 
@@ -286,9 +291,12 @@ class Connection(Framing):
         return digest.intdigest()
 
     async def _read(self, req: Request) -> bool:
-        rec = self.readable(req)
-        if rec is not None:
-            await self.send_object(req, rec)
+        try:
+            rec = self.node.readable(req)
+        except KvpoolError as exc:
+            self.error(req.op, req.req_id, exc.code, str(exc))
+            return True
+        await self.send_object(req, rec)
         return True
 
     def readable(self, req: Request) -> ObjectRecord | None:

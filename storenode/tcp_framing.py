@@ -83,19 +83,13 @@ class Framing:
             self.end += got
             between_requests = False
 
-    def options_staged(self) -> bool:
-        return self.end - self.start >= _OPTIONS
-
-    def staged_options(self) -> StoredOptions:
-        """The WRITE_OPTIONS block that follows a WRITE's or ALLOCATE's key, once staged (options_staged)."""
+    async def take_options(self) -> StoredOptions:
+        """The WRITE_OPTIONS block that follows an ALLOCATE's key (a WRITE's is parsed inline, without a
+        coroutine, in tcp_connection.Connection._write)."""
+        await self.fill(_OPTIONS)
         options = _new_options(StoredOptions, _unpack_options(self.buf, self.start))
         self.start += _OPTIONS
         return options
-
-    async def take_options(self) -> StoredOptions:
-        """The WRITE_OPTIONS block, staged first if need be (a coroutine: the hot path asks options_staged)."""
-        await self.fill(_OPTIONS)
-        return self.staged_options()
 
     async def small_payload(self, op: int, req_id: int, length: int, limit: int, what: str) -> bytes | None:
         """The request's payload when it is at most `limit` bytes; else None after an error reply

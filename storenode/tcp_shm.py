@@ -95,7 +95,7 @@ class SharedMemoryRequests:
         except KvpoolError as exc:
             conn.error(req.op, req.req_id, exc.code, str(exc))
             return True
-        self.node.commit(res, rec)
+        conn.store.commit(res, rec)
         conn.metrics.bytes_in.inc(allocated.length)
         conn.reply_ok(req.op, req.req_id)
         return True

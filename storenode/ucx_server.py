@@ -1,10 +1,11 @@
 """The node's UCX endpoint (optional extra kvpool[ucx]): WRITE and READ of the data protocol over ucxx.
 
 Messages and their tags are laid out in kvpool/ucx_common.py. What each request
-does is storenode/ops.py's, as over TCP (a term is believed only from a member,
-and no member-only op is served over UCX): a WRITE payload is received straight into
-its DRAM extent (an SSD one through a buffer and pwrite), verified against its
-xxh3 checksum, then committed; a READ value leaves straight from the DRAM
+does is storenode/ops.py's, as over TCP: a WRITE's term only fences, and a
+member-only op is refused FORBIDDEN to a client (and served to nobody over UCX).
+Here only the bytes move: a WRITE payload is received straight into its DRAM
+extent (an SSD one through a buffer and pwrite), verified against its xxh3
+checksum, then committed; a READ value leaves straight from the DRAM
 mapping (an SSD one through a buffer), the record held until UCX is done with
 it. Each connection's requests are handled one after the other in arrival
 order; a READ's value may still be on its way while the next request runs.
@@ -382,21 +383,21 @@ class _Connection:
         try:
             probe = await came
         except BaseException:  # the connection closed first: no transfer ever touched the extent
-            node.abort(res)
+            self.store.abort(res)
             raise
         if probe.length != length:
             self.owner.discard(probe)
-            node.abort(res)
+            self.store.abort(res)
             self._error(op, req_id, low, Code.INVALID_ARGUMENT, f"payload of {probe.length} bytes, not {length}")
             return
         arrival = self._follow(self.owner.worker.tag_recv_with_handle(self.ucx.Array(target), probe), target, length)
         try:
             await arrival.future
         except asyncio.CancelledError:
-            arrival.after(lambda _: node.abort(res))  # not before UCX has let go of the extent
+            arrival.after(lambda _: self.store.abort(res))  # not before UCX has let go of the extent
             raise
         except Exception as exc:  # e.g. a payload longer than announced
-            arrival.after(lambda _: node.abort(res))
+            arrival.after(lambda _: self.store.abort(res))
             self._error(op, req_id, low, Code.INVALID_ARGUMENT, f"payload not received: {exc}")
             return
         self.metrics.bytes_in.inc(length)
@@ -412,13 +413,13 @@ class _Connection:
                 await asyncio.shield(writing)
             except asyncio.CancelledError:
                 # No thread may still write into the extent once it is given back.
-                writing.add_done_callback(lambda _: node.abort(res))
+                writing.add_done_callback(lambda _: self.store.abort(res))
                 raise
             except OSError as exc:
-                node.abort(res)
+                self.store.abort(res)
                 self._error(op, req_id, low, Code.INTERNAL, f"SSD write failed: {exc}")
                 return
-        node.commit(res, rec)
+        self.store.commit(res, rec)
         self._reply(low, wire.pack_reply(op, req_id, Code.OK))
 
     async def _read(self, req: Request, low: int) -> None:
