@@ -1,9 +1,11 @@
 """The node's UCX endpoint (optional extra kvpool[ucx]): WRITE and READ of the data protocol over ucxx.
 
-Messages and their tags are laid out in kvpool/ucx_common.py. The semantics
-are the TCP server's (server.py): a WRITE payload is received straight into
-its DRAM extent (an SSD one through a buffer and pwrite), verified against its
-xxh3 checksum, then committed; a READ value leaves straight from the DRAM
+Messages and their tags are laid out in kvpool/ucx_common.py. What each request
+does is storenode/ops.py's, as over TCP: a WRITE's term only fences, and a
+member-only op is refused FORBIDDEN to a client (and served to nobody over UCX).
+Here only the bytes move: a WRITE payload is received straight into its DRAM
+extent (an SSD one through a buffer and pwrite), verified against its xxh3
+checksum, then committed; a READ value leaves straight from the DRAM
 mapping (an SSD one through a buffer), the record held until UCX is done with
 it. Each connection's requests are handled one after the other in arrival
 order; a READ's value may still be on its way while the next request runs.
@@ -26,11 +28,13 @@ import time
 
 from kvpool import auth, wire
 from kvpool import ucx_common as layout
+from kvpool.auth import Role
 from kvpool.checksum import checksum
 from kvpool.errors import Code, KvpoolError, UnavailableError
 from kvpool.keys import MAX_KEY_BYTES
 from kvpool.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
-from kvpool.write_options import raw_size_problem
+
+from .ops import OP_NAMES, Request, StoredOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ MIN_RATE = 50e6  # bytes/s
 WATCH_INTERVAL = 1.0  # how often deadlines and idleness are checked
 _HEADER = wire.REQUEST.size
 _OPTIONS = wire.WRITE_OPTIONS.size
-_OP_NAMES = {op.value: op.name.lower() for op in wire.Op}
+_new_record = tuple.__new__  # a NamedTuple from a tuple, without the Python-level constructor
 
 
 class UcxServer:
@@ -49,6 +53,7 @@ class UcxServer:
     def __init__(self, store, server, context, worker):
         self.store = store
         self.server = server
+        self.node = server.node
         self.metrics = server.metrics
         self.ucx = load()
         self._context = context
@@ -136,13 +141,16 @@ class UcxServer:
         magic, version, role, ticket, proof = layout.CONNECT_MSG.unpack_from(buf)
         worker_address = bytes(buf[layout.CONNECT_MSG.size:])
         verifier = self.server.verifier
-        if not verifier.open:  # no reply, not even an endpoint, for a peer that proves nothing
+        if verifier.open:  # a node without a secret takes any peer as a member
+            role = Role.MEMBER
+        else:  # no reply, not even an endpoint, for a peer that proves nothing
             key = verifier.key(role)
             if key is None or not self.server.ucx_tickets.take(ticket) or not hmac.compare_digest(
                     proof, auth.ticket_proof(key, role, ticket, worker_address)):
                 self.metrics.error("ucx_connect", "FORBIDDEN")
                 log.warning("dropped a UCX CONNECT without a valid ticket and proof")
                 return
+            role = Role(role)
         api = self.ucx.api
         try:
             endpoint = api.UCXEndpoint.create_from_worker_address(
@@ -157,7 +165,7 @@ class UcxServer:
             sent.after(lambda _: self._close_quietly(endpoint))
             return
         conn = self._new_conn_id()
-        connection = _Connection(self, conn, endpoint)
+        connection = _Connection(self, conn, endpoint, role)
         self.connections[conn] = connection
         self.metrics.connections.inc()
         answer = layout.ACCEPT_MSG.pack(wire.MAGIC, layout.PROTOCOL_VERSION, Code.OK, conn)
@@ -209,10 +217,12 @@ class UcxServer:
 class _Connection:
     """One client: its endpoint, and a task serving its requests in order."""
 
-    def __init__(self, owner: UcxServer, conn: int, endpoint):
+    def __init__(self, owner: UcxServer, conn: int, endpoint, role: Role):
         self.owner = owner
         self.conn = conn
         self.endpoint = endpoint
+        self.role = role  # what its CONNECT proved
+        self.node = owner.node
         self.store = owner.store
         self.dram = owner.store.dram
         self.metrics = owner.metrics
@@ -294,7 +304,7 @@ class _Connection:
         self.send(layout.tag_of(layout.REPLY, low), frame, 0)
 
     def _error(self, op: int, req_id: int, low: int, code: Code, message: str) -> None:
-        self.metrics.error(_OP_NAMES.get(op, "unknown"), code.name)
+        self.metrics.error(OP_NAMES.get(op, "unknown"), code.name)
         self._reply(low, wire.pack_error(op, req_id, code, message))
 
     def _refuse(self, op: int, req_id: int, low: int, code: Code, message: str, length: int) -> None:
@@ -337,39 +347,33 @@ class _Connection:
                 or len(frame) < _HEADER + key_len + (_OPTIONS if op == wire.Op.WRITE else 0):
             log.warning("closing a UCX connection: malformed request frame")
             return False
-        key = bytes(frame[_HEADER:_HEADER + key_len])
+        req = _new_record(Request, (op, req_id, bytes(frame[_HEADER:_HEADER + key_len]), generation, flags, arg,
+                                    length, value_checksum))
         began = time.perf_counter()
         if op == wire.Op.WRITE:
-            options = wire.WRITE_OPTIONS.unpack_from(frame, _HEADER + key_len)
-            await self._write(op, req_id, low, key, generation, flags, arg, length, value_checksum, options)
+            options = _new_record(StoredOptions, wire.WRITE_OPTIONS.unpack_from(frame, _HEADER + key_len))
+            await self._write(req, low, options)
         elif op == wire.Op.READ:
-            await self._read(op, req_id, low, key, generation, length)
+            await self._read(req, low)
         else:
+            try:
+                if self.node.member_only(op):  # refused as over TCP, before saying UCX does not serve it
+                    self.node.members(self.role, op)
+            except KvpoolError as exc:
+                self._error(op, req_id, low, exc.code, str(exc))
+                return True
             self._error(op, req_id, low, Code.PROTOCOL,
-                        f"op {_OP_NAMES.get(op, op)} is not served over UCX; use the node's TCP connection")
+                        f"op {OP_NAMES.get(op, op)} is not served over UCX; use the node's TCP connection")
             return True
-        self.metrics.per_op(_OP_NAMES[op]).record(time.perf_counter() - began)
+        self.metrics.per_op(OP_NAMES[op]).record(time.perf_counter() - began)
         return True
 
-    async def _write(self, op, req_id, low, key, generation, flags, term, length, value_checksum, options) -> None:
-        ttl_ms, soft_pin_ms, raw_size = options
-        server = self.owner.server
-        if term:
-            if term < server.term:  # placed by a master that no longer leads
-                self._refuse(op, req_id, low, Code.NOT_LEADER,
-                             f"WRITE placed in term {term}; a master of term {server.term} leads", length)
-                return
-            server.term = term
-        if length == 0:  # the client sends no payload message for it
-            self._error(op, req_id, low, Code.INVALID_ARGUMENT, "WRITE of an empty payload")
-            return
-        problem = raw_size_problem(length, raw_size, bool(flags & wire.WriteFlag.COMPRESSED))
-        if problem:  # a reader would believe it (and allocate it)
-            self._refuse(op, req_id, low, Code.INVALID_ARGUMENT, problem, length)
-            return
+    async def _write(self, req: Request, low: int, options: StoredOptions) -> None:
+        op, req_id, length = req.op, req.req_id, req.length
+        node = self.node
         try:
-            res = self.store.reserve(key, length, flags)
-        except KvpoolError as exc:
+            res = node.admit_write(req, options)
+        except KvpoolError as exc:  # (an empty WRITE has no payload message to swallow)
             self._refuse(op, req_id, low, exc.code, str(exc), length)
             return
         in_dram = res.tier is self.dram
@@ -397,12 +401,11 @@ class _Connection:
             self._error(op, req_id, low, Code.INVALID_ARGUMENT, f"payload not received: {exc}")
             return
         self.metrics.bytes_in.inc(length)
-        if checksum(target) != value_checksum:
-            self.store.abort(res)
-            self._error(op, req_id, low, Code.CHECKSUM_MISMATCH,
-                        f"payload checksum differs from {value_checksum:#x}; object not stored")
+        try:
+            rec = node.checked_record(res, req, options, checksum(target))
+        except KvpoolError as exc:
+            self._error(op, req_id, low, exc.code, str(exc))
             return
-        rec = self.store.new_record(key, generation, length, value_checksum, flags, raw_size, ttl_ms, soft_pin_ms)
         if not in_dram:
             writing = self.loop.run_in_executor(None, res.tier.segment.write_object, res.offset,
                                                 self.store.stored_object(rec), target)
@@ -419,41 +422,32 @@ class _Connection:
         self.store.commit(res, rec)
         self._reply(low, wire.pack_reply(op, req_id, Code.OK))
 
-    async def _read(self, op, req_id, low, key, generation, length) -> None:
+    async def _read(self, req: Request, low: int) -> None:
         store = self.store
-        rec, why = store.lookup(key, generation)
-        if rec is None:
-            store.count_miss()
-            if why == "stale":
-                self._error(op, req_id, low, Code.STALE,
-                            f"this node no longer holds generation {generation} of the key")
-            else:
-                self._error(op, req_id, low, Code.NOT_FOUND, f"no generation {generation} of this key here")
-            return
-        if length != rec.size:
-            self._error(op, req_id, low, Code.STALE, f"generation {generation} has {rec.size} bytes, not {length}")
+        try:
+            rec = self.node.readable(req)
+        except KvpoolError as exc:
+            self._error(req.op, req.req_id, low, exc.code, str(exc))
             return
         store.acquire(rec)  # the extent stays put until UCX has sent it
         from_dram = rec.dram is not None
         try:
+            self.node.note_read(rec)
             if from_dram:
-                store.count_read(rec, from_dram=True)
                 data = self.dram.segment.view(rec.dram, rec.size)
             else:
-                if store.count_read(rec, from_dram=False):
-                    self.owner.server.maintenance.promote(rec)
                 segment = store.ssd.segment
                 data = bytearray(rec.size)
                 await self.loop.run_in_executor(None, segment.pread_into, data,
                                                 segment.payload_offset(rec.ssd, len(rec.key)))
         except OSError as exc:
             store.release(rec)
-            self._error(op, req_id, low, Code.INTERNAL, f"SSD read failed: {exc}")
+            self._error(req.op, req.req_id, low, Code.INTERNAL, f"SSD read failed: {exc}")
             return
         except BaseException:
             store.release(rec)
             raise
-        self._reply(low, wire.pack_reply(op, req_id, Code.OK, rec.size, rec.checksum))
+        self._reply(low, wire.pack_reply(req.op, req.req_id, Code.OK, rec.size, rec.checksum))
         sent = self.send(layout.tag_of(layout.DATA, low), data, rec.size)
         if from_dram:
             release = _Once(store.release, rec)
@@ -483,7 +477,7 @@ class _Once:
 async def start_ucx(store, server, host: str) -> UcxServer | None:
     """A running UCX endpoint for this node, or None (logged) when UCX cannot be used here.
 
-    `server` is the node's storenode.server.DataServer (its term and metrics are shared).
+    `server` is the node's storenode.server.DataServer (its NodeOps, verifier and metrics are shared).
     `host` is the address the node serves TCP on; UCX picks its own interfaces (UCX_NET_DEVICES).
     """
     try:

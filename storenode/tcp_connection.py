@@ -1,0 +1,361 @@
+"""One TCP data connection: its AUTH handshake, then its requests, strictly in order, as typed records.
+
+Each request's header and key are parsed into an ops.Request and handed to its op's handler: WRITE and
+READ here (a DRAM WRITE payload is received straight into its extent and a DRAM READ reply sent straight
+from it; SSD payloads go through a small reusable buffer to pwrite, and SSD READs leave with sendfile),
+the member-only ops in tcp_members.py, the shared-memory ops in tcp_shm.py; what each op decides is
+storenode/ops.py's. A peer that proves only the client role gets FORBIDDEN, and its connection closed, for
+the ops only a master may send (the role check is ops.NodeOps.members).
+"""
+
+import asyncio
+import logging
+import ssl
+import time
+
+from kvpool import transports, wire
+from kvpool.auth import Role, ServerHandshake, refusal
+from kvpool.checksum import Digest, checksum
+from kvpool.errors import Code, ForbiddenError, KvpoolError
+from kvpool.keys import MAX_KEY_BYTES
+from kvpool.socket_output import PeerStalled, send_file
+from kvpool.tls_socket import TlsSocket
+from kvpool.tls_socket import handshake as tls_handshake
+
+from . import tcp_members
+from .index import ObjectRecord
+from .ops import OP_NAMES, Request, StoredOptions
+from .store import Reservation
+from .tcp_framing import HANDSHAKE_STAGING, STAGING_BYTES, Framing, _Disconnect
+from .tcp_shm import SharedMemoryRequests
+
+log = logging.getLogger(__name__)
+
+REPLY_BUFFER = 4 * 1024 * 1024  # replies queued past this are sent before more requests are read
+SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
+HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
+# After a large WRITE, frames are staged only this far ahead (plenty for pipelined headers), so
+# most of the next large payload is received straight into its extent, not staged and copied;
+# after small ones a whole staging buffer is read at once, which costs fewer receives.
+LARGE_WRITE = 128 * 1024
+READ_AHEAD_AFTER_LARGE = 16 * 1024
+SSD_CHUNK = 1024 * 1024  # SSD WRITE payloads: received into one buffer while the other is written
+_HEADER = wire.REQUEST.size
+_OPTIONS = wire.WRITE_OPTIONS.size
+_unpack_request = wire.REQUEST.unpack_from
+_unpack_options = wire.WRITE_OPTIONS.unpack_from
+_new_record = tuple.__new__  # a NamedTuple from a tuple, without the Python-level constructor
+_MAGIC, _VERSION = wire.MAGIC, wire.VERSION
+_clock = time.perf_counter
+
+
+class Connection(Framing):
+    """server: the node's DataServer (storenode/server.py), for its NodeOps, settings and offers."""
+
+    def __init__(self, server, sock):
+        super().__init__(sock, server.metrics, server.frame_timeout, server.idle_timeout)
+        self.server = server
+        self.node = server.node
+        self.store = server.store
+        self.dram = server.store.dram
+        self.ssd = server.store.ssd
+        self.role = Role.CLIENT  # until the peer proves more
+        self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
+        self.shm = SharedMemoryRequests(self)
+        member = self._as_member
+        handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read, wire.Op.PING: self._ping,
+                    wire.Op.HELLO: self._hello,
+                    wire.Op.FREE: member(tcp_members.free), wire.Op.HOLD: member(tcp_members.hold),
+                    wire.Op.REPORT: member(tcp_members.report), wire.Op.INVENTORY: member(tcp_members.inventory),
+                    wire.Op.COPY: member(tcp_members.copy), wire.Op.EVICTIONS: member(tcp_members.evictions),
+                    wire.Op.ATTACH: self.shm.attach, wire.Op.LOCATE: self.shm.locate,
+                    wire.Op.RELEASE: self.shm.release, wire.Op.ALLOCATE: self.shm.allocate,
+                    wire.Op.COMMIT: self.shm.commit}
+        # op -> (handler, its request counters), looked up once per request
+        self._serving = {int(op): (handler, self.metrics.per_op(OP_NAMES[op])) for op, handler in handlers.items()}
+
+    async def run(self) -> None:
+        self.metrics.connections.inc()
+        try:
+            try:
+                if await self._tls_handshake() and await self._authenticate():
+                    while await self._serve_one():
+                        pass
+            except _Disconnect:
+                pass
+            await self.flush()  # requests before a bad frame still get their replies
+        except PeerStalled as exc:  # it stopped reading its replies: what its transfers held is let go
+            self.metrics.error("reply", "STALLED")
+            log.warning("closing a data connection: %s", exc)
+        except OSError:  # peer gone or reset
+            pass
+        except Exception:  # a bug must cost one connection, not the node
+            log.exception("data connection failed")
+        finally:
+            self.shm.give_back()
+            self.metrics.connections.dec()
+            self.input.stop()
+            self.sock.close()
+
+    async def _tls_handshake(self) -> bool:
+        """On a TLS connection, the TLS handshake first, within --frame-timeout; False if it failed."""
+        if not isinstance(self.sock, TlsSocket):
+            return True
+        try:
+            async with asyncio.timeout(self.frame_timeout):
+                await tls_handshake(self.sock)
+        except (TimeoutError, ssl.SSLError, OSError) as exc:
+            self.metrics.error("tls", "HANDSHAKE")
+            log.warning("closing a data connection: TLS handshake failed: %s", exc or type(exc).__name__)
+            return False
+        return True
+
+    async def _authenticate(self) -> bool:
+        """Challenge the peer and take its answer (within --frame-timeout); False: refused, close."""
+        verifier = self.server.verifier
+        handshake = ServerHandshake(verifier)
+        self.out += handshake.challenge()
+        await self.flush()
+        if verifier.open:  # a node without a secret takes any peer as a member
+            self.role = Role.MEMBER
+            self.grow_staging()
+            return True
+        await self.fill(_HEADER)
+        magic, version, op, req_id, key_len, role, _gen, _arg, length, _sum = _unpack_request(self.buf, self.start)
+        if magic != _MAGIC or version != _VERSION:
+            log.warning("closing a data connection: bad magic/version %r/%d before AUTH", magic, version)
+            return False
+        size = _HEADER + key_len + length
+        payload = b""
+        if size <= HANDSHAKE_STAGING:  # a well-formed AUTH is far smaller; never wait for more
+            await self.fill(size)
+            payload = bytes(self.view[self.start + _HEADER + key_len:self.start + size])
+            self.start += size
+        try:
+            self.role, reply = handshake.answer(op, req_id, key_len, role, length, payload)
+        except ForbiddenError as exc:
+            self.metrics.error("auth", "FORBIDDEN")
+            log.warning("refused a data connection: %s", exc)
+            self.out += refusal(req_id, exc)
+            return False
+        self.out += reply
+        self.grow_staging()
+        return True
+
+    def _as_member(self, handler):
+        """handler(connection, members, req), reached only by a peer that proved the member role:
+        any other gets FORBIDDEN and loses its connection (a payload may follow that cannot be skipped)."""
+        async def checked(req: Request) -> bool:
+            try:
+                members = self.node.members(self.role, req.op)
+            except ForbiddenError as exc:
+                await self.fail(req.op, req.req_id, exc.code, str(exc))
+                return False
+            return await handler(self, members, req)
+        return checked
+
+    async def _serve_one(self) -> bool:
+        """Handle the next request; False when the connection must end."""
+        if self.end - self.start < _HEADER:  # (the awaits only when input is short: no coroutine per request)
+            await self.fill(_HEADER, between_requests=self.start == self.end)
+        start = self.start
+        magic, version, op, req_id, key_len, flags, generation, arg, length, value_checksum = \
+            _unpack_request(self.buf, start)
+        if magic != _MAGIC or version != _VERSION:
+            log.warning("closing a data connection: bad magic/version %r/%d", magic, version)
+            return False
+        if key_len > MAX_KEY_BYTES:
+            log.warning("closing a data connection: key_len %d > %d", key_len, MAX_KEY_BYTES)
+            return False
+        if self.end - start < _HEADER + key_len:
+            await self.fill(_HEADER + key_len)
+            start = self.start
+        key = bytes(self.view[start + _HEADER:start + _HEADER + key_len])
+        self.start = start + _HEADER + key_len
+
+        serving = self._serving.get(op)  # not every wire.Op is a node's (the master's control ops)
+        if serving is None:
+            await self.fail(op, req_id, Code.PROTOCOL, f"unknown op {op}", "unknown")
+            return False
+        handler, stats = serving
+        began = _clock()
+        keep_open = await handler(_new_record(Request, (op, req_id, key, generation, flags, arg, length,
+                                                        value_checksum)))
+        stats.record(_clock() - began)
+        if len(self.out) > REPLY_BUFFER:  # a peer that pipelines reads and never takes the replies holds little
+            await self.flush()
+        return keep_open
+
+    # -- WRITE and READ; each handler returns whether the connection stays usable
+
+    async def _write(self, req: Request) -> bool:
+        if self.end - self.start < _OPTIONS:  # (inline: no coroutine, no call when the options are staged)
+            await self.fill(_OPTIONS)
+        options = _new_record(StoredOptions, _unpack_options(self.buf, self.start))
+        self.start += _OPTIONS
+        length = req.length
+        try:
+            res = self.node.admit_write(req, options)
+        except KvpoolError as exc:
+            # The payload that follows cannot be skipped safely: reply, then hang up.
+            await self.refuse(req.op, req.req_id, exc.code, str(exc), length)
+            return False
+        self.read_ahead = READ_AHEAD_AFTER_LARGE if length >= LARGE_WRITE else STAGING_BYTES
+        received = False
+        try:
+            if res.tier is self.dram and self.end - self.start >= length:  # all here: no waiting
+                digest = self._take_staged(res.offset, length)
+            elif res.tier is self.dram:
+                digest = await self._receive_to_dram(res.offset, length)
+            else:
+                digest = await self._receive_to_ssd(res, req.key, length)
+            received = True
+        finally:
+            if not received:  # the peer left mid-payload: nothing was recorded
+                self.store.abort(res)
+        self.metrics.bytes_in.inc(length)
+        try:
+            rec = self.node.checked_record(res, req, options, digest)
+        except KvpoolError as exc:
+            self.error(req.op, req.req_id, exc.code, str(exc))
+            return True
+        if res.tier is not self.dram:
+            res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
+        self.store.commit(res, rec)
+        self.reply_ok(req.op, req.req_id)
+        return True
+
+    def _take_staged(self, offset: int, length: int) -> int:
+        """Copy a payload that is all in the staging buffer into DRAM; its digest."""
+        start = self.start
+        target = self.dram.segment.view(offset, length)
+        target[:] = self.view[start:start + length]
+        self.start = start + length
+        return checksum(target)
+
+    async def _receive_to_dram(self, offset: int, length: int) -> int:
+        target = self.dram.segment.view(offset, length)
+        staged = min(length, self.end - self.start)
+        target[:staged] = self.view[self.start:self.start + staged]
+        self.start += staged
+        # Hash each chunk as it lands, while it is still in cache and the client keeps sending.
+        digest = Digest(target[:staged])
+        if staged < length:
+            received = staged
+            while received < length:
+                got = await self.recv_into(target[received:received + HASH_CHUNK])
+                if not got:
+                    raise _Disconnect
+                digest.update(target[received:received + got])
+                received += got
+        return digest.intdigest()
+
+    async def _receive_to_ssd(self, res: Reservation, key: bytes, length: int) -> int:
+        """Key, then payload chunks pwritten by a thread while the next chunk arrives; returns the digest."""
+        segment = res.tier.segment
+        segment.pwrite_all(key, segment.key_offset(res.offset))
+        position = segment.payload_offset(res.offset, len(key))
+        staged = min(length, self.end - self.start)
+        digest = Digest(self.view[self.start:self.start + staged])
+        segment.pwrite_all(self.view[self.start:self.start + staged], position)
+        self.start += staged
+        received = staged
+        if received == length:
+            return digest.intdigest()
+        await self.flush()
+        if self._ssd_buffers is None:
+            self._ssd_buffers = (memoryview(bytearray(SSD_CHUNK)), memoryview(bytearray(SSD_CHUNK)))
+        writing = None  # the previous chunk's pwrite, running in a thread
+        which = 0
+        try:
+            while received < length:
+                chunk = self._ssd_buffers[which][:min(SSD_CHUNK, length - received)]
+                which ^= 1
+                filled = 0
+                while filled < len(chunk):
+                    got = await self.recv_mid_frame(chunk[filled:filled + HASH_CHUNK])
+                    if not got:
+                        raise _Disconnect
+                    digest.update(chunk[filled:filled + got])
+                    filled += got
+                if writing is not None:
+                    await writing
+                writing = self.loop.run_in_executor(None, segment.pwrite_all, chunk, position + received)
+                received += len(chunk)
+            await writing
+            writing = None
+        finally:
+            if writing is not None and not writing.done():
+                # The extent may be given back after this: no thread may still write into it.
+                await asyncio.wait([writing])
+        return digest.intdigest()
+
+    async def _read(self, req: Request) -> bool:
+        try:
+            rec = self.node.readable(req)
+        except KvpoolError as exc:
+            self.error(req.op, req.req_id, exc.code, str(exc))
+            return True
+        await self.send_object(req, rec)
+        return True
+
+    def readable(self, req: Request) -> ObjectRecord | None:
+        """The record a READ or LOCATE asks for; None after replying why not."""
+        try:
+            return self.node.readable(req)
+        except KvpoolError as exc:
+            self.error(req.op, req.req_id, exc.code, str(exc))
+            return None
+
+    async def send_object(self, req: Request, rec: ObjectRecord) -> None:
+        self.out += wire.pack_reply(req.op, req.req_id, Code.OK, rec.size, rec.checksum)
+        self.node.note_read(rec)
+        if rec.dram is not None:
+            await self._send_from_dram(rec)
+        else:
+            await self._send_from_ssd(rec)
+        self.metrics.bytes_out.inc(rec.size)
+
+    async def _send_from_dram(self, rec: ObjectRecord) -> None:
+        data = self.dram.segment.view(rec.dram, rec.size)
+        if rec.size <= SMALL_READ:
+            self.out += data  # copied now: the extent may change once we await
+            return
+        self.store.acquire(rec)
+        try:
+            # The replies so far and this payload leave in one sendmsg while the socket takes them.
+            out, self.out = self.out, bytearray()
+            await self.send_all(out, data)
+        finally:
+            self.store.release(rec)
+
+    async def _send_from_ssd(self, rec: ObjectRecord) -> None:
+        segment = self.ssd.segment
+        position = segment.payload_offset(rec.ssd, len(rec.key))
+        if rec.size <= SMALL_READ:
+            start = len(self.out)
+            self.out.extend(bytes(rec.size))
+            with memoryview(self.out) as out:
+                segment.pread_into(out[start:], position)
+            return
+        self.store.acquire(rec)
+        try:
+            await self.flush()
+            await send_file(self.sock, segment.file, position, rec.size, self.frame_timeout)
+        finally:
+            self.store.release(rec)
+
+    # -- what any authenticated peer may ask
+
+    async def _ping(self, req: Request) -> bool:
+        self.reply_body(req.op, req.req_id, self.node.node_id.encode())
+        return True
+
+    async def _hello(self, req: Request) -> bool:
+        server = self.server
+        offers = server.offers
+        if transports.UCX in offers and not server.verifier.open:  # a ticket to prove on UCX's CONNECT
+            offers = {**offers, transports.UCX: {**offers[transports.UCX], "ticket": server.ucx_tickets.issue().hex()}}
+        self.reply_json(req.op, req.req_id, {"node_id": server.node_id, "instance": server.instance,
+                                             "host_id": transports.host_id(), "transports": offers})
+        return True

@@ -1,0 +1,154 @@
+"""What a client's credential may not do to a storage node, on every transport it can reach the node by:
+TCP, shared memory (its ATTACH / ALLOCATE frames on the TCP connection) and UCX. A term is believed only
+from a member (a client's WRITE or ALLOCATE carrying a huge term only passes the fence, the node's term
+stays), and no member-only op is served to a client (each refused FORBIDDEN, the node still serving)."""
+
+import asyncio
+import importlib.util
+import os
+
+import pytest
+from storenode_harness import (call, client_credential, closed_by_node, get, put, read_reply, recv_exact,
+                               start_node)
+
+from kvpool import auth, wire
+from kvpool import ucx_common as layout
+from kvpool.checksum import checksum
+from kvpool.client.tcp import TcpTransport
+from kvpool.errors import Code
+from kvpool.etcd_client import enable_auth
+from kvpool.etcd_server import EtcdServer
+from kvpool.wire import Op
+
+TRANSPORTS = ["tcp", "shm", pytest.param("ucx", marks=pytest.mark.skipif(
+    importlib.util.find_spec("ucxx") is None, reason="UCX is an optional extra (kvpool[ucx])"))]
+UCX_TLS = "tcp"  # a UCX transport every host has
+LEADER_TERM = 5  # what the real master told the node
+FORGED_TERM = 10**15  # far ahead of any real term
+GUARDED = (b"guarded", 1)
+GUARDED_VALUE = b"g" * 5000
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    """One node serving TCP, shared memory and UCX, its term set by a member's REPORT; a guarded object."""
+    tmp = tmp_path_factory.mktemp("credential")
+    etcd = EtcdServer(tmp / "etcd-data", log_path=tmp / "etcd.log").start()
+    try:
+        enable_auth(etcd.endpoint, os.environ["KVPOOL_TOKEN"])
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("UCX_TLS", UCX_TLS)
+            started = start_node(etcd.endpoint, tmp, args=("--transports", "tcp,shm,ucx"))
+        try:
+            assert call(started, wire.pack_request(Op.REPORT, 1, b"", 0, LEADER_TERM))[2] == Code.OK
+            put(started, *GUARDED, GUARDED_VALUE)
+            yield started
+        finally:
+            started.stop()
+    finally:
+        etcd.stop()
+
+
+def member_write_status(node, key: bytes, term: int) -> int:
+    data = b"m" * 1000
+    frame = (wire.pack_request(Op.WRITE, 1, key, 1, term, len(data), checksum(data))
+             + wire.WRITE_OPTIONS.pack(0, 0, 0) + data)
+    return call(node, frame)[2]
+
+
+def assert_term_and_data_unchanged(node, label: str) -> None:
+    """The node still serves, still holds the guarded object, and still takes its leader's term (and
+    fences an older one): a client did not raise its term nor free, hold or copy anything."""
+    assert member_write_status(node, f"{label}/older".encode(), LEADER_TERM - 1) == Code.NOT_LEADER
+    assert member_write_status(node, f"{label}/leader".encode(), LEADER_TERM) == Code.OK
+    assert get(node, *GUARDED, len(GUARDED_VALUE)) == (Code.OK, GUARDED_VALUE)
+
+
+def client_connection(node, attach: bool):
+    """A TCP connection that proved the client role; attached for shared memory if asked."""
+    sock = node.connect(client_credential())
+    if attach:
+        sock.sendall(wire.pack_request(Op.ATTACH, 1, b""))
+        _op, _req_id, status, _sum, body = read_reply(sock)
+        assert status == Code.OK, body
+    return sock
+
+
+def with_ucx_client(node, work):
+    """work(transport, address) on a UcxTransport that proves the client role, on a fresh event loop."""
+    from test_ucx import with_ucx
+
+    address = f"{node.host}:{node.port}"
+
+    async def ask_hello():
+        tcp = TcpTransport(credential=client_credential())
+        try:
+            return await tcp.hello(address)
+        finally:
+            await tcp.close()
+
+    return with_ucx((UCX_TLS, address, asyncio.run(ask_hello())), work, credential=client_credential())
+
+
+async def ucx_request(transport, address: str, op: int, key: bytes, generation: int, arg: int):
+    """(status, message) of one raw request frame sent on the transport's UCX connection to the node (nothing
+    else in flight on it meanwhile, so any request id will do)."""
+    peer = await transport._peer(address)
+    ucx, req_id = layout.load(), 0xC0FFEE
+    low = peer.conn << layout.CONN_SHIFT | req_id
+    answer = bytearray(layout.MAX_REPLY)
+    reply = peer.progress.track(peer.endpoint.tag_recv(ucx.Array(answer), ucx.Tag(layout.tag_of(layout.REPLY, low))),
+                                answer)
+    frame = wire.pack_request(op, req_id, key, generation, arg)
+    peer.progress.track(peer.endpoint.tag_send(ucx.Array(frame), ucx.Tag(layout.tag_of(layout.REQUEST, low))),
+                        frame, future=False)
+    await asyncio.wait_for(reply.future, 10)
+    *_, reply_op, reply_id, status, _flags, length, _sum = wire.REPLY.unpack_from(answer)
+    assert (reply_op, reply_id) == (op, req_id)
+    return status, bytes(answer[wire.REPLY.size:wire.REPLY.size + length]).decode()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_client_credential_never_raises_the_nodes_term(node, transport):
+    data = os.urandom(4096)
+    key = f"forged/{transport}".encode()
+    if transport == "ucx":
+        async def forge(ucx, address):
+            await ucx.write(address, key, 7, memoryview(data), checksum(data), term=FORGED_TERM)
+            return Code.OK
+        status = with_ucx_client(node, forge)
+    else:
+        with client_connection(node, attach=transport == "shm") as sock:
+            op = Op.ALLOCATE if transport == "shm" else Op.WRITE
+            sock.sendall(wire.pack_request(op, 2, key, 7, FORGED_TERM, len(data), checksum(data))
+                         + wire.WRITE_OPTIONS.pack(0, 0, 0) + (data if op == Op.WRITE else b""))
+            *_, req_id, status, flags, length, _sum = wire.REPLY.unpack(recv_exact(sock, wire.REPLY.size))
+            message = b"" if flags & wire.ReplyFlag.MAPPED else recv_exact(sock, length)  # MAPPED: an offset
+            assert req_id == 2, message
+            if op == Op.ALLOCATE:  # the extent is not wanted: give it back
+                sock.sendall(wire.pack_request(Op.RELEASE, 3, key, 7))
+    assert status == Code.OK  # a term ahead of the node's passes the fence...
+    assert_term_and_data_unchanged(node, f"term-{transport}")  # ...and is not believed
+
+
+@pytest.mark.parametrize("op", sorted(auth.MEMBER_OPS), ids=lambda op: op.name)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_client_credential_never_reaches_a_member_only_op(node, transport, op):
+    # Each carries the guarded object's key and a term (HOLD: milliseconds) far ahead of the node's.
+    key, generation = GUARDED
+    if transport == "ucx":
+        async def send(ucx, address):
+            refused = await ucx_request(ucx, address, op, key, generation, FORGED_TERM)
+            buf = bytearray(len(GUARDED_VALUE))  # the connection still serves this client's reads
+            assert await ucx.read_into(address, key, generation, memoryview(buf)) == checksum(GUARDED_VALUE)
+            return refused
+        status, message = with_ucx_client(node, send)
+    else:
+        payload = f"{node.host}:{node.port}".encode() if op == Op.COPY else b""
+        with client_connection(node, attach=transport == "shm") as sock:
+            sock.sendall(wire.pack_request(op, 9, key, generation, FORGED_TERM, len(payload)) + payload)
+            _op, req_id, status, _sum, body = read_reply(sock)
+            message = body.decode()
+            assert req_id == 9 and closed_by_node(sock)
+    assert status == Code.FORBIDDEN and "master only" in message, (status, message)
+    assert_term_and_data_unchanged(node, f"{op.name}-{transport}")
