@@ -229,3 +229,10 @@ def metric_total(samples: dict, name: str, **labels) -> float:
     """The sum of `name`'s samples whose labels include `labels`."""
     return sum(v for (n, lab), v in samples.items()
                if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
+
+
+# -- failing fast, told apart from waiting out a timeout whatever the machine's load
+
+PATIENT = 30.0  # every timeout of a client made with PATIENT_TIMEOUTS
+FAIL_FAST = 10.0  # well above what a fast failure takes on two busy cores, well below PATIENT
+PATIENT_TIMEOUTS = {"rpc_timeout": PATIENT, "connect_timeout": PATIENT, "read_timeout": PATIENT}
