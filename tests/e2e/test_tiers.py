@@ -9,7 +9,7 @@ import pytest
 from kvpool import Client
 from kvpool.errors import KeyNotFoundError, NoSpaceError
 from kvpool.netutil import wait_until
-from storenode_harness import FAIL_FAST, PATIENT_TIMEOUTS
+from storenode_harness import FAIL_FAST, PATIENT_TIMEOUTS, metric_samples, metric_total
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK = 512 * KiB
@@ -206,3 +206,32 @@ def test_compressed_values_round_trip(own_cluster):
         assert c.get_into("lz4/k", buf) == len(value) and bytes(buf) == value
         wait_until(lambda: 0 < _tiers(cluster)["DRAM"].used < len(value) // 4, timeout=10,
                    what="the node to report the compressed size")  # stored compressed
+
+
+def test_promote_after_n_reads_copies_an_ssd_object_to_dram_at_the_nth_read(own_cluster):
+    """--promote-after 3: an SSD-only object read twice stays on SSD; one read three times is copied to DRAM."""
+    cluster = own_cluster(nodes=1, dram_per_node="8MiB", ssd_per_node="16MiB", metrics=True,
+                          node_args=["--promote-after", "3"])
+    url = cluster.metrics_urls["node-0"]
+
+    def dram(name: str) -> float:
+        return metric_total(metric_samples(url), name, tier="dram")
+
+    values = {key: os.urandom(BLOCK) for key in ("promote/twice", "promote/thrice")}
+    with Client(cluster.master_address, transports="tcp") as c:
+        for key, value in values.items():
+            c.put(key, value, tier="ssd")
+        assert dram("kvpool_node_objects") == 0
+        for _ in range(2):
+            assert c.get("promote/twice") == values["promote/twice"]
+        # Read after the other one's two: had two reads been enough, its copy would have started first.
+        for _ in range(3):
+            assert c.get("promote/thrice") == values["promote/thrice"]
+        wait_until(lambda: dram("kvpool_node_objects") >= 1, 20, what="the object read three times in DRAM")
+        assert dram("kvpool_node_tier_promotions_total") == 1 and dram("kvpool_node_objects") == 1
+        assert dram("kvpool_node_tier_hits_total") == 0  # every read so far came from SSD
+        assert c.get("promote/thrice") == values["promote/thrice"]
+        assert dram("kvpool_node_tier_hits_total") == 1  # now served from DRAM
+        assert c.get("promote/twice") == values["promote/twice"]  # its third read
+        wait_until(lambda: dram("kvpool_node_objects") == 2, 20, what="the other object in DRAM after its third")
+        assert dram("kvpool_node_tier_promotions_total") == 2
