@@ -4,11 +4,10 @@ connection, followers redirect to the leader, and a client given one master fail
 import os
 import socket
 import time
-import urllib.request
 
 import pytest
 from kvpool.proto import kvpool_pb2 as pb
-from prometheus_client.parser import text_string_to_metric_families
+from storenode_harness import metric_samples, metric_total
 
 from kvpool import Client, auth, control, wire
 from kvpool.errors import Code
@@ -16,18 +15,6 @@ from kvpool.netutil import wait_until
 
 FAST_ELECTION = ["--election-ttl", "2"]
 FRAME_TIMEOUT = 3.0  # long enough that a client's put on two busy cores ends well inside it
-
-
-def metrics(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def counted(samples: dict, name: str, **labels) -> float:
-    return sum(v for (n, lab), v in samples.items()
-               if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
 
 
 def connect(address: str, credential="client") -> socket.socket:
@@ -80,7 +67,7 @@ def port_cluster(tmp_path_factory):
 
 def test_hot_calls_go_over_the_control_port_on_one_connection(port_cluster):
     url = port_cluster.metrics_urls["master"]
-    before = metrics(url)
+    before = metric_samples(url)
     value = os.urandom(64 * 1024)
     with Client(port_cluster.master_address) as client:
         for i in range(20):  # blocking calls, each running the client's loop anew
@@ -94,16 +81,16 @@ def test_hot_calls_go_over_the_control_port_on_one_connection(port_cluster):
     with Client(etcd=port_cluster.etcd_endpoint) as client:  # learns the port from the leader's etcd record
         client.put("hot/etcd", value)
         assert client.exists("hot/etcd")
-    after = metrics(url)
+    after = metric_samples(url)
     for method in ("PutStart", "PutEnd", "Exists", "BatchExists", "BatchPutStart", "BatchPutEnd", "Remove",
                    "RemoveByPrefix"):
-        served = counted(after, "kvpool_master_rpcs_total", method=method) - counted(
+        served = metric_total(after, "kvpool_master_rpcs_total", method=method) - metric_total(
             before, "kvpool_master_rpcs_total", method=method)
-        over_port = counted(after, "kvpool_master_control_requests_total", method=method) - counted(
+        over_port = metric_total(after, "kvpool_master_control_requests_total", method=method) - metric_total(
             before, "kvpool_master_control_requests_total", method=method)
         assert served > 0 and over_port == served, method
     # One persistent connection per client, kept between the blocking calls.
-    accepted = counted(after, "kvpool_master_control_accepted_total") - counted(
+    accepted = metric_total(after, "kvpool_master_control_accepted_total") - metric_total(
         before, "kvpool_master_control_accepted_total")
     assert accepted == 2
 
@@ -145,7 +132,7 @@ def served_meanwhile(cluster, key: str, held: socket.socket | None = None) -> No
 def test_hostile_input_costs_only_its_own_connection(port_cluster):
     address = port_cluster.master.info["control"]
     url = port_cluster.metrics_urls["master"]
-    before = metrics(url)
+    before = metric_samples(url)
     # Garbage: not a frame at all; the connection is closed, nothing answered.
     with connect(address) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: master\r\n\r\n" + os.urandom(64))
@@ -174,9 +161,9 @@ def test_hostile_input_costs_only_its_own_connection(port_cluster):
         assert closed_by_master(sock)
         assert FRAME_TIMEOUT * 0.9 <= time.monotonic() - stalled_at < FRAME_TIMEOUT + 5
     served_meanwhile(port_cluster, "hostile/3")
-    after = metrics(url)
+    after = metric_samples(url)
     for reason in ("bad_frame", "too_large", "undecodable", "protocol", "stalled"):
-        refused = counted(after, "kvpool_master_control_refused_total", reason=reason) - counted(
+        refused = metric_total(after, "kvpool_master_control_refused_total", reason=reason) - metric_total(
             before, "kvpool_master_control_refused_total", reason=reason)
         assert refused == 1, reason
 
