@@ -59,7 +59,7 @@ def test_a_copy_between_nodes_goes_over_tls(own_cluster):
     connection that passed the TLS handshake (a plain peer's attempt is counted as a failed one)."""
     cluster = own_cluster(2, tls=True, metrics=True, dram_per_node="64MiB")
     value = os.urandom(2 * MiB + 5)
-    with Client(cluster.master_address, transports="tcp", replicas=1) as client:
+    with Client(cluster.master_address, transports="tcp", replicas=1, tls_ca=str(cluster.tls_files.ca)) as client:
         client.put("tls/one-copy", value)
         [holder] = _holders(cluster, "tls/one-copy")
         source, destination = (node for node in sorted(cluster.nodes, key=lambda n: n.info["node_id"] != holder))
