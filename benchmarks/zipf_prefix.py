@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from kvpool import Client
+from kvpool import Client, auth
 from kvpool.errors import KeyNotFoundError
 from kvpool.local_cluster import LocalCluster
 from kvpool.proto import kvpool_pb2
@@ -69,13 +69,14 @@ def replay(client, args, rng) -> dict:
             "block_hit_rate": round(found / requested, 3), "replay_s": round(time.perf_counter() - started, 1)}
 
 
-def blocks_by_tier(client) -> dict:
+def blocks_by_tier(client, secret: str | None) -> dict:
     """{'dram': [...keys], 'ssd': [...keys]} of stored zipf blocks, from every node's INVENTORY;
-    an object in both tiers counts as DRAM (that is where it is served from)."""
+    an object in both tiers counts as DRAM (that is where it is served from). INVENTORY is a master's
+    request: it is asked with the member credential of the cluster secret."""
     from kvpool.client.tcp import TcpTransport
 
     async def inventories():
-        transport = TcpTransport()
+        transport = TcpTransport(credential=auth.Credential.for_member(secret) if secret else None)
         try:
             return [await transport.inventory(node.address) for node in client.stats().nodes]
         finally:
@@ -84,8 +85,8 @@ def blocks_by_tier(client) -> dict:
     found = {"dram": [], "ssd": []}
     for inventory in asyncio.run(inventories()):
         for item in inventory:
-            if item["key"].startswith("zipf/"):
-                found["dram" if "dram" in item["tiers"] else "ssd"].append(item["key"])
+            if item.key.startswith("zipf/"):
+                found["dram" if item.in_dram else "ssd"].append(item.key)
     return found
 
 
@@ -122,7 +123,8 @@ def tier_throughput(client, args, keys: list) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--master", help="use a running cluster instead of starting one")
+    parser.add_argument("--master", help="use a running cluster instead of starting one (its secret in "
+                                         "$KVPOOL_TOKEN_FILE or $KVPOOL_TOKEN: the nodes' inventories are read)")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--dram", default="48MiB", help="DRAM per node of the cluster this starts")
     parser.add_argument("--ssd", default="256MiB", help="SSD per node of the cluster this starts")
@@ -145,7 +147,7 @@ def main() -> int:
             report = {"workload": replay(client, args, rng)}
             report["tiers_after_replay"] = tier_counters(client)
             time.sleep(args.settle)  # let the nodes' sweeps finish the replay's demotions and evictions
-            by_tier = blocks_by_tier(client)
+            by_tier = blocks_by_tier(client, cluster.secret if cluster is not None else auth.read_token())
             report["get_from_dram"] = tier_throughput(client, args, by_tier["dram"])
             report["get_from_ssd"] = tier_throughput(client, args, by_tier["ssd"])
             client.remove_prefix("zipf/")

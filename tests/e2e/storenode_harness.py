@@ -209,3 +209,30 @@ def inventory_at(address: str) -> dict:
             await transport.close()
 
     return {entry.key: entry_fields(entry) for entry in asyncio.run(ask())}
+
+
+# -- metrics
+
+def metric_samples(url: str) -> dict:
+    """Every sample a Prometheus endpoint exports: (name, sorted labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def metric_total(samples: dict, name: str, **labels) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    return sum(v for (n, lab), v in samples.items()
+               if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
+
+
+# -- failing fast, told apart from waiting out a timeout whatever the machine's load
+
+PATIENT = 30.0  # every timeout of a client made with PATIENT_TIMEOUTS
+FAIL_FAST = 10.0  # well above what a fast failure takes on two busy cores, well below PATIENT
+PATIENT_TIMEOUTS = {"rpc_timeout": PATIENT, "connect_timeout": PATIENT, "read_timeout": PATIENT}

@@ -1,4 +1,5 @@
-"""The scripts under benchmarks/, run as a user runs them, on a small workload."""
+"""The scripts under benchmarks/, run as a user runs them, on a small workload. (hostile_peers.py runs in
+test_hostile_peers.py; vllm_transfer.py needs a real vLLM engine and its venv, which is what tests/engines is for.)"""
 
 import json
 import subprocess
@@ -43,3 +44,66 @@ def test_trace_replay_loads_every_stored_prefix_block_intact(tmp_path):
     assert set(report["seconds"]) >= {"lookup", "load", "save"}
     assert report["bytes_by_transport"]["tcp"] > 0
     assert report["reference"]["mooncake"]["requests_per_s"] == 299
+
+
+def _run(script: str, *args: str, timeout: float = 240) -> dict:
+    """Run benchmarks/SCRIPT as a user does; its last line, a JSON object."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _latency(row: dict, samples: int) -> None:
+    assert row["samples"] == samples and 0 < row["p50_us"] <= row["p99_us"], row
+
+
+def test_control_latency_measures_every_call_and_the_socket_floor():
+    report = _run("control_latency.py", "--samples", "50")
+    assert set(report) == {"socket_round_trip_64B", "put_64KiB_fresh", "batch_exists_32", "exists",
+                           "socket_round_trip_64B_after"}
+    for row in report.values():
+        _latency(row, 50)
+    # A master call rides on a socket round trip: the bare round trip is its floor.
+    floor = min(report["socket_round_trip_64B"]["p50_us"], report["socket_round_trip_64B_after"]["p50_us"])
+    assert floor < report["exists"]["p50_us"] <= report["put_64KiB_fresh"]["p99_us"]
+
+
+def test_ucx_raw_times_ucx_and_tcp_against_the_same_node():
+    report = _run("ucx_raw.py", "--tls", "tcp", "--rounds", "2")
+    assert report["unit"] == "MB/s" and set(report) == {"unit", "tcp"}  # one UCX_TLS setting asked
+    ops = {"read_into_4MiB", "read_many_64x1MiB", "write_4MiB", "write_many_64x1MiB"}
+    for transport in ("ucx", "tcp"):
+        assert set(report["tcp"][transport]) == ops and all(v > 0 for v in report["tcp"][transport].values())
+
+
+def test_zipf_prefix_fills_both_tiers_and_reads_each():
+    report = _run("zipf_prefix.py", "--dram", "8MiB", "--ssd", "32MiB", "--data-factor", "3", "--block", "64KiB",
+                  "--requests", "200", "--max-blocks", "40", "--settle", "0.2")
+    workload = report["workload"]
+    assert workload["requests"] == 200 and 0 < workload["block_hit_rate"] <= 1
+    assert workload["unique_MiB"] > 8  # more than DRAM holds: the SSD tier is used
+    tiers = report["tiers_after_replay"]
+    assert tiers["DRAM"]["demotions"] > 0 and tiers["SSD"]["used"] > 0
+    assert 0 < tiers["DRAM"]["used"] <= tiers["DRAM"]["capacity"]
+    for phase in ("get_from_dram", "get_from_ssd"):
+        assert report[phase]["blocks"] > 0 and report[phase]["MBps"] > 0, phase
+    # Blocks the inventories placed on SSD only are all served from SSD (read once each: none promoted).
+    assert report["get_from_ssd"]["served_by"]["SSD"] == 1.0
+
+
+def test_scale_writes_every_object_and_loses_none_over_a_leader_kill():
+    report = _run("scale.py", "--objects", "3000", "--batch", "500", "--deadline", "60")
+    assert report["objects"] == report["objects_counted"] == 3000
+    assert report["lost"] == 0 and report["sample_wrong"] == 0
+    assert 0 < report["first_put_s"] <= report["all_keys_back_s"] < 60
+    assert report["put_objects_per_s"] > 0 and report["leader_rss_bytes_per_object"] is not None
+
+
+def test_chaos_loses_nothing_committed_over_a_node_and_a_leader_kill():
+    report = _run("chaos.py", "--clients", "1", "--phase-seconds", "1")
+    assert report["node_kill"]["dropped_after_s"] is not None and report["node_kill"]["repaired_after_s"] is not None
+    assert report["leader_kill"]["new_leader_after_s"] is not None
+    assert report["committed"] > 0 and report["lost"] == 0
+    assert report["phases"]["after_leader_kill"]["puts"] > 0  # served again after the failover
+    assert all(phase["wrong"] == 0 for phase in report["phases"].values())

@@ -11,7 +11,7 @@ from storenode_harness import client_credential, closed_by_node, member_credenti
 
 from kvpool import Client, auth, wire
 from kvpool.checksum import checksum
-from kvpool.errors import Code, ForbiddenError
+from kvpool.errors import Code, ForbiddenError, KeyNotFoundError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,13 @@ def test_no_frame_from_a_client_raises_a_nodes_term(secured):
                 # Far ahead of any real term: taken as a fence only, never believed.
                 sock.sendall(wire.pack_request(wire.Op.WRITE, 1, b"term/forged", 7, 10**15, len(data),
                                                checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data)) + data)
-                read_reply(sock)
+                _op, req_id, status, _sum, message = read_reply(sock)
+                # Stored on the node (README: a WRITE the master did not place is not refused yet), but as no
+                # master placed it, no client is shown it.
+                assert (req_id, status, message) == (1, Code.OK, b"")
+        assert not client.exists("term/forged")
+        with pytest.raises(KeyNotFoundError):
+            client.get("term/forged")
         for i in range(20):  # the real leader's puts still land on every node
             client.put(f"term/after-{i}", data, overwrite=True)
             assert client.get(f"term/after-{i}") == data

@@ -6,9 +6,14 @@ import socket
 import ssl
 
 import pytest
+from storenode_harness import client_credential, metric_samples, metric_total
 
 from kvpool import Client
 from kvpool.errors import KvpoolError
+from kvpool.grpc_auth import blocking_channel
+from kvpool.netutil import wait_until
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc
 
 MiB = 1 << 20
 
@@ -49,14 +54,54 @@ def test_a_client_finds_the_master_through_etcd_over_tls(tls_cluster):
         assert client.get("tls/by-etcd") == b"e" * 3000
 
 
-def test_a_copy_between_nodes_goes_over_tls(tls_cluster):
-    with Client(tls_cluster.master_address, transports="tcp", replicas=2) as client:
-        value = os.urandom(2 * MiB)
-        client.put("tls/two-copies", value)
-        assert client.get("tls/two-copies") == value
-        node_id = tls_cluster.nodes[0].info["node_id"]
-        assert client.drain(node_id) >= 0  # the master COPYs the node's objects to the other one
-        assert client.get("tls/two-copies") == value
+def test_a_copy_between_nodes_goes_over_tls(own_cluster):
+    """A drain copies a node's only copy to the other node, node to node: it lands there byte-exact, through a
+    connection that passed the TLS handshake (a plain peer's attempt is counted as a failed one)."""
+    cluster = own_cluster(2, tls=True, metrics=True, dram_per_node="64MiB")
+    value = os.urandom(2 * MiB + 5)
+    with Client(cluster.master_address, transports="tcp", replicas=1, tls_ca=str(cluster.tls_files.ca)) as client:
+        client.put("tls/one-copy", value)
+        [holder] = _holders(cluster, "tls/one-copy")
+        source, destination = (node for node in sorted(cluster.nodes, key=lambda n: n.info["node_id"] != holder))
+        before = metric_samples(cluster.metrics_urls[destination.name])
+        assert client.drain(holder) == 1  # the master COPYs the node's one object to the other node
+
+        # The drain is asynchronous: done once the only copy is the one on the other node.
+        wait_until(lambda: _holders(cluster, "tls/one-copy") == [destination.info["node_id"]], 20,
+                   what="the drained object to live on the other node only")
+        after = metric_samples(cluster.metrics_urls[destination.name])
+        assert client.get("tls/one-copy") == value
+    copies = metric_total(metric_samples(cluster.metrics_urls[source.name]), "kvpool_node_ops_total", op="copy")
+    assert copies == 1
+    # What arrived on the destination is exactly that one WRITE of the value, received on a TLS connection.
+    assert metric_total(after, "kvpool_node_bytes_in_total") - metric_total(before, "kvpool_node_bytes_in_total") \
+        == len(value)
+    assert metric_total(after, "kvpool_node_ops_total", op="write") - \
+        metric_total(before, "kvpool_node_ops_total", op="write") == 1
+    handshake_failures = {"name": "kvpool_node_errors_total", "op": "tls", "status": "HANDSHAKE"}
+    assert _errors(after, handshake_failures) == 0
+    # The destination takes no connection that does not do TLS: a plain peer is refused and counted.
+    host, port = destination.info["address"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"KV\x02" + bytes(61))
+        try:
+            sock.recv(4096)
+        except OSError:
+            pass
+    wait_until(lambda: _errors(metric_samples(cluster.metrics_urls[destination.name]), handshake_failures) == 1,
+               10, what="the plain peer's failed handshake to be counted")
+
+
+def _holders(cluster, key: str) -> list:
+    with blocking_channel(cluster.master_address, client_credential(), tls=cluster.tls_files) as channel:
+        answer = kvpool_pb2_grpc.MasterStub(channel).GetReplicaList(pb.GetReplicaListRequest(key=key), timeout=5)
+    assert answer.status == pb.OK, answer.message
+    return sorted(r.node_id for r in answer.object.replicas)
+
+
+def _errors(samples: dict, which: dict) -> float:
+    labels = {k: v for k, v in which.items() if k != "name"}
+    return metric_total(samples, which["name"], **labels)
 
 
 def test_plain_peers_get_nothing_from_a_tls_cluster(tls_cluster):

@@ -14,6 +14,13 @@ import time
 from pathlib import Path
 
 BLOCK = 128  # the CPU engine's block size
+# The prompt's three full blocks as kvpool names them, written down: a change of block_hashes' encoding must fail
+# here too, not be carried to both sides of the comparison.
+PROMPT_BLOCKS = {
+    "4916f50d34482f5d271e335731db1ea79ae5c446c9b432f7c908b0e1dc975df6",
+    "ad0ad9e26bc2dbc2dfc7ba850dcfbf6e81e0a773fac77b78611d0da1f7757e6e",
+    "cdc47d719d2187eb5c245e9cb67fd904ac7821e597c05a4a2d8cfdb773e9a395",
+}
 
 
 def free_port() -> int:
@@ -54,6 +61,7 @@ def main() -> int:
                                                   endpoint=f"tcp://*:{port}"))  # "*": the engine binds
         rng = random.Random(3)
         prompt = [rng.randrange(1, 1000) for _ in range(3 * BLOCK + 40)]
+        assert prompt[:3] == [244, 607, 558], prompt[:3]  # the prompt PROMPT_BLOCKS were computed from
         greedy = SamplingParams(temperature=0, ignore_eos=True, detokenize=False, max_tokens=2 * BLOCK)
         [out] = llm.generate([TokensPrompt(prompt_token_ids=prompt)], greedy, use_tqdm=False)
         everything = prompt + list(out.outputs[0].token_ids)
@@ -63,8 +71,10 @@ def main() -> int:
         while not expected <= view.blocks and time.monotonic() < deadline:
             time.sleep(0.05)
         named = len(expected & view.blocks)
+        golden_named = len(PROMPT_BLOCKS & view.blocks)
         result = {"expected_blocks": len(expected), "named": named, "extra": len(view.blocks - expected),
-                  "unmapped": view.unmapped, "batches": follower.batches, "gaps": follower.gaps}
+                  "golden_prompt_blocks_named": golden_named, "unmapped": view.unmapped,
+                  "batches": follower.batches, "gaps": follower.gaps}
         llm.reset_prefix_cache()  # the engine drops its cache (told with the next step's events)
         other = [rng.randrange(1, 1000) for _ in range(BLOCK + 10)]
         llm.generate([TokensPrompt(prompt_token_ids=other)], SamplingParams(temperature=0, ignore_eos=True,
@@ -75,7 +85,8 @@ def main() -> int:
             time.sleep(0.05)
         result["after_reset"] = len(view.blocks & expected)
     print(json.dumps(result), flush=True)
-    ok = named == len(expected) > 0 and result["extra"] == 0 and result["after_reset"] == 0
+    ok = (named == len(expected) > 0 and golden_named == len(PROMPT_BLOCKS) and result["extra"] == 0
+          and result["after_reset"] == 0)
     return 0 if ok else 1
 
 

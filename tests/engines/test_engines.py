@@ -86,6 +86,7 @@ def test_vllm_kv_events_name_blocks_as_kvpool_does():
     result = json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
     # 424 prompt + 256 generated tokens: 5 full blocks of 128 whose KV was computed.
     assert result["named"] == result["expected_blocks"] == 5 and result["extra"] == 0 and result["gaps"] == 0
+    assert result["golden_prompt_blocks_named"] == 3  # the prompt's blocks under their written-down names
     assert result["after_reset"] == 0
 
 

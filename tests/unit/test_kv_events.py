@@ -7,8 +7,8 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+from block_hash_golden import RANGE_32_BS4_SHA256, range_blocks
 
-from kvpool.connectors.block_keys import block_hashes
 from kvpool.connectors.kv_events import EngineEvents, apply_batch
 from kvpool.connectors.router import EngineView
 
@@ -34,9 +34,9 @@ def test_a_batch_in_vllms_format_updates_the_view():
     assert apply_batch(view, batch(stored([b"h1", b"h2"], None, prompt[:2 * BS]),
                                    stored([b"h3"], b"h2", prompt[2 * BS:]),
                                    stored([b"x"], None, list(range(100, 104)), medium="STORAGE"))) == 3
-    assert view.blocks == set(block_hashes(prompt, BS))  # the offloaded block is not the engine's own
+    assert view.blocks == range_blocks(3 * BS)  # the offloaded block is not the engine's own
     apply_batch(view, batch({"type": "BlockRemoved", "block_hashes": [b"h3"], "medium": "CPU"}))
-    assert view.blocks == set(block_hashes(prompt, BS)[:2])
+    assert view.blocks == set(RANGE_32_BS4_SHA256[:2])
     apply_batch(view, batch({"type": "AllBlocksCleared"}))
     assert not view.blocks
     with pytest.raises(ValueError):
@@ -51,7 +51,16 @@ def test_events_over_zmq_and_a_lost_message_clears_the_view():
         view = EngineView("e")
         follower = EngineEvents(view, f"tcp://127.0.0.1:{port}")
         task = asyncio.ensure_future(follower.run())
-        await follower.subscribed.wait()
+        try:
+            await follower.subscribed.wait()
+            await exchange(pub, view, follower)
+        finally:  # also on a failed assert: a socket left open makes the context's term() wait forever
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            pub.close(linger=0)
+            context.term()
+
+    async def exchange(pub, view, follower):
         prompt = list(range(2 * BS))
 
         async def publish(seq: int, payload: bytes):
@@ -68,15 +77,11 @@ def test_events_over_zmq_and_a_lost_message_clears_the_view():
         async with asyncio.timeout(10):
             while len(view.blocks) < 2:
                 await asyncio.sleep(0.01)
-        assert view.blocks == set(block_hashes(prompt, BS))
+        assert view.blocks == range_blocks(2 * BS)
         await publish(5, batch())  # 2..4 never came
         async with asyncio.timeout(10):
             while follower.gaps == 0:
                 await asyncio.sleep(0.01)
         assert not view.blocks
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        pub.close()
-        context.term()
 
     asyncio.run(main())

@@ -1,8 +1,8 @@
 """The KV-aware router's logic (connectors/router.py): engine views built from KV events, scores, choice."""
 
 import pytest
+from block_hash_golden import RANGE_32_BS4_SHA256, range_blocks
 
-from kvpool.connectors.block_keys import block_hashes
 from kvpool.connectors.router import EngineView, RoundRobin, Router
 
 BS = 4
@@ -28,7 +28,7 @@ def test_engine_blocks_are_named_as_kvpool_names_them():
     view = EngineView("a")
     prompt = tokens(4 * BS + 2)
     store_prompt(view, prompt)
-    assert view.blocks == set(block_hashes(prompt, BS))
+    assert view.blocks == range_blocks(4 * BS)
 
 
 def test_removed_cleared_and_unmappable_blocks():
@@ -36,7 +36,7 @@ def test_removed_cleared_and_unmappable_blocks():
     prompt = tokens(6 * BS)
     engine_hashes = store_prompt(view, prompt)
     view.removed(engine_hashes[4:])
-    assert view.blocks == set(block_hashes(prompt, BS)[:4])
+    assert view.blocks == range_blocks(4 * BS)
     assert view.stored([123], 999_999, tokens(BS, 50), BS) == 0  # its parent never seen: not counted
     assert view.stored([124], None, tokens(BS, 60), BS, extra_keys=[("lora", "x")]) == 0  # KV not its tokens'
     assert view.unmapped == 2
@@ -63,7 +63,7 @@ def test_the_engine_holding_more_of_the_prefix_wins_and_load_breaks_ties():
 def test_pool_blocks_count_but_less_than_local_ones():
     router = Router(["a", "b"], BS, pool_weight=0.5)
     prompt = tokens(6 * BS) + [9]
-    for block in block_hashes(prompt[:6 * BS], BS):
+    for block in RANGE_32_BS4_SHA256[:6]:  # prompt[:6 * BS] as kvpool names it
         router.pool_changed("stored", block)
     store_prompt(router.view("a"), prompt[:2 * BS])
     store_prompt(router.view("b"), prompt[:3 * BS])
@@ -71,7 +71,7 @@ def test_pool_blocks_count_but_less_than_local_ones():
     by = {s.engine: s for s in scores}
     assert by["a"].pool_blocks == by["b"].pool_blocks == 6
     assert by["a"].reusable == 2 + 0.5 * 4 and by["b"].reusable == 3 + 0.5 * 3 and engine == "b"
-    router.pool_changed("removed", block_hashes(prompt[:BS], BS)[0])  # the pool lost the first block
+    router.pool_changed("removed", RANGE_32_BS4_SHA256[0])  # the pool lost the first block
     assert all(s.pool_blocks == 0 for s in router.scores(prompt))
 
 
@@ -95,7 +95,7 @@ def test_a_busy_engine_loses_to_an_idle_one_that_can_load_the_prefix():
     router = Router(["a", "b"], BS, pool_weight=0.8)
     prompt = tokens(8 * BS) + [3]
     store_prompt(router.view("a"), prompt[:8 * BS])
-    for block in block_hashes(prompt[:8 * BS], BS):
+    for block in RANGE_32_BS4_SHA256[:8]:
         router.pool_changed("stored", block)
     assert router.choose(prompt)[0] == "a"  # idle, and holds it all
     other = tokens(8 * BS, 900) + [4]  # a long prompt nobody holds: "a" now has it queued
