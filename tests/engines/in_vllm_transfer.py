@@ -6,7 +6,8 @@ One vLLM engine with the kvpool connector in the given transfer mode computes a 
 then serves it again: the blocks are loaded and the greedy tokens must equal the computed run's. Then a second
 prompt, and before its stored blocks are loaded the engine stops and tells the caller which keys it is about to
 read (DIR/paused); the caller kills a storage node and says so (DIR/go); the load loses the blocks on that node
-and vLLM computes them, and the tokens must still be equal. Prints one JSON line.
+and vLLM computes them, and the tokens must still be equal. Prints one JSON line, with the counts the connector
+reported per request and those vLLM's metrics received through its KVConnectorStats.
 """
 
 import argparse
