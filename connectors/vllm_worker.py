@@ -55,20 +55,19 @@ class KVPoolWorker:
                  tuple(first.shape), self._namespace.prefix())
 
     def start_load_kv(self, meta: KVPoolConnectorMetadata) -> None:
-        for load in meta.loads:
-            if self._mover is not None:
-                self._loading.setdefault(load.request_id, []).append((self._mover.submit(self._timed_load, load),
-                                                                      load))
-            else:
-                self._account_load(load, *self._timed_load(load))
+        self._move(meta.loads, self._timed_load, self._loading, self._account_load)
 
     def wait_for_save(self, meta: KVPoolConnectorMetadata) -> None:
-        for save in meta.saves:
+        self._move(meta.saves, self._timed_save, self._saving, self._account_save)
+
+    def _move(self, transfers: list[BlockTransfer], timed, under_way: dict, account) -> None:
+        """async: hand each transfer to the mover thread (accounted once done, in get_finished); sync: run it and
+        account for it now."""
+        for transfer in transfers:
             if self._mover is not None:
-                self._saving.setdefault(save.request_id, []).append((self._mover.submit(self._timed_save, save),
-                                                                     save))
+                under_way.setdefault(transfer.request_id, []).append((self._mover.submit(timed, transfer), transfer))
             else:
-                self._account_save(save, *self._timed_save(save))
+                account(transfer, *timed(transfer))
 
     def get_finished(self, finished_req_ids: set[str], meta) -> tuple[set[str] | None, set[str] | None]:
         """async: the requests whose loads are done (they may run now; blocks that failed are reported with
