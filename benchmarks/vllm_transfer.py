@@ -62,10 +62,10 @@ def run_engine(role: str, model: str, master: str, blocks: int, requests: int) -
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    from kvpool.connectors.vllm import KVPoolConnector
+    from kvpool.connectors.vllm_worker import KVPoolWorker
 
     loads = []
-    real_load = KVPoolConnector._load
+    real_load = KVPoolWorker._load
 
     def timed_load(self, load):
         start = time.perf_counter()
@@ -73,7 +73,7 @@ def run_engine(role: str, model: str, master: str, blocks: int, requests: int) -
         loads.append({"blocks": loaded, "ms": (time.perf_counter() - start) * 1e3})
         return loaded
 
-    KVPoolConnector._load = timed_load
+    KVPoolWorker._load = timed_load
     table = prompts(blocks, requests)
     transfer = "sync" if role == "save" else role
     config = KVTransferConfig(kv_connector="KVPoolConnector", kv_connector_module_path="kvpool.connectors.vllm",

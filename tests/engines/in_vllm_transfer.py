@@ -6,7 +6,8 @@ One vLLM engine with the kvpool connector in the given transfer mode computes a 
 then serves it again: the blocks are loaded and the greedy tokens must equal the computed run's. Then a second
 prompt, and before its stored blocks are loaded the engine stops and tells the caller which keys it is about to
 read (DIR/paused); the caller kills a storage node and says so (DIR/go); the load loses the blocks on that node
-and vLLM computes them, and the tokens must still be equal. Prints one JSON line.
+and vLLM computes them, and the tokens must still be equal. Prints one JSON line, with the counts the connector
+reported per request and those vLLM's metrics received through its KVConnectorStats.
 """
 
 import argparse
@@ -49,12 +50,12 @@ def wait_stored(master: str, namespace: str, tokens: list[int]) -> int:
 def pause_before_loading(rendezvous: Path) -> None:
     """The first load after this call writes the keys it is about to read to rendezvous/paused and waits for
     rendezvous/go (the engine runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    from kvpool.connectors.vllm import KVPoolConnector
+    from kvpool.connectors.vllm_worker import KVPoolWorker
 
-    real = KVPoolConnector._load
+    real = KVPoolWorker._load
 
     def paused(self, load):
-        KVPoolConnector._load = real
+        KVPoolWorker._load = real
         (rendezvous / "paused").write_text(json.dumps(self._store.keys(load.hashes)))
         deadline = time.monotonic() + PAUSE
         while not (rendezvous / "go").exists():
@@ -63,7 +64,7 @@ def pause_before_loading(rendezvous: Path) -> None:
             time.sleep(0.05)
         return real(self, load)
 
-    KVPoolConnector._load = paused
+    KVPoolWorker._load = paused
 
 
 def main() -> int:
@@ -88,12 +89,18 @@ def main() -> int:
                                     kv_role="kv_both", kv_load_failure_policy="recompute",
                                     kv_connector_extra_config={"master": args.master, "transfer": args.transfer,
                                                                "model_id": f"transfer-{args.transfer}"})
+        # log stats on: the connector's KVConnectorStats reach vLLM's metrics (vllm:kvpool_*)
         llm = LLM(model=tmp, skip_tokenizer_init=True, dtype="float32", max_model_len=1024, enforce_eager=True,
-                  enable_prefix_caching=False, seed=0, kv_transfer_config=transfer)
+                  enable_prefix_caching=False, disable_log_stats=False, seed=0, kv_transfer_config=transfer)
+        per_request: dict[str, int] = {}  # the connector's own counts, summed over every request's output
 
         def serve(tokens):
             [out] = llm.generate([TokensPrompt(prompt_token_ids=tokens)], greedy, use_tqdm=False)
-            return list(out.outputs[0].token_ids), out.kv_transfer_params["kvpool"]
+            moved = out.kv_transfer_params["kvpool"]
+            for name, value in moved.items():
+                if name != "namespace":
+                    per_request[name] = per_request.get(name, 0) + value
+            return list(out.outputs[0].token_ids), moved
 
         result = {"transfer": args.transfer}
         for name, tokens in (("first", first), ("second", second)):
@@ -104,6 +111,10 @@ def main() -> int:
             loaded, moved = serve(tokens)
             result[name].update(identical=loaded == computed, blocks_loaded=moved.get("blocks_loaded", 0),
                                 blocks_failed=moved.get("blocks_failed", 0))
+        result["per_request"] = per_request
+        # What vLLM received through KVConnectorStats, summed over steps by its own metrics.
+        result["vllm_stats"] = {m.name.removeprefix("vllm:kvpool_"): m.value for m in llm.get_metrics()
+                                if m.name.startswith("vllm:kvpool_")}
     print(json.dumps(result), flush=True)
     return 0
 

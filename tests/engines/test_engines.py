@@ -123,6 +123,15 @@ def test_vllm_loads_give_identical_tokens_and_survive_a_node_killed_before_loadi
     assert first["identical"] and first["blocks_loaded"] == first["stored_blocks"] == 5
     assert second["identical"] and second["stored_blocks"] == 6
     assert second["blocks_loaded"] == holders.index(victim) and second["blocks_failed"] == 6 - holders.index(victim)
+    # vLLM's own metrics, fed by the connector's KVConnectorStats, count what the connector reported per request.
+    stats, per_request = result["vllm_stats"], result["per_request"]
+    assert stats["blocks_loaded"] == first["blocks_loaded"] + second["blocks_loaded"] == per_request["blocks_loaded"]
+    assert stats["bytes_loaded"] == per_request["bytes_loaded"] > 0 and stats["loads"] == 2
+    assert stats["blocks_failed"] == second["blocks_failed"] == per_request["blocks_failed"]
+    # Saves: every stored block, async ones included (they are counted once done, after their request returned).
+    per_block = per_request["bytes_loaded"] // per_request["blocks_loaded"]
+    assert stats["blocks_saved"] == first["stored_blocks"] + second["stored_blocks"] == 11
+    assert stats["bytes_saved"] == 11 * per_block and stats["blocks_save_failed"] == 0
 
 
 def replica_addresses(cluster, keys: list[str]) -> list[str]:
