@@ -5,11 +5,9 @@ One persistent connection per master, shared by every caller on the event loop.
 A call takes a req_id and, on an idle connection, writes its frame at once;
 while others are in flight, frames wait for the end of the loop's turn and
 leave together in one write. Each reply, which may overtake earlier ones,
-settles the call waiting on its req_id. The connection lives as long as its
-loop: the blocking Client runs the same private loop for every call, so it
-stays open between calls. As the loop does not run between them, an idle
-connection is checked before it is used again (on Linux, its TCP state): one
-the master closed meanwhile is replaced, and the call goes out on the new one.
+settles the call waiting on its req_id. An idle connection is checked before
+it is used again (on Linux, its TCP state): one the master closed while the
+loop was not looking is replaced, and the call goes out on the new one.
 """
 
 import asyncio
