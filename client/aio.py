@@ -177,7 +177,7 @@ class AsyncClient:
 
     async def _read_one(self, key: str, dest):
         """The value read, verified (and decompressed) into dest, or a new buffer when dest is None."""
-        result = (await reads.read(self._core, [key], None if dest is None else [dest]))[0]
+        [result] = await reads.read(self._core, [key], None if dest is None else [dest])
         if isinstance(result, BaseException):
             raise result
         return result

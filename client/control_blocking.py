@@ -24,7 +24,7 @@ from kvpool.netutil import connect_failure
 
 from .control_frames import ControlCalls, NotSent
 
-_READ_SIZE = 256 * 1024
+_READ_SIZE = 64 * 1024
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
 _ESTABLISHED = 1
 _WAITED = object()  # the waiter of the call being waited for (posted calls have their callback)
@@ -36,6 +36,7 @@ class BlockingControlConnection:
         self._sock = sock
         self._calls = ControlCalls(address)
         self._answer = None  # the waited call's response or error, once read
+        self._buffer = memoryview(bytearray(_READ_SIZE))  # what each recv brings
 
     @property
     def closed(self) -> bool:
@@ -100,14 +101,15 @@ class BlockingControlConnection:
     def _read_until(self, wanted, method: str, deadline: float) -> None:
         """Read replies, handing posted calls' to their callbacks and keeping the waited call's,
         until `wanted()` names no call still waiting."""
-        sock, calls = self._sock, self._calls
+        sock, calls, buffer = self._sock, self._calls, self._buffer
         try:
             while wanted() is not None:
                 sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                data = sock.recv(_READ_SIZE)
-                if not data:
+                got = sock.recv_into(buffer)
+                if not got:
                     raise EOFError("closed by the master")
-                for waiter, result in calls.received(data):
+                # Every reply in it is settled (its body read) before the buffer is filled again.
+                for waiter, result in calls.received(buffer[:got]):
                     self._settle(waiter, result)
         except TimeoutError:
             self.close("no answer in time")

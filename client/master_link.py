@@ -1,11 +1,11 @@
 """The client's link to the leading master, found from a list of masters or through etcd.
 
 A master is known by its gRPC address. Calls go to its control port
-(client/control_link.py, or control_blocking.py for the blocking io: one round
-trip instead of gRPC's several) once the
-link knows it: from the master's etcd record, a NOT_LEADER answer naming the
-leader, or else the Stats of the master it first reaches, which also lists
-every other master, so a client given one address can fail over to the others.
+(control_link.py, or control_blocking.py for the blocking io: one round trip
+instead of gRPC's several) once the link knows it: from the master's etcd
+record, a NOT_LEADER answer naming the leader, or else the Stats of the master
+it first reaches, which also lists every other master, so a client given one
+address can fail over to the others.
 A master without a control port is called over gRPC, as are streams.
 
 Every failure leaves here as a kvpool.errors type: a status in a response

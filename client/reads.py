@@ -37,15 +37,24 @@ _GONE = (StaleReplicaError, KeyNotFoundError)
 async def read(core: Core, keys: list, dests: list | None) -> list:
     """Per key: the value read and verified (in its dest, or a new buffer when dests is None), or the
     error it failed with: KeyNotFoundError when it does not exist (now)."""
-    raws = [validate_key(key) for key in keys]
     count = len(keys)
     cache = core.cache
-    infos = [cache.get(key) for key in keys]
-    cached = [info is not None for info in infos]
+    raws, infos, cached, missing, todo = [], [], [], [], []  # todo: (key index, replica index) to read
+    for i, key in enumerate(keys):  # one pass: a get of one key is the common case, keep it short
+        raws.append(validate_key(key))
+        info = cache.get(key)
+        infos.append(info)
+        cached.append(info is not None)
+        if info is None:
+            missing.append(i)
+        else:
+            todo.append((i, 0))
     refetched = [False] * count
     results: list = [None] * count
-    await _lookup(core, keys, [i for i in range(count) if infos[i] is None], infos, results)
-    todo = [(i, 0) for i in range(count) if infos[i] is not None]  # (key index, replica index)
+    if missing:
+        await _lookup(core, keys, missing, infos, results)
+        todo.extend((i, 0) for i in missing if infos[i] is not None)
+    failed = False  # whether any replica failed: only then is there anything to tidy at the end
     while todo:
         refetch = []
         groups: dict[str, tuple[list, list]] = {}  # node address -> ([(i, r, view)], [ReadItem])
@@ -62,21 +71,21 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
             if not info.size:
                 results[i] = view
                 continue
-            replica = info.replicas[r]
-            group = groups.get(replica.address)
+            address = info.replicas[r].address
+            group = groups.get(address)
             if group is None:
-                group = groups[replica.address] = ([], [])
+                group = groups[address] = ([], [])
             group[0].append((i, r, view))
             group[1].append(ReadItem(raws[i], info.generation, view))
-        addresses = list(groups)
-        if len(addresses) == 1:  # one node: no task for a gather to wait on
-            outcomes = [await _read_in_time(core, addresses[0], groups[addresses[0]][1])]
+        if len(groups) == 1:  # one node: no task for a gather to wait on
+            [(address, (_, items))] = groups.items()
+            outcomes = [await _read_in_time(core, address, items)]
         else:
-            outcomes = await asyncio.gather(*(_read_in_time(core, address, groups[address][1])
-                                              for address in addresses))
+            outcomes = await asyncio.gather(*(_read_in_time(core, address, items)
+                                              for address, (_, items) in groups.items()))
         todo = []
-        for address, digests in zip(addresses, outcomes):
-            for (i, r, view), outcome in zip(groups[address][0], digests):
+        for (address, (reading, _)), digests in zip(groups.items(), outcomes):
+            for (i, r, view), outcome in zip(reading, digests):
                 info = infos[i]
                 if outcome == info.checksum:
                     try:
@@ -84,6 +93,7 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
                     except KvpoolError as exc:
                         results[i] = exc
                     continue
+                failed = True
                 error = outcome if isinstance(outcome, KvpoolError) else ChecksumMismatchError(
                     f"replica of {keys[i]!r} on {address} does not match checksum {info.checksum:#x}")
                 # What a replica said about the data beats "node unreachable" from another.
@@ -103,11 +113,13 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
                 cached[i] = False
             await _lookup(core, keys, refetch, infos, results)
             todo.extend((i, 0) for i in refetch if infos[i] is not None)
-    for i, result in enumerate(results):
-        if isinstance(result, _REFETCH) and infos[i] is not None:  # the placement is no use: forget it
-            cache.invalidate(keys[i])
-            if isinstance(result, _GONE):  # a fresh one whose nodes no longer hold it: evicted, so missing
-                results[i] = KeyNotFoundError(f"key {keys[i]!r} not found: no longer held by its node ({result})")
+    if failed:
+        for i, result in enumerate(results):
+            if isinstance(result, _REFETCH) and infos[i] is not None:  # the placement is no use: forget it
+                cache.invalidate(keys[i])
+                if isinstance(result, _GONE):  # a fresh one whose nodes no longer hold it: evicted, so missing
+                    results[i] = KeyNotFoundError(f"key {keys[i]!r} not found: no longer held by its node "
+                                                  f"({result})")
     return results
 
 
@@ -130,13 +142,14 @@ async def _read_in_time(core: Core, address: str, items: list) -> list:
     """Per item the checksum of what arrived, or its error; a node that does not answer in time fails
     every item (they try their next replica)."""
     transport = core.transport
+    one = items[0] if len(items) == 1 else None
+    nbytes = len(one.buf) if one is not None else sum(len(item.buf) for item in items)
     try:
         # asyncio.timeout, unlike wait_for, runs the read in this task: no extra task per get.
-        async with asyncio.timeout(core.read_deadline(sum(len(item.buf) for item in items))):
-            if len(items) == 1:  # one transfer: the transport's single read, no batch to track
-                item = items[0]
+        async with asyncio.timeout(core.read_deadline(nbytes)):
+            if one is not None:  # one transfer: the transport's single read, no batch to track
                 try:
-                    return [await transport.read_into(address, item.key, item.generation, item.buf)]
+                    return [await transport.read_into(address, one.key, one.generation, one.buf)]
                 except KvpoolError as exc:
                     return [exc]
             return await transport.read_many(address, items)
