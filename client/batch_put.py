@@ -1,4 +1,4 @@
-"""AsyncClient.batch_put: many puts in one BatchPutStart, one pipelined WRITE stream per node,
+"""A batch put (writes.batch_put): many puts in one BatchPutStart, one pipelined WRITE stream per node,
 one BatchPutEnd.
 
 The master answers the keys column in columns (a generation per key and an index into the few
@@ -9,38 +9,16 @@ placement's serialized replicas plus the key's own fields.
 
 import asyncio
 
-from kvpool.errors import BatchError, InternalError, error_for
-from kvpool.proto import kvpool_pb2 as pb
+from kvpool.errors import BatchError
 
-from .replica_order import drop_replicas, nearest_first
+from . import convert
+from .convert import Started
+from .core import Core
+from .replica_order import drop_replicas
 from .transport import WriteItem
 
 
-class Started:
-    """The puts of one batch the master opened: index -> generation, and where each was placed."""
-
-    def __init__(self, response: pb.BatchPutStartResponse, count: int):
-        generations, placement = response.generations, response.placement
-        if len(generations) != count or len(placement) != count or len(response.refused) != len(response.errors):
-            raise InternalError(f"BatchPutStart answered {len(generations)} generations and {len(placement)} "
-                                f"placements for {count} puts")
-        self.generation = list(generations)
-        self.placement = list(placement)
-        self.placements = list(response.placements)
-        self.refused = dict(zip(response.refused, response.errors))
-        self.indices = [i for i, generation in enumerate(self.generation) if generation]
-        if any(self.placement[i] >= len(self.placements) for i in self.indices):
-            raise InternalError("BatchPutStart answered a placement it did not send")
-
-    def info(self, i: int) -> pb.ObjectInfo:
-        """An ObjectInfo of put i (replicas, generation, term)."""
-        info = pb.ObjectInfo()
-        info.CopyFrom(self.placements[self.placement[i]])
-        info.generation = self.generation[i]
-        return info
-
-
-async def write_started(client, started: Started, raws, views, digests, options, needed: int) -> tuple[dict, dict]:
+async def write_started(core: Core, started: Started, raws, views, digests, options, needed: int) -> tuple[dict, dict]:
     """Write every replica of the started puts, one pipelined stream per node.
 
     Returns (index -> first error of puts with too few copies written, index -> {node id: error}
@@ -61,7 +39,7 @@ async def write_started(client, started: Started, raws, views, digests, options,
             group[1].extend(WriteItem(raws[i], generation[i], views[i], digests[i], options[i], term) for i in indices)
     if not groups:
         return {}, {}
-    transport = client._transport
+    transport = core.transport
     addresses = list(groups)
     if len(addresses) == 1:  # one node: no task for a gather to wait on
         outcomes = [await transport.write_many(addresses[0], groups[addresses[0]][1])]
@@ -82,26 +60,21 @@ async def write_started(client, started: Started, raws, views, digests, options,
     return failed, partial
 
 
-async def batch_put(client, keys: list, raws: list, views: list, digests: list, packed: list, raw_sizes: list,
-                    common: pb.PutStartRequest, options: list, needed: int, overwrite: bool) -> None:
+async def batch_put(core: Core, request, keys: list, raws: list, views: list, digests: list, packed: list,
+                    raw_sizes: list, options: list, needed: int, overwrite: bool) -> None:
     """The puts of AsyncClient.batch_put once its values are checksummed (and compressed: `packed`
-    holds each compressed value or None); raises BatchError naming the keys that failed."""
-    request = pb.BatchPutStartRequest(common=common, keys=keys, sizes=[len(view) for view in views],
-                                      checksums=digests)
-    compressed = any(p is not None for p in packed)
-    if compressed:
-        request.compressed.extend([p is not None for p in packed])
-        request.raw_sizes.extend(raw_sizes)
-    started = Started(await client._master.call("BatchPutStart", request), len(keys))
-    errors = {keys[i]: error_for(e.status, e.message) for i, e in started.refused.items()}
+    holds each compressed value or None) and its BatchPutStart `request` made; raises BatchError
+    naming the keys that failed."""
+    started = Started(await core.master.call("BatchPutStart", request), len(keys))
+    errors = {keys[i]: error for i, error in started.refused.items()}
     generation = started.generation
     try:
-        failed, partial = await write_started(client, started, raws, views, digests, options, needed)
+        failed, partial = await write_started(core, started, raws, views, digests, options, needed)
     except BaseException:
-        await client._revoke([(keys[i], generation[i]) for i in started.indices])
+        await core.revoke([(keys[i], generation[i]) for i in started.indices])
         raise
     if failed:
-        await client._revoke([(keys[i], generation[i]) for i in started.indices if i in failed])
+        await core.revoke([(keys[i], generation[i]) for i in started.indices if i in failed])
         for i, exc in failed.items():
             errors[keys[i]] = exc
     # Puts with a copy missing go as items (they name the nodes), the rest as two lists.
@@ -110,12 +83,10 @@ async def batch_put(client, keys: list, raws: list, views: list, digests: list, 
         else started.indices
     written = partly + whole
     if written:
-        end = pb.BatchPutEndRequest(
-            items=[pb.PutEndRequest(key=keys[i], generation=generation[i], failed_nodes=list(partial[i]))
-                   for i in partly],
-            keys=[keys[i] for i in whole], generations=[generation[i] for i in whole])
-        ended = await client._commits.end_batch([keys[i] for i in written], end, overwrite) or {}
-        remember(client, started, keys, written, ended, partial, views, digests, packed, raw_sizes)
+        end = convert.batch_put_end_request([(keys[i], generation[i], partial[i]) for i in partly],
+                                            [(keys[i], generation[i]) for i in whole])
+        ended = await core.commits.end_batch([keys[i] for i in written], end, overwrite) or {}
+        remember(core, started, keys, written, ended, partial, views, digests, packed, raw_sizes)
         for n, i in enumerate(written):
             if n in ended:
                 errors[keys[i]] = ended[n]
@@ -124,13 +95,11 @@ async def batch_put(client, keys: list, raws: list, views: list, digests: list, 
         raise BatchError(f"{len(errors)} of {len(keys)} puts failed (first: {first_key!r}: {first})", errors)
 
 
-def remember(client, started: Started, keys, written, ended, partial, views, digests, packed, raw_sizes) -> None:
+def remember(core: Core, started: Started, keys, written, ended, partial, views, digests, packed,
+             raw_sizes) -> None:
     """Cache where each put that ended lives (nearest replicas first, as reads want them)."""
-    blobs = {}
-    for where, placement in enumerate(started.placements):
-        nearest_first(placement)
-        blobs[where] = placement.SerializeToString()
-    cache = client._cache
+    blobs = started.serialized_placements()
+    cache = core.cache
     for n, i in enumerate(written):
         if n in ended:
             continue
@@ -138,7 +107,7 @@ def remember(client, started: Started, keys, written, ended, partial, views, dig
         if i in partial:
             info = started.info(i)
             drop_replicas(info, partial[i])
-            client._remember(keys[i], info, len(views[i]), digests[i], compressed, raw_sizes[i])
+            core.remember(keys[i], info, len(views[i]), digests[i], compressed, raw_sizes[i])
         else:
             cache.put_placed(keys[i], blobs[started.placement[i]], started.generation[i], len(views[i]),
                              digests[i], compressed, raw_sizes[i])

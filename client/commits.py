@@ -20,9 +20,10 @@ the old bytes.
 import asyncio
 import logging
 
-from kvpool.errors import BatchError, InternalError, NotLeaderError, UnavailableError, error_for
+from kvpool.errors import BatchError, NotLeaderError, UnavailableError, error_for
 
-from .master_link import MasterLink, check
+from .convert import batch_end_errors, check
+from .master_link import MasterLink
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,12 @@ class Commits:
                 "BatchPutEnd", request, lambda r: self._answered("BatchPutEnd", request, keys, r)):
             return None
         response = await self._master.call("BatchPutEnd", request)
-        return _batch_errors(response, len(keys))
+        return batch_end_errors(response, len(keys))
 
     def _answered(self, method: str, request, keys: list, result) -> None:
         if isinstance(result, (NotLeaderError, UnavailableError)):
             # Whether the master it reached applied it is unknown: ask again, wherever the lead is now.
-            retry = asyncio.ensure_future(self._master.call(method, request))
+            retry = self._master.io.spawn(self._master.call(method, request))
             self._retries.add(retry)
             retry.add_done_callback(lambda done: self._retried(done, method, keys))
             return
@@ -73,7 +74,7 @@ class Commits:
         elif method == "PutEnd":
             errors = {0: error_for(result.status, result.message)} if result.status else {}
         else:
-            errors = _batch_errors(result, len(keys))
+            errors = batch_end_errors(result, len(keys))
         for i, exc in errors.items():
             self._forget(keys[i])
             self._failed[keys[i]] = exc
@@ -98,10 +99,3 @@ class Commits:
         if failed:
             first_key, first = next(iter(failed.items()))
             raise BatchError(f"{len(failed)} puts did not end (first: {first_key!r}: {first})", failed)
-
-
-def _batch_errors(response, expected: int) -> dict:
-    if len(response.items) != expected:
-        error = InternalError(f"BatchPutEnd answered {len(response.items)} items for {expected} requests")
-        return dict.fromkeys(range(expected), error)
-    return {i: error_for(item.status, item.message) for i, item in enumerate(response.items) if item.status}

@@ -1,15 +1,13 @@
-"""The master's control port for the blocking Client: one call at a time on a plain socket.
+"""The master's control port for the blocking Client: calls answered on a plain socket, no event loop.
 
 The blocking Client runs its event loop only inside a caller's call, and one
 caller at a time. Waiting for a control answer through that loop costs several
-turns of it per call (a task, the selector, a future's callbacks), which is
-most of a round trip's price on this path. Here the call instead sends its
-frame and waits on the socket itself, with the call's deadline as the socket
-timeout. Calls that share a turn of the loop (a gather) simply take turns.
-
-Same frames, same answers and the same NotSent contract as control_link.py.
-A reply left over from a call that gave up is skipped by its req_id; a call
-that runs out of time closes the connection (the next one opens a new one).
+turns of it per call (a task, the selector, a future's callbacks), more than
+the round trip itself. Here a call sends its frame and reads the socket itself,
+with the call's deadline as the socket timeout; frames, replies and the NotSent
+contract are control_frames.py's, as for the asyncio connection. Calls that
+share a turn of the loop (a gather) simply take turns. A call that runs out of
+time closes the connection (the next one opens a new one).
 
 A posted call (post) sends its frame and returns; its answer is read by
 whichever call or drain comes next on the connection and handed to the
@@ -19,29 +17,30 @@ poster's callback (an error if the connection ends first).
 import socket
 import time
 
-from kvpool import control
 from kvpool.auth import handshake_blocking
 from kvpool.cluster_layout import parse_hostport
-from kvpool.errors import ProtocolError, UnavailableError
+from kvpool.errors import UnavailableError
 from kvpool.netutil import connect_failure
-from kvpool.wire import MAGIC, REPLY, VERSION
 
-from .control_answer import NotSent, answer
+from .control_frames import ControlCalls, NotSent
 
-_REPLY_SIZE = REPLY.size
-_unpack_reply = REPLY.unpack_from
+_READ_SIZE = 64 * 1024
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
 _ESTABLISHED = 1
+_WAITED = object()  # the waiter of the call being waited for (posted calls have their callback)
 
 
 class BlockingControlConnection:
     def __init__(self, address: str, sock: socket.socket):
         self.address = address
-        self.closed = False
         self._sock = sock
-        self._next_id = 0
-        self._header = bytearray(_REPLY_SIZE)
-        self._posted: dict = {}  # req_id -> (method, callback) of posted calls not answered yet
+        self._calls = ControlCalls(address)
+        self._answer = None  # the waited call's response or error, once read
+        self._buffer = memoryview(bytearray(_READ_SIZE))  # what each recv brings
+
+    @property
+    def closed(self) -> bool:
+        return self._calls.closed
 
     @classmethod
     def open(cls, address: str, timeout: float, credential=None, tls=None) -> "BlockingControlConnection":
@@ -66,76 +65,69 @@ class BlockingControlConnection:
         return cls(address, sock)
 
     def call(self, method: str, request, deadline: float):
-        """The response of Master.<method>, answered by `deadline` (time.monotonic); raises as
-        ControlConnection.call does."""
-        req_id = self._send(method, request, deadline)
-        return self._read_until(lambda: req_id, method, deadline)
+        """The response of Master.<method>, answered by `deadline` (time.monotonic); raises LeaderHint,
+        UnavailableError (NotSent if the frame never left), or the typed error of a refused frame."""
+        req_id = self._send(method, request, _WAITED, deadline)
+        self._read_until(lambda: req_id if req_id in self._calls.waiting else None, method, deadline)
+        result, self._answer = self._answer, None
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def post(self, method: str, request, deadline: float, callback) -> None:
         """Send Master.<method> and return; callback(response or error) runs when a later call or
         drain() reads its answer, or the connection ends. Raises NotSent if the frame did not leave."""
-        req_id = self._send(method, request, deadline)
-        self._posted[req_id] = (method, callback)
+        self._send(method, request, callback, deadline)
 
     def drain(self, deadline: float) -> None:
         """Read the answers of every posted call (each to its callback)."""
-        if self._posted:
-            self._read_until(lambda: next(iter(self._posted), None), "posted calls", deadline)
+        waiting = self._calls.waiting
+        self._read_until(lambda: next(iter(waiting), None), "posted calls", deadline)
 
-    def _send(self, method: str, request, deadline: float) -> int:
-        if self.closed or self._peer_left():
-            self.close()
-            raise NotSent(f"master control port {self.address}: connection closed")
-        req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        frame = control.pack_call(control.OP_BY_RPC[method], req_id, request.SerializeToString())
+    def _send(self, method: str, request, waiter, deadline: float) -> int:
+        if not self.closed and self._peer_left():
+            self.close("closed by the master")
+        req_id, frame = self._calls.start(method, request, waiter)
         sock = self._sock
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
             sock.sendall(frame)
         except OSError as exc:  # a frame cut short is never served
-            self.close()
+            self._calls.forget(req_id)
+            self.close(f"send failed: {exc}")
             raise NotSent(f"master control port {self.address}: send failed: {exc}") from None
         return req_id
 
-    def _read_until(self, wanted, method: str, deadline: float):
-        """Read replies, handing posted calls' to their callbacks, up to the one `wanted()` names
-        (None: nothing more is wanted); returns that call's answer."""
+    def _read_until(self, wanted, method: str, deadline: float) -> None:
+        """Read replies, handing posted calls' to their callbacks and keeping the waited call's,
+        until `wanted()` names no call still waiting."""
+        sock, calls, buffer = self._sock, self._calls, self._buffer
         try:
-            while (req_id := wanted()) is not None:
-                status, got, body = self._reply(deadline)
-                posted = self._posted.pop(got, None)
-                if posted is not None:
-                    _settle(posted[1], self.address, posted[0], status, body)
-                if got == req_id and posted is None:
-                    return answer(self.address, method, status, body)
+            while wanted() is not None:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                got = sock.recv_into(buffer)
+                if not got:
+                    raise EOFError("closed by the master")
+                # Every reply in it is settled (its body read) before the buffer is filled again.
+                for waiter, result in calls.received(buffer[:got]):
+                    self._settle(waiter, result)
         except TimeoutError:
             self.close("no answer in time")
             raise UnavailableError(f"master {self.address} {method}: no answer in time") from None
         except (OSError, EOFError) as exc:
             self.close(f"connection lost: {exc}")
             raise UnavailableError(f"master control port {self.address}: connection lost: {exc}") from None
-        return None
+        except UnavailableError:
+            raise
+        except Exception as exc:  # a bad frame: nothing more on this connection can be trusted
+            self.close(str(exc))
+            raise
 
-    def _reply(self, deadline: float) -> tuple[int, int, bytes]:
-        header = self._header
-        self._recv_into(memoryview(header), deadline)
-        magic, version, _op, req_id, status, _flags, length, _sum = _unpack_reply(header)
-        if magic != MAGIC or version != VERSION:
-            self.close()
-            raise ProtocolError(f"master {self.address}: bad reply frame (magic {bytes(magic)!r}, version {version})")
-        body = bytearray(length)
-        if length:
-            self._recv_into(memoryview(body), deadline)
-        return status, req_id, body
-
-    def _recv_into(self, view: memoryview, deadline: float) -> None:
-        sock, got, size = self._sock, 0, len(view)
-        while got < size:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            more = sock.recv_into(view[got:])
-            if not more:
-                raise EOFError("closed by the master")
-            got += more
+    def _settle(self, waiter, result) -> None:
+        if waiter is _WAITED:
+            self._answer = result
+        else:
+            waiter(result)
 
     def _peer_left(self) -> bool:
         """Whether the master closed this connection since the last call."""
@@ -147,17 +139,62 @@ class BlockingControlConnection:
             return True
 
     def close(self, reason: str = "closed") -> None:
-        if not self.closed:
-            self.closed = True
+        if not self._calls.closed:
             self._sock.close()
-        posted, self._posted = self._posted, {}
-        for method, callback in posted.values():
-            callback(UnavailableError(f"master control port {self.address}: {reason} before {method} was answered"))
+        for waiter, error in self._calls.end(reason):
+            if waiter is not _WAITED:
+                waiter(error)
 
 
-def _settle(callback, address: str, method: str, status: int, body) -> None:
-    try:
-        result = answer(address, method, status, body)
-    except Exception as exc:  # noqa: BLE001 - the poster's to handle
-        result = exc
-    callback(result)
+class BlockingControlLinks:
+    """One BlockingControlConnection per control address, opened on first use and again after it
+    closed; the same calls as control_link.ControlLinks, answered without the event loop.
+    Deadlines are time.monotonic() (the event loop's clock)."""
+
+    def __init__(self, credential=None, tls=None):
+        self.credential = credential  # proved to the master as a connection opens (kvpool/auth.py)
+        self.tls = tls  # kvpool/tls.py TlsFiles: connections are TLS
+        self._connections: dict[str, BlockingControlConnection] = {}
+
+    def call_now(self, address: str, method: str, request, deadline: float):
+        """Master.<method> through the control port at `address`, answered by `deadline`."""
+        for attempt in range(2):
+            connection = self._connections.get(address)
+            if connection is None or connection.closed:
+                connection = self._connections[address] = BlockingControlConnection.open(
+                    address, deadline - time.monotonic(), self.credential, self.tls)
+            try:
+                return connection.call(method, request, deadline)
+            except NotSent:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def call(self, address: str, method: str, request, deadline: float):
+        return self.call_now(address, method, request, deadline)
+
+    def post(self, address: str, method: str, request, deadline: float, callback) -> bool:
+        """Send Master.<method> on the open connection to `address` without waiting for it (see
+        BlockingControlConnection.post); False, with nothing sent, when no connection is open."""
+        connection = self._connections.get(address)
+        if connection is None or connection.closed:
+            return False
+        try:
+            connection.post(method, request, deadline, callback)
+        except NotSent:
+            return False
+        return True
+
+    async def drain(self, deadline: float) -> None:
+        """Read the answer of every posted call (or fail it), by `deadline`."""
+        for connection in list(self._connections.values()):
+            if not connection.closed:
+                try:
+                    connection.drain(deadline)
+                except UnavailableError:
+                    pass  # the connection closed: its posted calls were failed to their callbacks
+
+    async def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close("client closed")
+        self._connections.clear()

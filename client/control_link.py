@@ -1,33 +1,25 @@
-"""The client's side of the master's control port (master/control_port.py; frames in kvpool/control.py).
+"""The client's side of the master's control port over asyncio (master/control_port.py; frames and
+their meaning: control_frames.py).
 
 One persistent connection per master, shared by every caller on the event loop.
 A call takes a req_id and, on an idle connection, writes its frame at once;
 while others are in flight, frames wait for the end of the loop's turn and
 leave together in one write. Each reply, which may overtake earlier ones,
-settles the call waiting on its req_id. The connection lives as long as its
-loop: the blocking Client runs the same private loop for every call, so it
-stays open between calls. As the loop does not run between them, an idle
-connection is checked before it is used again (on Linux, its TCP state): one
-the master closed meanwhile is replaced, and the call goes out on the new one.
+settles the call waiting on its req_id. An idle connection is checked before
+it is used again (on Linux, its TCP state): one the master closed while the
+loop was not looking is replaced, and the call goes out on the new one.
 """
 
 import asyncio
 import functools
 import socket
-import time
 
-from kvpool import control
 from kvpool.auth import PeerHandshake, handshake
 from kvpool.cluster_layout import parse_hostport
-from kvpool.errors import KvpoolError, UnavailableError
+from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
 from kvpool.netutil import connect_failure, open_socket
-from kvpool.wire import MAGIC, REPLY, VERSION
 
-from .control_answer import LeaderHint, NotSent, answer
-from .control_blocking import BlockingControlConnection
-
-_REPLY_SIZE = REPLY.size
-_unpack_reply = REPLY.unpack_from
+from .control_frames import ControlCalls, LeaderHint, NotSent  # noqa: F401 - LeaderHint: for master_link
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
 _ESTABLISHED = 1
 
@@ -53,16 +45,17 @@ class ControlConnection(asyncio.Protocol):
         if handshake is None:
             self.authenticated.set_result(None)
         self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self._next_id = 0
-        self._calls: dict[int, _Call] = {}
+        self._calls = ControlCalls(address)  # req_id -> (method, _Call)
         self._queued: list[bytes] = []  # frames that leave at the end of this turn, and their req_ids
         self._queued_ids: list[int] = []
-        self._buf = bytearray()
         self._sock = None
         # One timer for every call's deadline, not one per call: it fires at the earliest it knew of.
         self._watchdog: asyncio.TimerHandle | None = None
         self._watch_at = 0.0
+
+    @property
+    def closed(self) -> bool:
+        return self._calls.closed
 
     # -- asyncio.Protocol
 
@@ -77,33 +70,25 @@ class ControlConnection(asyncio.Protocol):
                                                               f"the handshake"))
 
     def data_received(self, data: bytes) -> None:
-        if self._buf:  # the rest of a reply that began in an earlier read
-            self._buf += data
-            data = self._buf
-        size, start = len(data), 0
-        while size - start >= _REPLY_SIZE:
-            magic, version, op, req_id, status, _flags, length, _sum = _unpack_reply(data, start)
-            if magic != MAGIC or version != VERSION:
-                self.close(f"bad reply frame (magic {bytes(magic)!r}, version {version})")
-                return
-            end = start + _REPLY_SIZE + length
-            if size < end:
-                break
-            body = data[start + _REPLY_SIZE:end]
+        calls = self._calls
+        try:
+            frames = calls.frames(data)
+        except ProtocolError as exc:
+            self.close(str(exc))
+            return
+        for header, req_id, status, body in frames:
             if self._handshake is not None:
-                if not self._handshake_step(bytes(data[start:start + _REPLY_SIZE]), bytes(body)):
+                if not self._handshake_step(bytes(header), bytes(body)):
                     return
-                start = end
                 continue
-            start = end
-            call = self._calls.pop(req_id, None)
-            if call is not None:  # else a call that timed out or was cancelled
-                self._settle(call, status, body)
-        if start == size:
-            if self._buf:
-                self._buf = bytearray()
-        elif start or data is not self._buf:  # keep what a reply not whole yet has so far
-            self._buf = bytearray(data[start:])
+            settled = calls.settle(req_id, status, body)
+            if settled is not None:  # else a call that timed out or was cancelled
+                future = settled[0].future
+                if not future.done():
+                    if isinstance(settled[1], BaseException):
+                        future.set_exception(settled[1])
+                    else:
+                        future.set_result(settled[1])
 
     def _handshake_step(self, header: bytes, body: bytes) -> bool:
         """The challenge, then the answer to ours; False once the connection is closed for it."""
@@ -133,7 +118,7 @@ class ControlConnection(asyncio.Protocol):
         try:
             return await future
         except asyncio.CancelledError:
-            self._forget(req_id)
+            self._calls.forget(req_id)
             raise
 
     def post(self, method: str, request, timeout: float, callback) -> None:
@@ -145,18 +130,15 @@ class ControlConnection(asyncio.Protocol):
             else done.exception() or done.result()))
 
     def _send(self, method: str, request, timeout: float) -> tuple[int, asyncio.Future]:
-        idle = not self._calls
-        if idle and not self.closed and self._peer_left():
+        calls = self._calls
+        idle = not calls.waiting
+        if idle and not calls.closed and self._peer_left():
             self.close("closed by the master")
-        if self.closed:
-            raise NotSent(f"master control port {self.address}: connection closed")
-        req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         future = self.loop.create_future()
         deadline = self.loop.time() + timeout
-        self._calls[req_id] = _Call(method, future, deadline)
+        req_id, frame = calls.start(method, request, _Call(method, future, deadline))
         if self._watchdog is None or deadline < self._watch_at:
             self._watch(deadline)
-        frame = control.pack_call(control.OP_BY_RPC[method], req_id, request.SerializeToString())
         if idle:
             self.transport.write(frame)
         else:  # busy: this frame leaves with the others of this turn
@@ -181,22 +163,12 @@ class ControlConnection(asyncio.Protocol):
         if self.closed or self.transport.is_closing():
             # Closed while these waited for the end of the turn: not sent.
             for req_id in ids:
-                call = self._calls.pop(req_id, None)
-                if call is not None:
-                    if not call.future.done():
-                        call.future.set_exception(NotSent(f"master control port {self.address}: connection closed"))
+                entry = self._calls.forget(req_id)
+                if entry is not None and not entry[1].future.done():
+                    entry[1].future.set_exception(NotSent(f"master control port {self.address}: connection closed"))
             self.close("closed by the master")
             return
         self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
-
-    def _settle(self, call: _Call, status: int, body) -> None:
-        future = call.future
-        if future.done():
-            return
-        try:
-            future.set_result(answer(self.address, call.method, status, body))
-        except Exception as exc:  # noqa: BLE001 - each answer's error goes to its own caller
-            future.set_exception(exc)
 
     def _watch(self, deadline: float) -> None:
         if self._watchdog is not None:
@@ -208,9 +180,9 @@ class ControlConnection(asyncio.Protocol):
         """Fail the calls past their deadline; watch for the next one."""
         self._watchdog = None
         now, nearest = self.loop.time(), None
-        for req_id, call in list(self._calls.items()):
+        for req_id, (_method, call) in list(self._calls.waiting.items()):
             if call.deadline <= now:
-                del self._calls[req_id]
+                self._calls.forget(req_id)
                 if not call.future.done():
                     call.future.set_exception(UnavailableError(f"master {self.address} {call.method}: "
                                                                "no answer in time"))
@@ -220,10 +192,7 @@ class ControlConnection(asyncio.Protocol):
             self._watch(nearest)
 
     def pending(self) -> list[_Call]:
-        return list(self._calls.values())
-
-    def _forget(self, req_id: int) -> None:
-        self._calls.pop(req_id, None)
+        return [call for _method, call in self._calls.waiting.values()]
 
     # -- failure
 
@@ -233,34 +202,27 @@ class ControlConnection(asyncio.Protocol):
         self._fail(reason)
 
     def _fail(self, reason: str) -> None:
-        self.closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        calls, self._calls = self._calls, {}
-        for call in calls.values():
+        for call, error in self._calls.end(reason):
             if not call.future.done():
-                call.future.set_exception(UnavailableError(f"master control port {self.address}: {reason}"))
+                call.future.set_exception(error)
 
 
 class ControlLinks:
     """One ControlConnection per control address, opened on first use (concurrent first calls share
-    the attempt) and again after it closed. `blocking`: for a loop that runs only inside one
-    blocking caller's call, each call waits on its own socket (control_blocking.py)."""
+    the attempt) and again after it closed. The blocking Client's are control_blocking.py's."""
 
-    def __init__(self, blocking: bool = False, credential=None, tls=None):
+    def __init__(self, credential=None, tls=None):
         self.credential = credential  # proved to the master as a connection opens (kvpool/auth.py)
         self.tls = tls  # kvpool/tls.py TlsFiles: connections are TLS
         self._connections: dict[str, ControlConnection] = {}
         self._opening: dict[str, asyncio.Future] = {}
-        self._blocking = blocking
-        self._plain: dict = {}  # control address -> BlockingControlConnection
 
     async def call(self, address: str, method: str, request, deadline: float):
         """Master.<method> through the control port at `address`, answered by `deadline` (loop time)."""
         loop = asyncio.get_running_loop()
-        if self._blocking:
-            return self._call_blocking(address, method, request, time.monotonic() + deadline - loop.time())
         for attempt in range(2):
             connection = await self._connection(address, deadline - loop.time())
             try:
@@ -272,16 +234,6 @@ class ControlLinks:
     def post(self, address: str, method: str, request, deadline: float, callback) -> bool:
         """Send Master.<method> through the open connection to `address` without waiting for it
         (see ControlConnection.post); False, with nothing sent, when no connection is open."""
-        if self._blocking:
-            connection = self._plain.get(address)
-            if connection is None or connection.closed:
-                return False
-            try:
-                connection.post(method, request, time.monotonic() + deadline - asyncio.get_running_loop().time(),
-                                callback)
-            except NotSent:
-                return False
-            return True
         connection = self._connections.get(address)
         if connection is None or connection.closed or connection.loop is not asyncio.get_running_loop():
             return False
@@ -294,28 +246,10 @@ class ControlLinks:
     async def drain(self, deadline: float) -> None:
         """Wait until every posted call was answered (or failed), by `deadline` (loop time)."""
         loop = asyncio.get_running_loop()
-        for connection in list(self._plain.values()):
-            if not connection.closed:
-                try:
-                    connection.drain(time.monotonic() + deadline - loop.time())
-                except UnavailableError:
-                    pass  # the connection closed: its posted calls were failed to their callbacks
         for connection in list(self._connections.values()):
             pending = [call.future for call in connection.pending()]
             if pending:
                 await asyncio.wait(pending, timeout=max(deadline - loop.time(), 0))
-
-    def _call_blocking(self, address: str, method: str, request, deadline: float):
-        for attempt in range(2):
-            connection = self._plain.get(address)
-            if connection is None or connection.closed:
-                connection = self._plain[address] = BlockingControlConnection.open(
-                    address, deadline - time.monotonic(), self.credential, self.tls)
-            try:
-                return connection.call(method, request, deadline)
-            except NotSent:
-                if attempt:
-                    raise
 
     async def _connection(self, address: str, timeout: float) -> ControlConnection:
         connection = self._connections.get(address)
@@ -373,8 +307,7 @@ class ControlLinks:
     async def close(self) -> None:
         for opening in list(self._opening.values()):
             opening.cancel()
-        for connection in [*self._connections.values(), *self._plain.values()]:
+        for connection in self._connections.values():
             connection.close("client closed")
         self._connections.clear()
-        self._plain.clear()
         await asyncio.sleep(0)  # the transports close their sockets in the loop's next turn

@@ -1,14 +1,15 @@
 """The client's link to the leading master, found from a list of masters or through etcd.
 
 A master is known by its gRPC address. Calls go to its control port
-(client/control_link.py: one round trip instead of gRPC's several) once the
-link knows it: from the master's etcd record, a NOT_LEADER answer naming the
-leader, or else the Stats of the master it first reaches, which also lists
-every other master, so a client given one address can fail over to the others.
+(control_link.py, or control_blocking.py for the blocking io: one round trip
+instead of gRPC's several) once the link knows it: from the master's etcd
+record, a NOT_LEADER answer naming the leader, or else the Stats of the master
+it first reaches, which also lists every other master, so a client given one
+address can fail over to the others.
 A master without a control port is called over gRPC, as are streams.
 
 Every failure leaves here as a kvpool.errors type: a status in a response
-becomes its typed error (see `check`), an unreachable master becomes
+becomes its typed error (see convert.check), an unreachable master becomes
 UnavailableError. A master that does not lead answers NOT_LEADER naming the
 leader (over gRPC: FAILED_PRECONDITION with the leader's address in the
 "kvpool-leader" trailing metadata, see the end of kvpool.proto): the link
@@ -19,6 +20,7 @@ etcd names) until the RPC timeout ends.
 
 import asyncio
 import json
+import time
 
 import grpc
 from kvpool.proto import kvpool_pb2 as pb
@@ -33,10 +35,10 @@ from kvpool.errors import (
     InvalidArgumentError,
     NotLeaderError,
     UnavailableError,
-    error_for,
 )
 
-from .control_link import ControlLinks, LeaderHint, NotSent
+from .control_frames import LeaderHint, NotSent
+from .io import LOOP_IO, LoopIO
 
 DEFAULT_RPC_TIMEOUT = 10.0
 _CHANNEL_OPTIONS = (
@@ -48,13 +50,6 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 )
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-
-
-def check(response):
-    """`response` if its status is OK, else raise the typed error it carries."""
-    if response.status:
-        raise error_for(response.status, response.message)
-    return response
 
 
 LEADER_METADATA = "kvpool-leader"
@@ -74,7 +69,7 @@ def _leader_hint(exc: grpc.aio.AioRpcError) -> str | None:
 class MasterLink:
     def __init__(self, address: str | None = None, etcd: str | None = None,
                  cluster: str = DEFAULT_CLUSTER, rpc_timeout: float = DEFAULT_RPC_TIMEOUT,
-                 blocking: bool = False, credential=None, tls=None):
+                 io: LoopIO = LOOP_IO, credential=None, tls=None):
         if (address is None) == (etcd is None):
             raise InvalidArgumentError("give either the master address(es) or the etcd endpoint (not both)")
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] if address is not None else []
@@ -95,7 +90,8 @@ class MasterLink:
         self._learning: dict[str, asyncio.Future] = {}  # Stats asked of a master, shared by its callers
         self.credential = credential  # proved on every call (kvpool/auth.py, kvpool/grpc_auth.py)
         self.tls = tls  # kvpool/tls.py TlsFiles: every connection to a master (and etcd) is TLS
-        self._links = ControlLinks(blocking, credential, tls)  # blocking: see ControlLinks
+        self.io = io  # how calls wait (client/io.py)
+        self._links = io.control_links(credential, tls)
 
     @property
     def _can_move(self) -> bool:
@@ -115,10 +111,12 @@ class MasterLink:
             stub = self._stubs[address] = kvpool_pb2_grpc.MasterStub(channel)
         return stub
 
-    async def call(self, method: str, request):
-        """Invoke Master.<method> on the leader; the response is returned as is (statuses unchecked)."""
+    async def call(self, method: str, request, failed: Exception | None = None, deadline: float | None = None):
+        """Invoke Master.<method> on the leader; the response is returned as is (statuses unchecked).
+        failed, deadline: what call_now's attempt on the leader's control port ended with, and by
+        when it had to be answered; that failure is followed as if it happened here."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.rpc_timeout
+        deadline = loop.time() + self.rpc_timeout if deadline is None else deadline
         pause = RETRY_BACKOFF[0]
         if self.address is None:
             self.address = await self._resolve()
@@ -126,6 +124,9 @@ class MasterLink:
         while True:
             address = self.address
             try:
+                if failed is not None:
+                    error, failed = failed, None
+                    raise error
                 control = self._controls.get(address)
                 if control is None and method in OP_BY_RPC:
                     control = await self._learn(address, deadline)
@@ -142,10 +143,25 @@ class MasterLink:
                 pause = await self._follow(hint.leader, False, NotLeaderError(f"{hint} (no leader answered in time)"),
                                            address, deadline, pause)
             except UnavailableError as exc:
-                if self._controls.pop(address, None) and isinstance(exc, NotSent) and not relearned:
+                self._controls.pop(address, None)
+                # (Another caller may have found it gone first: a posted PutEnd retried.)
+                if isinstance(exc, NotSent) and not relearned:
                     relearned = True  # its port may have moved (a master restarted): ask its Stats again
                     continue
                 pause = await self._follow(None, True, exc, address, deadline, pause)
+
+    def call_now(self, method: str, request):
+        """call() answered in this thread without running the event loop, for the blocking io: over the
+        leader's control connection when it is known; anything more (finding the leader, following a
+        NOT_LEADER, a lost connection, gRPC) continues as call() on the io's loop."""
+        control = self._controls.get(self.address) if self.address is not None else None
+        if not control or method not in OP_BY_RPC:
+            return self.io.run(self.call(method, request))
+        deadline = time.monotonic() + self.rpc_timeout  # the event loop's clock
+        try:
+            return self._links.call_now(control, method, request, deadline)
+        except (LeaderHint, UnavailableError) as exc:
+            return self.io.run(self.call(method, request, exc, deadline))
 
     def post(self, method: str, request, callback) -> bool:
         """Send Master.<method> to the leader's control port without waiting for the answer, which
@@ -155,7 +171,7 @@ class MasterLink:
         control = self._controls.get(self.address) if self.address is not None else None
         if not control:
             return False
-        deadline = asyncio.get_running_loop().time() + self.rpc_timeout
+        deadline = time.monotonic() + self.rpc_timeout  # the event loop's clock
         return self._links.post(control, method, request, deadline, callback)
 
     async def drain(self, timeout: float | None = None) -> None:

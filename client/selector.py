@@ -4,8 +4,8 @@ On first contact the client asks the node (HELLO over TCP) what it offers and
 attaches to the first of the allowed transports that works. A transport that
 fails a transfer (UnavailableError, ProtocolError) is set aside for that node
 for DOWN_SECONDS, logged once, and the transfer is retried on the next one: a
-failing fast path costs time, never a transfer. The node's other requests
-(FREE, HOLD, REPORT, ...) always travel over TCP.
+failing fast path costs time, never a transfer. HELLO and the shared-memory
+path's control messages travel over TCP.
 """
 
 import asyncio
@@ -20,6 +20,7 @@ from kvpool.parts import Parts
 from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
 
 from .shm import ShmPath
+from .io import LOOP_IO
 from .tcp import TcpTransport
 from .transport import DataPath, ReadItem, Transport, WriteItem
 
@@ -42,16 +43,15 @@ class TransportSelector(Transport):
     """allowed: transport names (kvpool.transports), default $KVPOOL_TRANSPORTS or all of them.
     credential: what this client proves to each node (kvpool/auth.py).
     tls: kvpool/tls.py TlsFiles when the cluster runs TLS (None: plain TCP).
-    inline: for the blocking Client (TcpTransport.inline)."""
+    io: how TCP waits (client/io.py)."""
 
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, allowed: Sequence[str] | None = None,
-                 credential=None, inline: bool = False, tls=None):
+                 credential=None, io=LOOP_IO, tls=None):
         self.allowed = tuple(allowed) if allowed is not None else transports.from_environment()
         if tls is not None and transports.UCX in self.allowed:  # UCX has no encryption: not over a TLS cluster
             log.info("UCX transport not used: the cluster runs TLS")
             self.allowed = tuple(name for name in self.allowed if name != transports.UCX)
-        self.tcp = TcpTransport(connect_timeout, credential, tls)
-        self.tcp.inline = inline  # see TcpTransport.inline
+        self.tcp = TcpTransport(connect_timeout, credential, tls, io)
         self._fast: dict[str, DataPath] = {}
         if transports.SHM in self.allowed:
             self._fast[transports.SHM] = ShmPath(self.tcp)
@@ -130,9 +130,7 @@ class TransportSelector(Transport):
     def register_buffer(self, view: memoryview) -> None:
         """Hand a buffer used for many transfers to the transports that register memory (UCX)."""
         for path in self._fast.values():
-            register = getattr(path, "register_buffer", None)
-            if register is not None:
-                register(view)
+            path.register_buffer(view)
 
     def transport_for(self, address: str) -> str | None:
         """The transport value bytes to `address` take now (None before first contact)."""
@@ -213,23 +211,6 @@ class TransportSelector(Transport):
             return outcomes
 
         return await self._many(address, items, read)
-
-    # -- the node's other requests: TCP
-
-    async def free(self, address, key, generation) -> bool:
-        return await self.tcp.free(address, key, generation)
-
-    async def hold(self, address, key, generation, ms) -> bool:
-        return await self.tcp.hold(address, key, generation, ms)
-
-    async def report(self, address, term=0) -> dict:
-        return await self.tcp.report(address, term)
-
-    async def inventory(self, address) -> list:
-        return await self.tcp.inventory(address)
-
-    async def ping(self, address) -> str:
-        return await self.tcp.ping(address)
 
     async def close(self) -> None:
         for path in self._fast.values():

@@ -1,12 +1,17 @@
 """Client: the blocking kvpool API, for callers without an event loop.
 
-It owns one AsyncClient and a private event loop, and runs that loop in the
-calling thread for the length of each call. Handing each call to a separate
-loop thread instead would cost two thread wake-ups per call (about 100 us here,
-half of a 64 KiB get). Threads sharing a Client take turns; a thread that wants
-many transfers in flight uses the batch calls, or an AsyncClient. A thread that
-is itself running an event loop cannot run a second one, so its calls are
-driven from a helper thread instead (and block that loop, as any blocking call does).
+It runs on the same machinery as AsyncClient with the blocking io (io.py): a
+private event loop that runs in the calling thread for the length of a call,
+and waits done on the socket itself where nothing else of the loop is needed.
+Lookups (exists, batch_exists) never touch the loop: the request is built, sent
+on the leader's control connection and its answer read in the caller's thread,
+the loop taking over only to find or follow a leader. Handing each call to a
+separate loop thread instead would cost two thread wake-ups per call (about
+100 us here, half of a 64 KiB get). Threads sharing a Client take turns; a
+thread that wants many transfers in flight uses the batch calls, or an
+AsyncClient. A thread that is itself running an event loop cannot run a second
+one, so its calls are driven from a helper thread instead (and block that loop,
+as any blocking call does).
 """
 
 import asyncio
@@ -16,7 +21,10 @@ import threading
 
 from kvpool.errors import UnavailableError
 
+from . import convert
 from .aio import AsyncClient
+from .core import Core
+from .io import BlockingIO
 
 
 def _blocking(async_method):
@@ -33,18 +41,21 @@ class Client:
     """Client("HOST:PORT") or Client(etcd="HOST:PORT", cluster="default"); options as AsyncClient."""
 
     def __init__(self, address: str | None = None, **options):
-        self._client = AsyncClient(address, _blocking=True, **options)
-        self._loop = asyncio.new_event_loop()
-        self._turn = threading.Lock()  # one thread runs the loop at a time
+        self._io = BlockingIO()
+        try:
+            self._core = Core(address, io=self._io, **options)
+        except BaseException:
+            self._io.close()
+            raise
+        self._client = AsyncClient(_core=self._core)
+        self._turn = threading.Lock()  # one thread runs the loop (or a socket call) at a time
         self._closed = False
         # Starts its thread only when first used.
         self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvpool-client")
 
     def _dispatch(self, fn, *args):
         """fn(*args) in this thread, or in the helper thread if this one runs an event loop."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # the usual case: no loop in this thread
+        if asyncio._get_running_loop() is None:  # the usual case (asked without raising: lookups are short)
             return fn(*args)
         return self._helper.submit(fn, *args).result()
 
@@ -56,11 +67,17 @@ class Client:
             if self._closed:
                 coro.close()
                 raise UnavailableError("client is closed")
-            task = self._loop.create_task(coro)
-            try:
-                return self._loop.run_until_complete(task)
-            finally:
-                task.cancel()  # no-op once done; an interrupted call stops at the next turn
+            return self._io.run(coro)
+
+    def _call(self, method: str, request):
+        """Master.<method>, answered in this thread (MasterLink.call_now)."""
+        return self._dispatch(self._call_now, method, request)
+
+    def _call_now(self, method: str, request):
+        with self._turn:
+            if self._closed:
+                raise UnavailableError("client is closed")
+            return self._core.master.call_now(method, request)
 
     put = _blocking(AsyncClient.put)
     get = _blocking(AsyncClient.get)
@@ -74,13 +91,24 @@ class Client:
     get_into_parts = _blocking(AsyncClient.get_into_parts)
     batch_put_parts = _blocking(AsyncClient.batch_put_parts)
     batch_get_into_parts = _blocking(AsyncClient.batch_get_into_parts)
-    exists = _blocking(AsyncClient.exists)
-    batch_exists = _blocking(AsyncClient.batch_exists)
     remove = _blocking(AsyncClient.remove)
     remove_prefix = _blocking(AsyncClient.remove_prefix)
     stats = _blocking(AsyncClient.stats)
     drain = _blocking(AsyncClient.drain)
     flush = _blocking(AsyncClient.flush)
+
+    def exists(self, key: str, hold: float = 0) -> bool:
+        return convert.exists_answer(self._call("Exists", convert.exists_request(key, hold)))
+
+    def batch_exists(self, keys, hold: float = 0) -> list:
+        keys = list(keys)
+        request = convert.batch_exists_request(keys, hold)
+        if request is None:
+            return []
+        return convert.batch_exists_answer(self._call("BatchExists", request), len(keys))
+
+    exists.__doc__ = AsyncClient.exists.__doc__
+    batch_exists.__doc__ = AsyncClient.batch_exists.__doc__
 
     def register_buffer(self, buffer) -> None:
         self._client.register_buffer(buffer)
@@ -104,9 +132,9 @@ class Client:
                 return
             self._closed = True
             try:
-                self._loop.run_until_complete(self._client.close())
+                self._io.run(self._client.close())
             finally:
-                self._loop.close()
+                self._io.close()
 
     def __enter__(self) -> "Client":
         return self

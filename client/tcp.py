@@ -11,7 +11,7 @@ from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT, TcpLink
 from kvpool.tls import client_files
 from kvpool.wire import Op
 
-from . import tcp_inline
+from .io import LOOP_IO
 from .transport import ReadItem, Transport, WriteItem
 
 _WRITE, _READ = Op.WRITE, Op.READ
@@ -23,23 +23,20 @@ class TcpTransport(TcpLink, Transport):
     by every coroutine on the event loop that first used them."""
 
     takes_parts = True  # sends from and receives into each part
-    # Set for the blocking Client: a WRITE on an idle connection is sent and answered in place
-    # (client/tcp_inline.py) instead of through the event loop.
-    inline = False
 
-    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential=ENVIRONMENT, tls=ENVIRONMENT):
+    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential=ENVIRONMENT, tls=ENVIRONMENT,
+                 io=LOOP_IO):
         """credential: what to prove to nodes (kvpool/auth.py); tls: kvpool/tls.py TlsFiles to connect
-        with (None: plain TCP). By default both come from this process's environment."""
+        with (None: plain TCP). By default both come from this process's environment. io: how a single
+        WRITE waits for its answer (client/io.py)."""
         files = client_files() if tls is ENVIRONMENT else tls
         super().__init__(connect_timeout, auth.client_credential() if credential is ENVIRONMENT else credential,
                          files.client_context() if files is not None else None)
+        self._io = io
 
     async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
-        if self.inline:
-            connection = await self._connection(address)
-            if connection.idle() and not connection.tls:
-                return tcp_inline.write(connection, key, generation, term, data, checksum, options)
-        return await super().write(address, key, generation, data, checksum, options, term)
+        connection = await self._connection(address)
+        await self._io.write(connection, key, generation, data, checksum, options, term)
 
     async def read_into(self, address, key, generation, buf) -> int:
         connection = await self._connection(address)

@@ -16,7 +16,7 @@ from kvpool import wire
 from kvpool.errors import Code, ProtocolError, UnavailableError, error_for
 from kvpool.parts import pieces
 from kvpool.tcp_connection import Connection
-from kvpool.write_options import NO_OPTIONS, WriteOptions
+from kvpool.write_options import WriteOptions
 
 # A WRITE the node has not answered in this long (plus the time its bytes take at 50 MB/s)
 # fails the connection: the loop-driven path has no such bound, a caller blocked here would.
@@ -30,10 +30,9 @@ _OK, _CHECKSUM_MISMATCH = int(Code.OK), int(Code.CHECKSUM_MISMATCH)
 def write(connection: Connection, key: bytes, generation: int, term: int, data, checksum: int,
           options: WriteOptions | None) -> None:
     """Store `data` as (key, generation) on an idle connection; raises as Connection.request does."""
-    options = options or NO_OPTIONS
     size = len(data)
     req_id = connection.new_req_id()
-    head = wire.pack_request(_WRITE, req_id, key, generation, term, size, checksum, options.flags) + options.pack(size)
+    head = wire.pack_with_options(_WRITE, req_id, key, generation, term, size, checksum, options)
     parts = [*connection.take_deferred(), head, *pieces(data)]
     deadline = time.monotonic() + WRITE_TIMEOUT + size / 50e6
     poller = select.poll()

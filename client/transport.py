@@ -61,28 +61,21 @@ class DataPath(ABC):
     async def close(self) -> None:
         """Drop every connection; requests in flight fail with UnavailableError."""
 
+    def register_buffer(self, view: memoryview) -> None:
+        """A buffer that will be used for many transfers: a path that registers memory (UCX) does it
+        once now instead of per transfer; the others need nothing."""
+
 
 class Transport(DataPath):
-    """Data-plane operations against one storage node address each, and the node's other requests."""
+    """What a client moves value bytes with: a DataPath to every node address, which may choose among
+    several per node (client/selector.py). Requests only a master sends nodes (FREE, HOLD, REPORT,
+    INVENTORY, PING, COPY, EVICTIONS) are not part of it: see kvpool/tcp_link.py."""
 
-    @abstractmethod
-    async def free(self, address: str, key: bytes, generation: int) -> bool:
-        """Forget (key, generation) on the node; False if it did not hold it."""
+    @property
+    def moved(self) -> dict:
+        """Value bytes moved so far per transport name; {} when not counted."""
+        return {}
 
-    @abstractmethod
-    async def hold(self, address: str, key: bytes, generation: int, ms: int) -> bool:
-        """Keep (key, generation) from eviction for `ms` milliseconds (the node caps it);
-        False if the node does not hold it."""
-
-    @abstractmethod
-    async def report(self, address: str, term: int = 0) -> dict:
-        """The node's usage and counters per tier, and what it evicted since the last report
-        (term: the asking leader's, remembered by the node to refuse older leaders' WRITEs)."""
-
-    @abstractmethod
-    async def inventory(self, address: str) -> list:
-        """Every object the node holds, one dict each."""
-
-    @abstractmethod
-    async def ping(self, address: str) -> str:
-        """The node id serving `address`."""
+    def transport_for(self, address: str) -> str | None:
+        """The transport value bytes to `address` take now (None before first contact or unknown)."""
+        return None

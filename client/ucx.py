@@ -36,7 +36,6 @@ from kvpool.ucx_common import (ACCEPT, ACCEPT_MSG, BYE, CONN_SHIFT, CONNECT, CON
                                MAX_REPLY, MAX_WORKER_ADDRESS, PAYLOAD, PROTOCOL_VERSION, REPLY, REQUEST, Op,
                                Progress, Ucx, close_endpoint, load, low_of, new_context, new_worker,
                                process_start, settle_quietly, tag_of)
-from kvpool.write_options import NO_OPTIONS
 
 from .transport import DataPath, ReadItem, WriteItem
 
@@ -322,11 +321,10 @@ class UcxTransport(DataPath):
                 if op == _WRITE:
                     key, generation, data, value_checksum, options = item[:5]
                     term = item[5] if len(item) > 5 else 0
-                    options = options or NO_OPTIONS
                     size = len(data)
                     total += size
-                    frame = wire.pack_request(_WRITE, req_id, key, generation, term, size, value_checksum,
-                                              options.flags) + options.pack(size)
+                    frame = wire.pack_with_options(_WRITE, req_id, key, generation, term, size, value_checksum,
+                                                   options)
                     progress.track(endpoint.tag_send(Array(frame), Tag(REQUEST << KIND_SHIFT | low)), frame,
                                    future=False)
                     if size:

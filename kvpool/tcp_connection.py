@@ -22,7 +22,7 @@ from .parts import pieces
 from .socket_input import SocketInput
 from .socket_output import flush_backlog, send_all
 from .tls_socket import TlsSocket
-from .write_options import NO_OPTIONS, WriteOptions
+from .write_options import WriteOptions
 
 _IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
 _DRAIN_BYTES = 64 * 1024
@@ -151,9 +151,7 @@ class Connection:
         req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         request = _Request(req_id, op, buf, future, held=(key, generation) if op in (_LOCATE, _ALLOCATE) else None)
         if op in _WITH_OPTIONS:
-            options = options or NO_OPTIONS
-            parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum, options.flags)
-                     + options.pack(length)]
+            parts = [wire.pack_with_options(op, req_id, key, generation, arg, length, checksum, options)]
         else:
             parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum)]
         if payload is not None:  # WRITE: the value (header and payload leave in one sendmsg); COPY, ATTACH
@@ -193,7 +191,7 @@ class Connection:
         """Pipeline one request per item (WriteItem or ReadItem); per-item results."""
         batch = _Batch(len(items), self.loop.create_future())
         requests, parts = [], []
-        pack = wire.pack_request
+        pack, pack_with_options = wire.pack_request, wire.pack_with_options
         for index, item in enumerate(items):
             req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
             if op in _PAYLOAD_REPLY:  # ReadItems
@@ -209,9 +207,7 @@ class Connection:
             requests.append(_Request(req_id, op, None, None, batch, index,
                                      (key, generation) if op == _ALLOCATE else None))
             if op in _WITH_OPTIONS:
-                options = options or NO_OPTIONS
-                parts.append(pack(op, req_id, key, generation, term, size, checksum, options.flags)
-                             + options.pack(size))
+                parts.append(pack_with_options(op, req_id, key, generation, term, size, checksum, options))
                 if op == _WRITE:
                     parts.extend(pieces(data))
             else:

@@ -144,6 +144,15 @@ def pack_request(op: Op, req_id: int, key: bytes, generation: int = 0, arg: int 
                         generation, arg, length, checksum) + key
 
 
+def pack_with_options(op: Op, req_id: int, key: bytes, generation: int, term: int, size: int, checksum: int,
+                      options=None) -> bytes:
+    """What precedes a WRITE's payload (or makes an ALLOCATE): header, key and the WRITE_OPTIONS block.
+    options: a kvpool.write_options.WriteOptions, None for none; term: the placing leader's (the arg)."""
+    if options is None:
+        return pack_request(op, req_id, key, generation, term, size, checksum) + WRITE_OPTIONS.pack(0, 0, size)
+    return pack_request(op, req_id, key, generation, term, size, checksum, options.flags) + options.pack(size)
+
+
 def pack_reply(op: int, req_id: int, status: int, length: int = 0, checksum: int = 0, flags: int = 0) -> bytes:
     return REPLY.pack(MAGIC, VERSION, op, req_id, status, flags, length, checksum)
 

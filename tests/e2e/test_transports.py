@@ -139,11 +139,11 @@ def test_killing_the_shared_memory_path_mid_transfer_falls_back_without_losing_i
     values = {f"kill/{i}": _value(MIB + i, 500 + i) for i in range(24)}
     with Client(cluster.master_address, transports="shm,tcp") as client:
         client.batch_put(list(values), list(values.values()))
-        mine = [k for k in values if client._client._cache.get(k).replicas[0].address == node]
+        mine = [k for k in values if client._core.cache.get(k).replicas[0].address == node]
         assert mine, "some values must live on the node whose connection is killed"
         buffers = [bytearray(len(values[k])) for k in mine]
         assert client.batch_get_into(mine, buffers) and client.bytes_by_transport().keys() == {"shm"}
-        connection = client._client._transport.tcp._connections[node]
+        connection = client._core.transport.tcp._connections[node]
         outcome = []
         with caplog.at_level(logging.WARNING, logger="kvpool.client.selector"):
             victim.signal(signal.SIGSTOP)  # the node cannot answer: the next batch stays in flight

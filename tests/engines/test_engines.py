@@ -137,9 +137,10 @@ def test_vllm_loads_give_identical_tokens_and_survive_a_node_killed_before_loadi
 def replica_addresses(cluster, keys: list[str]) -> list[str]:
     """The node holding each key (one replica each)."""
     from kvpool import Client
+    from kvpool.client import convert
 
     with Client(cluster.master_address) as client:
-        infos = [client._run(client._client._lookup(key)) for key in keys]
+        infos = [client._core.master.call_now(*convert.lookup_call([key])).object for key in keys]
     return [info.replicas[0].address for info in infos]
 
 

@@ -8,7 +8,7 @@ import pytest
 from kvpool import AsyncClient, Client
 from kvpool.checksum import checksum
 from kvpool.client import compression, put_options
-from kvpool.client.aio import _decoded, _landing
+from kvpool.client.reads import decoded as _decoded, landing as _landing
 from kvpool.errors import ChecksumMismatchError, InvalidArgumentError
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.wire import WRITE_OPTIONS, WriteFlag

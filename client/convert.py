@@ -1,0 +1,200 @@
+"""Every protobuf message the client builds or reads (proto/kvpool.proto), and nowhere else.
+
+Requests are made from the caller's arguments (checked: keys, hold), answers
+read back into what the API returns or the typed error they stand for.
+"""
+
+from kvpool.errors import InternalError, KeyNotFoundError, Code, error_for
+from kvpool.keys import MAX_KEY_BYTES, validate_key
+from kvpool.proto import kvpool_pb2 as pb
+
+from .put_options import hold_seconds
+from .replica_order import nearest_first
+
+_NOT_FOUND = Code.NOT_FOUND
+
+
+def check(response):
+    """`response` if its status is OK, else raise the typed error it carries."""
+    if response.status:
+        raise error_for(response.status, response.message)
+    return response
+
+
+def items(response, expected: int, method: str):
+    """The per-request items of a batch answer, which must be one per request."""
+    if len(response.items) != expected:
+        raise InternalError(f"{method} answered {len(response.items)} items for {expected} requests")
+    return response.items
+
+
+# -- lookups
+
+def exists_request(key: str, hold: float) -> pb.ExistsRequest:
+    validate_key(key)
+    return pb.ExistsRequest(key=key, hold_seconds=hold_seconds(hold))
+
+
+def exists_answer(response: pb.ExistsResponse) -> bool:
+    return check(response).exists
+
+
+def validate_keys(keys: list) -> None:
+    """validate_key for every key, in one pass over them all when they are plain ASCII (lookups are
+    on the hot path of every request an engine makes: a per-key check costs more than the protobuf)."""
+    try:
+        joined = "".join(keys)
+    except TypeError:
+        joined = None
+    if (joined is None or not joined.isascii() or "\x00" in joined or not all(keys)
+            or max(map(len, keys), default=0) > MAX_KEY_BYTES):
+        for key in keys:  # says which key is wrong and how (or accepts the non-ASCII ones)
+            validate_key(key)
+
+
+def batch_exists_request(keys: list, hold: float) -> pb.BatchExistsRequest | None:
+    """None for no keys (nothing to ask)."""
+    validate_keys(keys)
+    seconds = hold_seconds(hold)
+    return pb.BatchExistsRequest(keys=keys, hold_seconds=seconds) if keys else None
+
+
+def batch_exists_answer(response: pb.BatchExistsResponse, count: int) -> list:
+    found = check(response).exists
+    if len(found) != count:
+        raise InternalError(f"BatchExists answered {len(found)} of {count} keys")
+    return found[:]  # a list
+
+
+# -- placements
+
+def lookup_call(keys: list) -> tuple[str, object]:
+    """(method, request) asking where `keys` live: GetReplicaList for one, BatchGetReplicaList for more."""
+    if len(keys) == 1:
+        return "GetReplicaList", pb.GetReplicaListRequest(key=keys[0])
+    return "BatchGetReplicaList", pb.BatchGetReplicaListRequest(keys=keys)
+
+
+def placements(response, keys: list) -> list:
+    """Per key of a lookup_call: its ObjectInfo (nearest replicas first), or the KeyNotFoundError or
+    other error the master answered for it."""
+    if len(keys) == 1:
+        answers = [response]
+    else:
+        answers = items(response, len(keys), "BatchGetReplicaList")
+    found = []
+    for key, answer in zip(keys, answers):
+        if answer.status == _NOT_FOUND:
+            found.append(KeyNotFoundError(f"key {key!r} not found"))
+        elif answer.status:
+            found.append(error_for(answer.status, answer.message))
+        else:
+            nearest_first(answer.object)
+            found.append(answer.object)
+    return found
+
+
+# -- puts
+
+def put_start_request(key: str, size: int, digest: int, overwrite: bool, count: int, needed: int, choices,
+                      compressed: bool, raw_size: int) -> pb.PutStartRequest:
+    return pb.PutStartRequest(key=key, size=size, checksum=digest, overwrite=overwrite, replicas=count,
+                              min_replicas=needed, options=choices.request, compressed=compressed,
+                              raw_size=raw_size)
+
+
+def put_end_request(key: str, generation: int, failed_nodes) -> pb.PutEndRequest:
+    return pb.PutEndRequest(key=key, generation=generation, failed_nodes=list(failed_nodes))
+
+
+def batch_put_start_request(keys: list, sizes: list, digests: list, overwrite: bool, count: int, needed: int,
+                            choices, compressed: list | None, raw_sizes: list) -> pb.BatchPutStartRequest:
+    """What every put shares goes once (`common`), the rest as packed lists; compressed: per key, or
+    None when none is."""
+    common = pb.PutStartRequest(overwrite=overwrite, replicas=count, min_replicas=needed, options=choices.request)
+    request = pb.BatchPutStartRequest(common=common, keys=keys, sizes=sizes, checksums=digests)
+    if compressed is not None:
+        request.compressed.extend(compressed)
+        request.raw_sizes.extend(raw_sizes)
+    return request
+
+
+def batch_put_end_request(partly: list, whole: list) -> pb.BatchPutEndRequest:
+    """partly: (key, generation, failed node ids) of puts with a copy missing; whole: (key, generation)."""
+    return pb.BatchPutEndRequest(
+        items=[put_end_request(key, generation, failed) for key, generation, failed in partly],
+        keys=[key for key, _ in whole], generations=[generation for _, generation in whole])
+
+
+def revoke_call(puts: list) -> tuple[str, object]:
+    """(method, request) revoking (key, generation) puts: PutRevoke for one, BatchPutRevoke for more."""
+    if len(puts) == 1:
+        key, generation = puts[0]
+        return "PutRevoke", pb.PutRevokeRequest(key=key, generation=generation)
+    return "BatchPutRevoke", pb.BatchPutRevokeRequest(items=[
+        pb.PutRevokeRequest(key=key, generation=generation) for key, generation in puts])
+
+
+def batch_end_errors(response, expected: int) -> dict:
+    """index -> error of the puts a BatchPutEnd answer says did not end."""
+    if len(response.items) != expected:
+        error = InternalError(f"BatchPutEnd answered {len(response.items)} items for {expected} requests")
+        return dict.fromkeys(range(expected), error)
+    return {i: error_for(item.status, item.message) for i, item in enumerate(response.items) if item.status}
+
+
+class Started:
+    """The puts of one batch the master opened (a BatchPutStartResponse): index -> generation, and
+    where each was placed (a few distinct placements, each key an index into them)."""
+
+    def __init__(self, response: pb.BatchPutStartResponse, count: int):
+        generations, placement = response.generations, response.placement
+        if len(generations) != count or len(placement) != count or len(response.refused) != len(response.errors):
+            raise InternalError(f"BatchPutStart answered {len(generations)} generations and {len(placement)} "
+                                f"placements for {count} puts")
+        self.generation = list(generations)
+        self.placement = list(placement)
+        self.placements = list(response.placements)
+        self.refused = {i: error_for(e.status, e.message) for i, e in zip(response.refused, response.errors)}
+        self.indices = [i for i, generation in enumerate(self.generation) if generation]
+        if any(self.placement[i] >= len(self.placements) for i in self.indices):
+            raise InternalError("BatchPutStart answered a placement it did not send")
+
+    def info(self, i: int) -> pb.ObjectInfo:
+        """An ObjectInfo of put i (replicas, generation, term)."""
+        info = pb.ObjectInfo()
+        info.CopyFrom(self.placements[self.placement[i]])
+        info.generation = self.generation[i]
+        return info
+
+    def serialized_placements(self) -> list[bytes]:
+        """Each placement, nearest replicas first, as the placement cache keeps it."""
+        blobs = []
+        for placement in self.placements:
+            nearest_first(placement)
+            blobs.append(placement.SerializeToString())
+        return blobs
+
+
+def stats_request() -> pb.StatsRequest:
+    return pb.StatsRequest()
+
+
+def remove_request(key: str) -> pb.RemoveRequest:
+    validate_key(key)
+    return pb.RemoveRequest(key=key)
+
+
+def removed(response) -> bool:
+    """A Remove answer: whether the key existed."""
+    if response.status == _NOT_FOUND:
+        return False
+    return check(response).removed > 0
+
+
+def remove_prefix_request(prefix: str) -> pb.RemoveByPrefixRequest:
+    return pb.RemoveByPrefixRequest(prefix=prefix)
+
+
+def drain_request(node_id: str) -> pb.DrainRequest:
+    return pb.DrainRequest(node_id=node_id)

@@ -1,0 +1,92 @@
+"""What a client is made of, shared by its operations (writes.py, reads.py, the lookups in aio.py and sync.py).
+
+The options of AsyncClient / Client checked once, and the parts they build: the
+link to the master, the data transport, the placement cache, the ends of puts
+(commits.py), and how every wait is done (io.py, chosen by which client it is).
+"""
+
+import os
+
+from kvpool import auth
+from kvpool import transports as transport_names
+from kvpool.cluster_layout import DEFAULT_CLUSTER
+from kvpool.errors import InvalidArgumentError, KvpoolError
+from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.tls import client_files
+
+from . import compression, convert
+from .commits import Commits
+from .io import LOOP_IO, LoopIO
+from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink
+from .placement_cache import DEFAULT_CAPACITY, PlacementCache
+from .replica_order import nearest_first
+from .selector import TransportSelector
+from .transport import Transport
+
+DEFAULT_READ_TIMEOUT = 5.0
+CLOSE_FLUSH_TIMEOUT = 2.0  # how long close() waits for the master's answers to posted put ends
+
+
+class Core:
+    """The parts of one client (options as AsyncClient's)."""
+
+    def __init__(self, address: str | None = None, *, etcd: str | None = None,
+                 cluster: str = DEFAULT_CLUSTER, replicas: int = 1, cache_size: int = DEFAULT_CAPACITY,
+                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                 transport: Transport | None = None, compress_above: int | None = None,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
+                 token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
+                 io: LoopIO = LOOP_IO):
+        if not isinstance(replicas, int) or replicas < 1:
+            raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
+        self.compress_above = compression.check_threshold(compress_above)
+        try:
+            credential = auth.client_credential(token)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        tls = client_files(tls_ca)
+        self.io = io
+        self.master = MasterLink(address, etcd, cluster, rpc_timeout, io=io, credential=credential, tls=tls)
+        if transport is None:
+            try:
+                allowed = transport_names.parse(transports if transports is not None
+                                                else os.environ.get(transport_names.ENV))
+            except ValueError as exc:
+                raise InvalidArgumentError(str(exc)) from None
+            transport = TransportSelector(connect_timeout, allowed, credential, io=io, tls=tls)
+        self.transport = transport
+        self.cache = PlacementCache(cache_size)
+        self.commits = Commits(self.master, self.cache.invalidate, confirm_puts)
+        self.replicas = replicas  # copies written per put unless it says otherwise
+        if not read_timeout > 0:
+            raise InvalidArgumentError(f"read_timeout must be positive, got {read_timeout!r}")
+        self.read_timeout = read_timeout
+
+    def read_deadline(self, nbytes: int) -> float:
+        """Seconds a replica may take to deliver `nbytes` before the read moves on."""
+        return self.read_timeout + nbytes / 100e6
+
+    def remember(self, key: str, info, size: int, digest: int, compressed: bool, raw_size: int) -> None:
+        """Cache where a put this client ended lives; it knows what it committed first-hand
+        (don't depend on the master's echo)."""
+        info.key, info.size, info.checksum = key, size, digest
+        info.compressed, info.raw_size = compressed, raw_size
+        nearest_first(info)
+        self.cache.put(key, info)
+
+    async def revoke(self, puts: list) -> None:
+        """Best effort: a put the master never hears about again is reclaimed after --put-timeout."""
+        if not puts:
+            return
+        try:
+            await self.master.call(*convert.revoke_call(puts))
+        except KvpoolError:
+            pass
+
+    async def close(self) -> None:
+        try:
+            await self.commits.flush(CLOSE_FLUSH_TIMEOUT)
+        except KvpoolError:
+            pass  # logged as each answer came
+        await self.transport.close()
+        await self.master.close()

@@ -1,0 +1,200 @@
+"""Reading values: one path for a get and a batch get (a get is a batch of one), with one retry policy.
+
+Per key: its placement from the cache, else from the master (one lookup for
+every key missing). Then rounds: every key still to read is tried on one
+replica, grouped per node and pipelined, all nodes at once; the bytes must match
+the object's checksum (a mismatch is a failed replica). A key whose replica
+failed moves to its next replica; when none is left, and the failure may mean
+the placement moved on (STALE, NOT_FOUND, an unreachable node) and it came from
+the cache or went stale, the master is asked once more. A fresh placement whose
+nodes no longer hold the object means it was evicted: it is missing. A
+transport that fails a transfer is set aside and the transfer retried on TCP by
+the transport itself (selector.py).
+
+A compressed object is read as its stored bytes and decompressed once verified.
+"""
+
+import asyncio
+
+from kvpool.errors import (
+    ChecksumMismatchError, InvalidArgumentError, KeyNotFoundError, KvpoolError, StaleReplicaError,
+    UnavailableError,
+)
+from kvpool.keys import validate_key
+from kvpool.parts import Parts
+
+from . import compression, convert
+from .core import Core
+from .transport import ReadItem
+from .values import fresh_bytes_view
+
+# A replica read that fails like this may mean the placement moved on: ask the master again.
+_REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)
+# What a node says when it no longer has the version the master placed there (evicted, expired).
+_GONE = (StaleReplicaError, KeyNotFoundError)
+
+
+async def read(core: Core, keys: list, dests: list | None) -> list:
+    """Per key: the value read and verified (in its dest, or a new buffer when dests is None), or the
+    error it failed with: KeyNotFoundError when it does not exist (now)."""
+    count = len(keys)
+    cache = core.cache
+    raws, infos, cached, missing, todo = [], [], [], [], []  # todo: (key index, replica index) to read
+    for i, key in enumerate(keys):  # one pass: a get of one key is the common case, keep it short
+        raws.append(validate_key(key))
+        info = cache.get(key)
+        infos.append(info)
+        cached.append(info is not None)
+        if info is None:
+            missing.append(i)
+        else:
+            todo.append((i, 0))
+    refetched = [False] * count
+    results: list = [None] * count
+    if missing:
+        await _lookup(core, keys, missing, infos, results)
+        todo.extend((i, 0) for i in missing if infos[i] is not None)
+    failed = False  # whether any replica failed: only then is there anything to tidy at the end
+    while todo:
+        refetch = []
+        groups: dict[str, tuple[list, list]] = {}  # node address -> ([(i, r, view)], [ReadItem])
+        for i, r in todo:
+            info = infos[i]
+            dest = None if dests is None else dests[i]
+            view = landing(info, dest)
+            if view is None:
+                if cached[i] and not refetched[i]:
+                    refetch.append(i)  # the cached size may be out of date
+                else:
+                    results[i] = _does_not_fit(dest, keys[i], info)
+                continue
+            if not info.size:
+                results[i] = view
+                continue
+            address = info.replicas[r].address
+            group = groups.get(address)
+            if group is None:
+                group = groups[address] = ([], [])
+            group[0].append((i, r, view))
+            group[1].append(ReadItem(raws[i], info.generation, view))
+        if len(groups) == 1:  # one node: no task for a gather to wait on
+            [(address, (_, items))] = groups.items()
+            outcomes = [await _read_in_time(core, address, items)]
+        else:
+            outcomes = await asyncio.gather(*(_read_in_time(core, address, items)
+                                              for address, (_, items) in groups.items()))
+        todo = []
+        for (address, (reading, _)), digests in zip(groups.items(), outcomes):
+            for (i, r, view), outcome in zip(reading, digests):
+                info = infos[i]
+                if outcome == info.checksum:
+                    try:
+                        results[i] = decoded(info, view, None if dests is None else dests[i], keys[i])
+                    except KvpoolError as exc:
+                        results[i] = exc
+                    continue
+                failed = True
+                error = outcome if isinstance(outcome, KvpoolError) else ChecksumMismatchError(
+                    f"replica of {keys[i]!r} on {address} does not match checksum {info.checksum:#x}")
+                # What a replica said about the data beats "node unreachable" from another.
+                earlier = results[i] if r else None
+                if isinstance(error, UnavailableError) and isinstance(earlier, KvpoolError):
+                    error = earlier
+                results[i] = error
+                if r + 1 < len(info.replicas):
+                    todo.append((i, r + 1))
+                elif (isinstance(error, _REFETCH) and not refetched[i]
+                      and (cached[i] or isinstance(error, StaleReplicaError))):
+                    refetch.append(i)
+        if refetch:
+            for i in refetch:
+                cache.invalidate(keys[i])
+                refetched[i] = True
+                cached[i] = False
+            await _lookup(core, keys, refetch, infos, results)
+            todo.extend((i, 0) for i in refetch if infos[i] is not None)
+    if failed:
+        for i, result in enumerate(results):
+            if isinstance(result, _REFETCH) and infos[i] is not None:  # the placement is no use: forget it
+                cache.invalidate(keys[i])
+                if isinstance(result, _GONE):  # a fresh one whose nodes no longer hold it: evicted, so missing
+                    results[i] = KeyNotFoundError(f"key {keys[i]!r} not found: no longer held by its node "
+                                                  f"({result})")
+    return results
+
+
+async def _lookup(core: Core, keys: list, indices: list, infos: list, results: list) -> None:
+    """Ask the master where keys[indices] live: fills infos (and the cache), or results with the error."""
+    if not indices:
+        return
+    asked = [keys[i] for i in indices]
+    found = convert.placements(await core.master.call(*convert.lookup_call(asked)), asked)
+    for i, info in zip(indices, found):
+        if isinstance(info, BaseException):
+            infos[i] = None
+            results[i] = info
+        else:
+            infos[i] = info
+            core.cache.put(keys[i], info)
+
+
+async def _read_in_time(core: Core, address: str, items: list) -> list:
+    """Per item the checksum of what arrived, or its error; a node that does not answer in time fails
+    every item (they try their next replica)."""
+    transport = core.transport
+    one = items[0] if len(items) == 1 else None
+    nbytes = len(one.buf) if one is not None else sum(len(item.buf) for item in items)
+    try:
+        # asyncio.timeout, unlike wait_for, runs the read in this task: no extra task per get.
+        async with asyncio.timeout(core.read_deadline(nbytes)):
+            if one is not None:  # one transfer: the transport's single read, no batch to track
+                try:
+                    return [await transport.read_into(address, one.key, one.generation, one.buf)]
+                except KvpoolError as exc:
+                    return [exc]
+            return await transport.read_many(address, items)
+    except TimeoutError:
+        return [UnavailableError(f"node {address} did not answer a read in time") for _ in items]
+
+
+def _raw_size(info) -> int:
+    """The size callers see: before compression."""
+    return info.raw_size if info.compressed else info.size
+
+
+def _does_not_fit(dest, key: str, info) -> InvalidArgumentError:
+    if isinstance(dest, Parts):
+        return InvalidArgumentError(f"parts of {len(dest)} bytes in all do not match {key!r} "
+                                    f"({_raw_size(info)} bytes)")
+    return InvalidArgumentError(f"buffer of {len(dest)} bytes is too small for {key!r} ({_raw_size(info)} bytes)")
+
+
+def landing(info, dest: memoryview | Parts | None) -> memoryview | Parts | None:
+    """Where the stored bytes are received: dest itself when they fit (a compressed value is
+    decompressed out of it afterwards), else a new buffer; None when dest cannot take the value."""
+    size = info.size
+    if dest is None:
+        return fresh_bytes_view(size)
+    if isinstance(dest, Parts):  # parts are a layout: they must add up to the value exactly
+        if len(dest) != _raw_size(info):
+            return None
+        return fresh_bytes_view(size) if info.compressed else dest
+    if len(dest) < _raw_size(info):
+        return None
+    if len(dest) >= size:
+        return dest if len(dest) == size else dest[:size]
+    return fresh_bytes_view(size)  # compressed bytes larger than the value (it did not compress)
+
+
+def decoded(info, view: memoryview, dest: memoryview | None, key: str) -> memoryview:
+    """The value from verified stored bytes: `view` itself, or decompressed into dest (or new bytes)."""
+    if not info.compressed:
+        return view
+    value = compression.decode(view, info.raw_size, f"{key!r}")
+    if dest is None:
+        return memoryview(value)
+    if isinstance(dest, Parts):
+        dest.copy_from(memoryview(value))
+        return dest
+    dest[:len(value)] = value
+    return dest[:len(value)]

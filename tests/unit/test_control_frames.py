@@ -1,0 +1,103 @@
+"""The client's control-port frames without I/O (client/control_frames.py): golden bytes of a call and of
+replies, replies matched by req_id however they arrive, and what each reply means."""
+
+import pytest
+
+from kvpool.client.control_frames import ControlCalls, LeaderHint, NotSent
+from kvpool.errors import InvalidKeyError, KeyNotFoundError, ProtocolError, UnavailableError
+from kvpool.proto import kvpool_pb2 as pb
+
+# "KV", version 2, op 41 (BATCH_EXISTS), req_id 1, no key, flags 0, generation 0, arg 0, body length 16,
+# checksum 0; then BatchExistsRequest(keys=["a", "bc"], hold_seconds=2.5).
+CALL = bytes.fromhex("4b5602290100000000000000000000000000000000000000000000001000000000000000000000000000"
+                     "00000a01610a026263110000000000000440")
+# A reply: "KV", version 2, op 41, req_id 1, status OK, flags 0, length 4, checksum 0; BatchExistsResponse
+# (exists=[True, False]).
+REPLY_1 = bytes.fromhex("4b5602290100000000000000040000000000000000000000000000001a020100")
+# A NOT_LEADER reply to req_id 7 naming the leader and its control port.
+NOT_LEADER_7 = bytes.fromhex("4b560228070000000c0000002b0000000000000000000000000000007b226c6561646572223a2022683a"
+                             "31222c2022636f6e74726f6c5f61646472657373223a2022683a32227d")
+
+
+def reply(req_id: int, status: int, body: bytes, op: int = 41) -> bytes:
+    """A reply frame like REPLY_1, for another req_id, status or body."""
+    header = bytearray(REPLY_1[:28])
+    header[3] = op
+    header[4:8] = req_id.to_bytes(4, "little")
+    header[8] = status
+    header[12:20] = len(body).to_bytes(8, "little")
+    return bytes(header) + body
+
+
+def test_a_call_is_packed_to_the_golden_bytes_and_req_ids_count_up():
+    calls = ControlCalls("m:1")
+    req_id, frame = calls.start("BatchExists", pb.BatchExistsRequest(keys=["a", "bc"], hold_seconds=2.5), "w1")
+    assert (req_id, frame) == (1, CALL)
+    second, frame = calls.start("BatchExists", pb.BatchExistsRequest(keys=["a", "bc"], hold_seconds=2.5), "w2")
+    assert second == 2 and frame[4:8] == (2).to_bytes(4, "little") and frame[8:] == CALL[8:]
+    assert calls.waiting == {1: ("BatchExists", "w1"), 2: ("BatchExists", "w2")}
+
+
+def test_a_reply_cut_anywhere_settles_its_call_once_whole():
+    calls = ControlCalls("m:1")
+    calls.start("BatchExists", pb.BatchExistsRequest(keys=["a", "bc"]), "waiter")
+    settled = []
+    for i in range(len(REPLY_1)):
+        settled += calls.received(REPLY_1[i:i + 1])
+        assert settled == [] or i == len(REPLY_1) - 1
+    [(waiter, response)] = settled
+    assert waiter == "waiter" and list(response.exists) == [True, False]
+    assert calls.waiting == {}
+
+
+def test_replies_that_overtake_each_other_reach_their_own_calls():
+    calls = ControlCalls("m:1")
+    for name in ("first", "second", "third"):
+        calls.start("BatchExists", pb.BatchExistsRequest(keys=["k"]), name)
+    body_of = {n: pb.BatchExistsResponse(exists=[n == 2]).SerializeToString() for n in (1, 2, 3)}
+    data = reply(3, 0, body_of[3]) + reply(1, 0, body_of[1]) + reply(2, 0, body_of[2])[:30]
+    settled = calls.received(data)
+    assert [(w, list(r.exists)) for w, r in settled] == [("third", [False]), ("first", [False])]
+    [(waiter, response)] = calls.received(reply(2, 0, body_of[2])[30:])
+    assert waiter == "second" and list(response.exists) == [True]
+
+
+def test_a_reply_for_a_call_given_up_is_skipped():
+    calls = ControlCalls("m:1")
+    req_id, _ = calls.start("BatchExists", pb.BatchExistsRequest(keys=["k"]), "gone")
+    calls.start("BatchExists", pb.BatchExistsRequest(keys=["k"]), "kept")
+    assert calls.forget(req_id) == ("BatchExists", "gone")
+    settled = calls.received(REPLY_1 + reply(2, 0, b""))
+    assert [waiter for waiter, _ in settled] == ["kept"]
+
+
+def test_what_a_status_stands_for():
+    calls = ControlCalls("m:1")
+    for _ in range(7):
+        calls.start("Exists", pb.ExistsRequest(key="k"), "w")
+    [(_, hint)] = calls.received(NOT_LEADER_7)
+    assert isinstance(hint, LeaderHint) and (hint.leader, hint.control_address) == ("h:1", "h:2")
+    [(_, missing), (_, invalid), (_, garbled)] = calls.received(
+        reply(1, 1, b"no such key", op=40) + reply(2, 5, b"empty key", op=40) + reply(3, 0, b"\xff\xff", op=40))
+    assert isinstance(missing, KeyNotFoundError) and "m:1 Exists: no such key" in str(missing)
+    assert isinstance(invalid, InvalidKeyError) and "empty key" in str(invalid)
+    assert isinstance(garbled, ProtocolError) and "bad answer" in str(garbled)
+
+
+def test_a_frame_of_another_protocol_is_refused():
+    calls = ControlCalls("m:1")
+    calls.start("BatchExists", pb.BatchExistsRequest(keys=["k"]), "w")
+    with pytest.raises(ProtocolError, match="bad reply frame"):
+        calls.received(b"HTTP/1.1 200 OK\r\n\r\nhello, world")
+
+
+def test_a_connection_that_ended_fails_its_calls_and_sends_no_more():
+    calls = ControlCalls("m:1")
+    calls.start("BatchExists", pb.BatchExistsRequest(keys=["k"]), "a")
+    calls.start("Exists", pb.ExistsRequest(key="k"), "b")
+    ended = calls.end("connection lost")
+    assert sorted(waiter for waiter, _ in ended) == ["a", "b"]
+    assert all(isinstance(error, UnavailableError) and "connection lost" in str(error) for _, error in ended)
+    assert calls.closed and calls.waiting == {}
+    with pytest.raises(NotSent):
+        calls.start("Exists", pb.ExistsRequest(key="k"), "c")
