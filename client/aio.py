@@ -15,18 +15,18 @@ so callers only ever see raw values.
 import asyncio
 import os
 
-from kvpool import auth
-from kvpool import transports as transport_names
-from kvpool.cluster_layout import DEFAULT_CLUSTER
+from kvpool.security import auth
+from kvpool.protocol import transports as transport_names
+from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import (
     BatchError, ChecksumMismatchError, Code, InternalError, InvalidArgumentError, InvalidKeyError,
     KeyNotFoundError, KvpoolError, StaleReplicaError, UnavailableError, error_for,
 )
-from kvpool.keys import validate_key
-from kvpool.parts import Parts
+from kvpool.protocol.keys import validate_key
+from kvpool.protocol.parts import Parts
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
-from kvpool.tls import client_files
+from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.security.tls import client_files
 
 from . import batch_put as batch_puts
 from . import compression, put_options

@@ -3,7 +3,7 @@
 Shared by both ways of calling the port (control_link.py, control_blocking.py).
 """
 
-from kvpool import control
+from kvpool.protocol import control
 from kvpool.errors import Code, NotLeaderError, ProtocolError, UnavailableError, error_for
 
 _OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)

@@ -19,12 +19,12 @@ poster's callback (an error if the connection ends first).
 import socket
 import time
 
-from kvpool import control
-from kvpool.auth import handshake_blocking
-from kvpool.cluster_layout import parse_hostport
+from kvpool.protocol import control
+from kvpool.security.auth import handshake_blocking
+from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import ProtocolError, UnavailableError
-from kvpool.netutil import connect_failure
-from kvpool.wire import MAGIC, REPLY, VERSION
+from kvpool.net.netutil import connect_failure
+from kvpool.protocol.wire import MAGIC, REPLY, VERSION
 
 from .control_answer import NotSent, answer
 

@@ -1,4 +1,4 @@
-"""The client's side of the master's control port (master/control_port.py; frames in kvpool/control.py).
+"""The client's side of the master's control port (master/control_port.py; frames in kvpool/protocol/control.py).
 
 One persistent connection per master, shared by every caller on the event loop.
 A call takes a req_id and, on an idle connection, writes its frame at once;
@@ -16,12 +16,12 @@ import functools
 import socket
 import time
 
-from kvpool import control
-from kvpool.auth import PeerHandshake, handshake
-from kvpool.cluster_layout import parse_hostport
+from kvpool.protocol import control
+from kvpool.security.auth import PeerHandshake, handshake
+from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import KvpoolError, UnavailableError
-from kvpool.netutil import connect_failure, open_socket
-from kvpool.wire import MAGIC, REPLY, VERSION
+from kvpool.net.netutil import connect_failure, open_socket
+from kvpool.protocol.wire import MAGIC, REPLY, VERSION
 
 from .control_answer import LeaderHint, NotSent, answer
 from .control_blocking import BlockingControlConnection
@@ -249,8 +249,8 @@ class ControlLinks:
     blocking caller's call, each call waits on its own socket (control_blocking.py)."""
 
     def __init__(self, blocking: bool = False, credential=None, tls=None):
-        self.credential = credential  # proved to the master as a connection opens (kvpool/auth.py)
-        self.tls = tls  # kvpool/tls.py TlsFiles: connections are TLS
+        self.credential = credential  # proved to the master as a connection opens (kvpool/security/auth.py)
+        self.tls = tls  # kvpool/security/tls.py TlsFiles: connections are TLS
         self._connections: dict[str, ControlConnection] = {}
         self._opening: dict[str, asyncio.Future] = {}
         self._blocking = blocking

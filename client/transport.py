@@ -12,7 +12,7 @@ transfer on another one); any other error is the node's answer about the data.
 from abc import ABC, abstractmethod
 from typing import NamedTuple, Sequence
 
-from kvpool.write_options import WriteOptions
+from kvpool.protocol.write_options import WriteOptions
 
 
 class WriteItem(NamedTuple):

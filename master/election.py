@@ -22,7 +22,7 @@ import time
 import aetcd
 from aetcd.rtypes import EventKind
 
-from kvpool import cluster_layout
+from kvpool.protocol import cluster_layout
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvpool.cluster_layout import NodeRecord
+from kvpool.protocol.cluster_layout import NodeRecord
 from kvpool.errors import KeyNotFoundError
-from kvpool.inventory import DRAM_BIT, SSD_BIT, Columns, Entry
-from kvpool.wire import WriteFlag
+from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Columns, Entry
+from kvpool.protocol.wire import WriteFlag
 
 from .version_store import VersionStore
 from .versions import DRAM, NO_OPTIONS, PINS, SSD, TIERS, ObjectVersion, PutOptions, Replica  # noqa: F401

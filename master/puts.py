@@ -14,7 +14,7 @@ from kvpool.errors import (
     UnavailableError, ValueTooLargeError,
 )
 
-from kvpool.write_options import raw_size_problem
+from kvpool.protocol.write_options import raw_size_problem
 
 from .placement import MostFreeSpace, spread_zones
 from .versions import DRAM, NO_OPTIONS, ObjectVersion, PutOptions, Replica

@@ -1,7 +1,7 @@
-"""The node's data server: the protocol of kvpool.wire over plain TCP on asyncio.
+"""The node's data server: the protocol of kvpool.protocol.wire over plain TCP on asyncio.
 
-Raw non-blocking sockets (received through kvpool/socket_input.py, sent through
-kvpool/socket_output.py), so a DRAM WRITE payload is received straight into the
+Raw non-blocking sockets (received through kvpool/sockets/socket_input.py, sent through
+kvpool/sockets/socket_output.py), so a DRAM WRITE payload is received straight into the
 segment and a DRAM READ reply is sent straight from it; SSD payloads go through a
 small reusable buffer to pwrite, and SSD READs leave with sendfile. Each
 connection is one task that handles its requests strictly in order; replies to
@@ -9,7 +9,7 @@ pipelined requests are gathered and sent together before the task waits for more
 input. A peer that stalls mid-request, or stops reading its replies, for
 --frame-timeout loses its connection and whatever its transfers held.
 
-Each connection opens with the AUTH handshake (kvpool/auth.py); a peer that
+Each connection opens with the AUTH handshake (kvpool/security/auth.py); a peer that
 proves only the client role gets FORBIDDEN, and its connection closed, for the
 ops only a master may send (auth.MEMBER_OPS). A WRITE's term only fences: it is
 refused when older than the node's, but only a member's REPORT, INVENTORY or
@@ -23,16 +23,16 @@ import socket
 import ssl
 import time
 
-from kvpool import transports, wire
-from kvpool.auth import MEMBER_OPS, Role, ServerHandshake, Tickets, Verifier, refusal
-from kvpool.checksum import Digest, checksum
+from kvpool.protocol import transports, wire
+from kvpool.security.auth import MEMBER_OPS, Role, ServerHandshake, Tickets, Verifier, refusal
+from kvpool.protocol.checksum import Digest, checksum
 from kvpool.errors import Code, ForbiddenError, KvpoolError
-from kvpool.keys import MAX_KEY_BYTES
-from kvpool.socket_output import PeerStalled, flush_backlog, send_all, send_file
-from kvpool.tls_socket import TlsSocket
-from kvpool.tls_socket import handshake as tls_handshake
-from kvpool.write_options import raw_size_problem
-from kvpool.socket_input import SocketInput
+from kvpool.protocol.keys import MAX_KEY_BYTES
+from kvpool.sockets.socket_output import PeerStalled, flush_backlog, send_all, send_file
+from kvpool.security.tls_socket import TlsSocket
+from kvpool.security.tls_socket import handshake as tls_handshake
+from kvpool.protocol.write_options import raw_size_problem
+from kvpool.sockets.socket_input import SocketInput
 
 from .copier import Copier
 from .index import ObjectRecord
@@ -89,7 +89,7 @@ class DataServer:
         self.node_id = node_id
         self.instance = instance
         self.verifier = verifier or Verifier(None)
-        self.tls = tls  # kvpool/tls.py TlsFiles: every connection is TLS (kvpool/tls_socket.py)
+        self.tls = tls  # kvpool/security/tls.py TlsFiles: every connection is TLS (kvpool/security/tls_socket.py)
         self._tls_context = tls.server_context() if tls is not None else None
         self.ucx_tickets = Tickets()  # handed out in HELLO, taken by UCX CONNECTs (storenode/ucx_server.py)
         self.offers: dict[str, dict] = {}

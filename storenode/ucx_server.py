@@ -1,6 +1,6 @@
 """The node's UCX endpoint (optional extra kvpool[ucx]): WRITE and READ of the data protocol over ucxx.
 
-Messages and their tags are laid out in kvpool/ucx_common.py. The semantics
+Messages and their tags are laid out in kvpool/net/ucx_common.py. The semantics
 are the TCP server's (server.py): a WRITE payload is received straight into
 its DRAM extent (an SSD one through a buffer and pwrite), verified against its
 xxh3 checksum, then committed; a READ value leaves straight from the DRAM
@@ -24,13 +24,14 @@ import hmac
 import logging
 import time
 
-from kvpool import auth, wire
-from kvpool import ucx_common as layout
-from kvpool.checksum import checksum
+from kvpool.security import auth
+from kvpool.protocol import wire
+from kvpool.net import ucx_common as layout
+from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code, KvpoolError, UnavailableError
-from kvpool.keys import MAX_KEY_BYTES
-from kvpool.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
-from kvpool.write_options import raw_size_problem
+from kvpool.protocol.keys import MAX_KEY_BYTES
+from kvpool.net.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
+from kvpool.protocol.write_options import raw_size_problem
 
 log = logging.getLogger(__name__)
 

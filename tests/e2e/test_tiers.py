@@ -8,7 +8,7 @@ import pytest
 
 from kvpool import Client
 from kvpool.errors import KeyNotFoundError, NoSpaceError
-from kvpool.netutil import wait_until
+from kvpool.net.netutil import wait_until
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK = 512 * KiB

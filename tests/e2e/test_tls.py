@@ -15,7 +15,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory):
-    from kvpool.local_cluster import LocalCluster
+    from kvpool.launch.local_cluster import LocalCluster
 
     with LocalCluster(nodes=2, dram_per_node="96MiB", ssd_per_node="64MiB", tls=True, lease_ttl=2,
                       data_dir=tmp_path_factory.mktemp("tls")) as cluster:
@@ -76,7 +76,7 @@ def test_plain_peers_get_nothing_from_a_tls_cluster(tls_cluster):
 
 
 def test_a_server_with_another_ca_is_refused(tls_cluster, tmp_path):
-    from kvpool.tls import make_local
+    from kvpool.security.tls import make_local
 
     other = make_local(tmp_path / "other")
     with pytest.raises((KvpoolError, ssl.SSLError)):

@@ -5,13 +5,13 @@ import time
 
 import pytest
 
-from kvpool.cluster_layout import NodeRecord, TierRecord
+from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError, ValueTooLargeError,
 )
-from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry
+from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
 from kvpool.master.objects import DRAM, SSD, FreeOrder, ObjectTable, PutOptions
-from kvpool.wire import WriteFlag
+from kvpool.protocol.wire import WriteFlag
 
 MiB = 1 << 20
 
