@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from kvpool.local_cluster import LocalCluster
+from kvpool.launch.local_cluster import LocalCluster
 
 
 def value_for(key: str) -> bytes:

@@ -20,7 +20,7 @@ import time
 os.environ.setdefault("KVPOOL_TRANSPORTS", "tcp")
 
 from kvpool import Client  # noqa: E402
-from kvpool.local_cluster import LocalCluster  # noqa: E402
+from kvpool.launch.local_cluster import LocalCluster  # noqa: E402
 
 _MESSAGE = 64
 

@@ -28,12 +28,14 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpool import Client, auth, wire
-from kvpool.checksum import checksum
-from kvpool.control import OP_BY_RPC, pack_call
+from kvpool import Client
+from kvpool.security import auth
+from kvpool.protocol import wire
+from kvpool.protocol.checksum import checksum
+from kvpool.protocol.control import OP_BY_RPC, pack_call
 from kvpool.errors import Code
-from kvpool.grpc_auth import blocking_channel
-from kvpool.local_cluster import LocalCluster
+from kvpool.security.grpc_auth import blocking_channel
+from kvpool.launch.local_cluster import LocalCluster
 from kvpool.proto import kvpool_pb2 as pb
 
 FRAME_TIMEOUT = 2.0  # the nodes' and master's --frame-timeout for this run: stalls end quickly

@@ -20,8 +20,8 @@ import time
 import urllib.request
 
 from kvpool import AsyncClient
-from kvpool.local_cluster import LocalCluster
-from kvpool.units import format_size, parse_size
+from kvpool.launch.local_cluster import LocalCluster
+from kvpool.protocol.units import format_size, parse_size
 
 
 def rss_bytes(pid: int) -> int:

@@ -29,9 +29,9 @@ import numpy as np
 
 from kvpool import Client
 from kvpool.errors import BatchError, KeyExistsError, KvpoolError
-from kvpool.local_cluster import LocalCluster
+from kvpool.launch.local_cluster import LocalCluster
 from kvpool.proto import kvpool_pb2
-from kvpool.units import format_size, parse_size
+from kvpool.protocol.units import format_size, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"

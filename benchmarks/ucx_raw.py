@@ -16,11 +16,11 @@ import os
 import tempfile
 import time
 
-from kvpool.checksum import checksum
+from kvpool.protocol.checksum import checksum
 from kvpool.client.tcp import TcpTransport
 from kvpool.client.transport import ReadItem, WriteItem
 from kvpool.client.ucx import UcxTransport
-from kvpool.local_cluster import LocalCluster
+from kvpool.launch.local_cluster import LocalCluster
 
 MiB = 1 << 20
 DEFAULT_TLS = ["tcp", "posix,cma,self", ""]  # "": UCX's choice minus cma (kvpool's default)

@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "examples"))
     from engine_venvs import ensure
 
-    from kvpool.local_cluster import LocalCluster
+    from kvpool.launch.local_cluster import LocalCluster
 
     python = str(ensure("vllm"))
     runs = {}

@@ -24,11 +24,12 @@ import time
 
 import numpy as np
 
-from kvpool import Client, auth
+from kvpool import Client
+from kvpool.security import auth
 from kvpool.errors import KeyNotFoundError
-from kvpool.local_cluster import LocalCluster
+from kvpool.launch.local_cluster import LocalCluster
 from kvpool.proto import kvpool_pb2
-from kvpool.units import parse_size
+from kvpool.protocol.units import parse_size
 
 
 def tier_counters(client) -> dict:

@@ -12,10 +12,10 @@ client compresses before PutStart and decompresses after the checksum matched,
 so callers only ever see raw values.
 """
 
-from kvpool.cluster_layout import DEFAULT_CLUSTER
+from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import BatchError, InvalidArgumentError, InvalidKeyError, KeyNotFoundError
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT
 
 from . import convert, reads, writes
 from .convert import check

@@ -9,8 +9,8 @@ are the compressed ones; callers only ever see raw bytes.
 import lz4.block
 
 from kvpool.errors import ChecksumMismatchError, InvalidArgumentError
-from kvpool.parts import Parts
-from kvpool.write_options import raw_size_problem
+from kvpool.protocol.parts import Parts
+from kvpool.protocol.write_options import raw_size_problem
 
 # lz4's LZ4_MAX_INPUT_SIZE: a single block cannot hold more.
 MAX_INPUT = 0x7E000000

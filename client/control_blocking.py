@@ -17,10 +17,10 @@ poster's callback (an error if the connection ends first).
 import socket
 import time
 
-from kvpool.auth import handshake_blocking
-from kvpool.cluster_layout import parse_hostport
+from kvpool.security.auth import handshake_blocking
+from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import UnavailableError
-from kvpool.netutil import connect_failure
+from kvpool.net.netutil import connect_failure
 
 from .control_frames import ControlCalls, NotSent
 
@@ -152,8 +152,8 @@ class BlockingControlLinks:
     Deadlines are time.monotonic() (the event loop's clock)."""
 
     def __init__(self, credential=None, tls=None):
-        self.credential = credential  # proved to the master as a connection opens (kvpool/auth.py)
-        self.tls = tls  # kvpool/tls.py TlsFiles: connections are TLS
+        self.credential = credential  # proved to the master as a connection opens (kvpool/security/auth.py)
+        self.tls = tls  # kvpool/security/tls.py TlsFiles: connections are TLS
         self._connections: dict[str, BlockingControlConnection] = {}
 
     def call_now(self, address: str, method: str, request, deadline: float):

@@ -1,4 +1,4 @@
-"""The client's side of one control-port connection, without I/O (frames: kvpool/control.py).
+"""The client's side of one control-port connection, without I/O (frames: kvpool/protocol/control.py).
 
 Both ways of talking to the master's control port, the asyncio connection
 (control_link.py) and the blocking socket (control_blocking.py), write the
@@ -9,9 +9,9 @@ the response, or the typed error it stands for. A call on a connection found
 closed never leaves: NotSent, which the caller may safely send again elsewhere.
 """
 
-from kvpool import control
+from kvpool.protocol import control
 from kvpool.errors import Code, NotLeaderError, ProtocolError, UnavailableError, error_for
-from kvpool.wire import MAGIC, REPLY, VERSION
+from kvpool.protocol.wire import MAGIC, REPLY, VERSION
 
 _OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
 _REPLY_SIZE = REPLY.size

@@ -14,10 +14,10 @@ import asyncio
 import functools
 import socket
 
-from kvpool.auth import PeerHandshake, handshake
-from kvpool.cluster_layout import parse_hostport
+from kvpool.security.auth import PeerHandshake, handshake
+from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
-from kvpool.netutil import connect_failure, open_socket
+from kvpool.net.netutil import connect_failure, open_socket
 
 from .control_frames import ControlCalls, LeaderHint, NotSent  # noqa: F401 - LeaderHint: for master_link
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
@@ -215,8 +215,8 @@ class ControlLinks:
     the attempt) and again after it closed. The blocking Client's are control_blocking.py's."""
 
     def __init__(self, credential=None, tls=None):
-        self.credential = credential  # proved to the master as a connection opens (kvpool/auth.py)
-        self.tls = tls  # kvpool/tls.py TlsFiles: connections are TLS
+        self.credential = credential  # proved to the master as a connection opens (kvpool/security/auth.py)
+        self.tls = tls  # kvpool/security/tls.py TlsFiles: connections are TLS
         self._connections: dict[str, ControlConnection] = {}
         self._opening: dict[str, asyncio.Future] = {}
 

@@ -5,7 +5,7 @@ read back into what the API returns or the typed error they stand for.
 """
 
 from kvpool.errors import InternalError, KeyNotFoundError, Code, error_for
-from kvpool.keys import MAX_KEY_BYTES, validate_key
+from kvpool.protocol.keys import MAX_KEY_BYTES, validate_key
 from kvpool.proto import kvpool_pb2 as pb
 
 from .put_options import hold_seconds

@@ -7,12 +7,12 @@ link to the master, the data transport, the placement cache, the ends of puts
 
 import os
 
-from kvpool import auth
-from kvpool import transports as transport_names
-from kvpool.cluster_layout import DEFAULT_CLUSTER
+from kvpool.security import auth
+from kvpool.protocol import transports as transport_names
+from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import InvalidArgumentError, KvpoolError
-from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
-from kvpool.tls import client_files
+from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.security.tls import client_files
 
 from . import compression, convert
 from .commits import Commits

@@ -14,7 +14,7 @@ and a WRITE on a node connection with nothing else in flight (tcp_inline.py).
 
 import asyncio
 
-from kvpool import wire
+from kvpool.protocol import wire
 
 from . import tcp_inline
 from .control_blocking import BlockingControlLinks
@@ -31,7 +31,7 @@ class LoopIO:
         return ControlLinks(credential, tls)
 
     async def write(self, connection, key, generation, data, checksum, options, term) -> None:
-        """A WRITE on a node connection (kvpool/tcp_connection.py); raises the node's error."""
+        """A WRITE on a node connection (kvpool/net/tcp_connection.py); raises the node's error."""
         await connection.request(_WRITE, key, generation, term, len(data), checksum, payload=data, options=options)
 
     def spawn(self, coro) -> asyncio.Future:

@@ -26,9 +26,9 @@ import grpc
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
-from kvpool.cluster_layout import DEFAULT_CLUSTER, master_key, parse_hostport
-from kvpool.control import OP_BY_RPC
-from kvpool.grpc_auth import client_interceptors
+from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, master_key, parse_hostport
+from kvpool.protocol.control import OP_BY_RPC
+from kvpool.security.grpc_auth import client_interceptors
 from kvpool.errors import (
     ForbiddenError,
     InternalError,
@@ -88,8 +88,8 @@ class MasterLink:
         self._stubs: dict[str, kvpool_pb2_grpc.MasterStub] = {}
         self._controls: dict[str, str] = {}  # master (gRPC address) -> its control port ("": none)
         self._learning: dict[str, asyncio.Future] = {}  # Stats asked of a master, shared by its callers
-        self.credential = credential  # proved on every call (kvpool/auth.py, kvpool/grpc_auth.py)
-        self.tls = tls  # kvpool/tls.py TlsFiles: every connection to a master (and etcd) is TLS
+        self.credential = credential  # proved on every call (kvpool/security/auth.py, kvpool/security/grpc_auth.py)
+        self.tls = tls  # kvpool/security/tls.py TlsFiles: every connection to a master (and etcd) is TLS
         self.io = io  # how calls wait (client/io.py)
         self._links = io.control_links(credential, tls)
 
@@ -302,7 +302,7 @@ class MasterLink:
         """The master address registered in etcd for this cluster."""
         import aetcd  # only etcd-configured clients need it
 
-        from kvpool.etcd_client import EtcdClient
+        from kvpool.cluster.etcd_client import EtcdClient
 
         host, port = parse_hostport(self.etcd)
         try:

@@ -5,8 +5,8 @@ import math
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.wire import WriteFlag
-from kvpool.write_options import NO_OPTIONS, WriteOptions
+from kvpool.protocol.wire import WriteFlag
+from kvpool.protocol.write_options import NO_OPTIONS, WriteOptions
 
 DEFAULT_SOFT_PIN_SECONDS = 600.0
 TIERS = {None: pb.TIER_UNSPECIFIED, "dram": pb.DRAM, "ssd": pb.SSD}

@@ -20,8 +20,8 @@ from kvpool.errors import (
     ChecksumMismatchError, InvalidArgumentError, KeyNotFoundError, KvpoolError, StaleReplicaError,
     UnavailableError,
 )
-from kvpool.keys import validate_key
-from kvpool.parts import Parts
+from kvpool.protocol.keys import validate_key
+from kvpool.protocol.parts import Parts
 
 from . import compression, convert
 from .core import Core

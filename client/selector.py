@@ -14,10 +14,10 @@ import logging
 import time
 from typing import Sequence
 
-from kvpool import transports
+from kvpool.protocol import transports
 from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
-from kvpool.parts import Parts
-from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.protocol.parts import Parts
+from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT
 
 from .shm import ShmPath
 from .io import LOOP_IO
@@ -40,9 +40,9 @@ def _make_ucx(credential, tickets) -> DataPath | None:
 
 
 class TransportSelector(Transport):
-    """allowed: transport names (kvpool.transports), default $KVPOOL_TRANSPORTS or all of them.
-    credential: what this client proves to each node (kvpool/auth.py).
-    tls: kvpool/tls.py TlsFiles when the cluster runs TLS (None: plain TCP).
+    """allowed: transport names (kvpool.protocol.transports), default $KVPOOL_TRANSPORTS or all of them.
+    credential: what this client proves to each node (kvpool/security/auth.py).
+    tls: kvpool/security/tls.py TlsFiles when the cluster runs TLS (None: plain TCP).
     io: how TCP waits (client/io.py)."""
 
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, allowed: Sequence[str] | None = None,

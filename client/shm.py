@@ -23,11 +23,11 @@ import time
 import numpy
 from typing import Sequence
 
-from kvpool import transports, wire
-from kvpool.checksum import Digest, checksum
+from kvpool.protocol import transports, wire
+from kvpool.protocol.checksum import Digest, checksum
 from kvpool.errors import ForbiddenError, NoSpaceError, ProtocolError, UnavailableError, ValueTooLargeError
-from kvpool.parts import Parts, pieces
-from kvpool.tcp_connection import Location
+from kvpool.protocol.parts import Parts, pieces
+from kvpool.net.tcp_connection import Location
 
 from .tcp import TcpTransport
 from .transport import DataPath, ReadItem, WriteItem

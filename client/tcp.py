@@ -1,15 +1,15 @@
-"""The client's data transport over TCP: a TcpLink (kvpool/tcp_link.py: one pipelined
+"""The client's data transport over TCP: a TcpLink (kvpool/net/tcp_link.py: one pipelined
 connection per node, and every request a node takes) with the pipelined batches of reads
 and writes that client/transport.py asks of a transport.
 """
 
 from typing import Sequence
 
-from kvpool import auth
+from kvpool.security import auth
 from kvpool.errors import KvpoolError
-from kvpool.tcp_link import DEFAULT_CONNECT_TIMEOUT, TcpLink
-from kvpool.tls import client_files
-from kvpool.wire import Op
+from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT, TcpLink
+from kvpool.security.tls import client_files
+from kvpool.protocol.wire import Op
 
 from .io import LOOP_IO
 from .transport import ReadItem, Transport, WriteItem
@@ -26,7 +26,7 @@ class TcpTransport(TcpLink, Transport):
 
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential=ENVIRONMENT, tls=ENVIRONMENT,
                  io=LOOP_IO):
-        """credential: what to prove to nodes (kvpool/auth.py); tls: kvpool/tls.py TlsFiles to connect
+        """credential: what to prove to nodes (kvpool/security/auth.py); tls: kvpool/security/tls.py TlsFiles to connect
         with (None: plain TCP). By default both come from this process's environment. io: how a single
         WRITE waits for its answer (client/io.py)."""
         files = client_files() if tls is ENVIRONMENT else tls

@@ -12,11 +12,11 @@ fails the connection as its reader would; the next request opens a new one.
 import select
 import time
 
-from kvpool import wire
+from kvpool.protocol import wire
 from kvpool.errors import Code, ProtocolError, UnavailableError, error_for
-from kvpool.parts import pieces
-from kvpool.tcp_connection import Connection
-from kvpool.write_options import WriteOptions
+from kvpool.protocol.parts import pieces
+from kvpool.net.tcp_connection import Connection
+from kvpool.protocol.write_options import WriteOptions
 
 # A WRITE the node has not answered in this long (plus the time its bytes take at 50 MB/s)
 # fails the connection: the loop-driven path has no such bound, a caller blocked here would.

@@ -12,7 +12,7 @@ transfer on another one); any other error is the node's answer about the data.
 from abc import ABC, abstractmethod
 from typing import NamedTuple, Sequence
 
-from kvpool.write_options import WriteOptions
+from kvpool.protocol.write_options import WriteOptions
 
 
 class WriteItem(NamedTuple):
@@ -69,7 +69,7 @@ class DataPath(ABC):
 class Transport(DataPath):
     """What a client moves value bytes with: a DataPath to every node address, which may choose among
     several per node (client/selector.py). Requests only a master sends nodes (FREE, HOLD, REPORT,
-    INVENTORY, PING, COPY, EVICTIONS) are not part of it: see kvpool/tcp_link.py."""
+    INVENTORY, PING, COPY, EVICTIONS) are not part of it: see kvpool/net/tcp_link.py."""
 
     @property
     def moved(self) -> dict:

@@ -7,7 +7,7 @@ memory at all, and why every operation here is bounded by its own deadline:
 UCX would not notice a dead peer.
 
 The message layout, the UCX settings (no cma) and the progress driver are
-shared with the node's side (storenode/ucx_server.py): kvpool/ucx_common.py.
+shared with the node's side (storenode/ucx_server.py): kvpool/net/ucx_common.py.
 
 Without error handling UCX does not notice a node that died either; over TCP
 its transfers fail with a reset, but over shared memory they would just wait.
@@ -28,11 +28,12 @@ import random
 import time
 from typing import Sequence
 
-from kvpool import auth, transports, wire
-from kvpool.checksum import checksum
-from kvpool.tcp_link import TcpLink
+from kvpool.security import auth
+from kvpool.protocol import transports, wire
+from kvpool.protocol.checksum import checksum
+from kvpool.net.tcp_link import TcpLink
 from kvpool.errors import Code, KvpoolError, ProtocolError, UnavailableError, error_for
-from kvpool.ucx_common import (ACCEPT, ACCEPT_MSG, BYE, CONN_SHIFT, CONNECT, CONNECT_MSG, DATA, KIND_SHIFT,
+from kvpool.net.ucx_common import (ACCEPT, ACCEPT_MSG, BYE, CONN_SHIFT, CONNECT, CONNECT_MSG, DATA, KIND_SHIFT,
                                MAX_REPLY, MAX_WORKER_ADDRESS, PAYLOAD, PROTOCOL_VERSION, REPLY, REQUEST, Op,
                                Progress, Ucx, close_endpoint, load, low_of, new_context, new_worker,
                                process_start, settle_quietly, tag_of)
@@ -112,7 +113,7 @@ class UcxTransport(DataPath):
                  min_rate: float = MIN_RATE, options: dict | None = None, credential=ENVIRONMENT, tickets=None):
         """timeout: seconds an exchange may take on top of its bytes at min_rate bytes/s;
         options: UCX settings for this client (e.g. {"TLS": "tcp"}); see settings().
-        credential: what to prove in each CONNECT (kvpool/auth.py; default: the client token of this
+        credential: what to prove in each CONNECT (kvpool/security/auth.py; default: the client token of this
         process's environment), with a ticket from `tickets(address)` (a coroutine: a fresh HELLO on
         the node's authenticated TCP connection; default: over a connection of this transport's own)."""
         self.credential = auth.client_credential() if credential is ENVIRONMENT else credential

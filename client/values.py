@@ -8,9 +8,9 @@ need a copy to become one contiguous extent, so it is refused instead.
 import ctypes
 import sys
 
-from kvpool.checksum import Digest, checksum
+from kvpool.protocol.checksum import Digest, checksum
 from kvpool.errors import InvalidArgumentError
-from kvpool.parts import Parts
+from kvpool.protocol.parts import Parts
 
 # get() returns bytes. Receiving into a bytearray and copying it out costs a zero-fill
 # and a full copy (1.6 ms for 4 MiB here); instead the bytes object is created

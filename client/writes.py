@@ -11,7 +11,7 @@ per node and one BatchPutEnd (batch_put.py).
 import asyncio
 
 from kvpool.errors import InvalidArgumentError
-from kvpool.keys import validate_key
+from kvpool.protocol.keys import validate_key
 
 from . import batch_put as batch_puts
 from . import compression, convert, put_options

@@ -15,8 +15,8 @@ import logging
 from collections.abc import AsyncIterator
 
 from kvpool.client.master_link import MasterLink
-from kvpool.cluster_layout import DEFAULT_CLUSTER
-from kvpool import auth
+from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
+from kvpool.security import auth
 from kvpool.errors import ForbiddenError, InvalidArgumentError, KvpoolError
 from kvpool.proto import kvpool_pb2 as pb
 

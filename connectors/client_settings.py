@@ -2,7 +2,7 @@
 keys: "master" or "etcd" (+ "cluster"), "transports", "token_file" (or "token", which then shows in the engine's
 command line: prefer the file, or $KVPOOL_TOKEN_FILE), "tls_ca")."""
 
-from kvpool.auth import read_token
+from kvpool.security.auth import read_token
 from kvpool.errors import InvalidArgumentError
 
 

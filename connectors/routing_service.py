@@ -20,7 +20,7 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from kvpool.cluster_layout import DEFAULT_CLUSTER
+from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import KvpoolError
 
 from .block_events import block_events

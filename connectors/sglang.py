@@ -38,7 +38,7 @@ from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from kvpool.client import Client
 from kvpool.client.put_options import hold_seconds
 from kvpool.errors import BatchError, InvalidArgumentError, InvalidKeyError, KeyExistsError, KvpoolError
-from kvpool.keys import validate_key
+from kvpool.protocol.keys import validate_key
 
 from .block_keys import BlockNamespace
 from .client_settings import client_settings

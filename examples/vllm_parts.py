@@ -20,7 +20,7 @@ def make_model(directory: Path, max_tokens: int = 1024) -> None:
 
 def start_cluster(python: str, workdir: Path, dram_per_node: str = "256MiB") -> tuple[subprocess.Popen, str]:
     """A local kvpool cluster (`kvpool up`): etcd, a master and two storage nodes; returns it and the master."""
-    cluster = subprocess.Popen([python, "-m", "kvpool.cli", "up", "--nodes", "2", "--dram-per-node", dram_per_node,
+    cluster = subprocess.Popen([python, "-m", "kvpool.commands.cli", "up", "--nodes", "2", "--dram-per-node", dram_per_node,
                                 "--data-dir", str(workdir / "kvpool")], stdout=subprocess.PIPE, text=True)
     line = cluster.stdout.readline()
     if not line.startswith("kvpool ready"):

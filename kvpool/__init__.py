@@ -22,7 +22,7 @@ __all__ = [
 
 
 def __getattr__(name):
-    # The clients pull in grpc; load them only when asked so `kvpool.units` etc. stay light.
+    # The clients pull in grpc; load them only when asked so `kvpool.protocol.units` etc. stay light.
     if name in ("Client", "AsyncClient"):
         from . import client
         return getattr(client, name)

@@ -1,4 +1,4 @@
-"""The master's binary control port: the Master RPCs in kvpool/wire.py frames (kvpool/control.py).
+"""The master's binary control port: the Master RPCs in kvpool/protocol/wire.py frames (kvpool/protocol/control.py).
 
 A gRPC unary call costs many raw socket round trips' worth of time between two
 processes, and a put makes two master calls; this port serves the same RPCs
@@ -12,7 +12,7 @@ write. A peer cannot hurt anyone else: a bad magic or version closes its
 connection; a body over MAX_BODY is refused (TOO_LARGE) and the connection
 closed; a frame that stalls half-received for frame_timeout seconds closes it;
 an undecodable body is answered INVALID_ARGUMENT; an unknown op PROTOCOL.
-A connection opens with the AUTH handshake (kvpool/auth.py): until the peer
+A connection opens with the AUTH handshake (kvpool/security/auth.py): until the peer
 answers the challenge with a valid proof, within frame_timeout, nothing else is
 read; a wrong one is answered FORBIDDEN and the connection closed.
 """
@@ -23,8 +23,8 @@ import logging
 from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from kvpool import control, wire
-from kvpool.auth import NONCE, PROOF, ServerHandshake, Verifier, refusal
+from kvpool.protocol import control, wire
+from kvpool.security.auth import NONCE, PROOF, ServerHandshake, Verifier, refusal
 from kvpool.errors import Code, ForbiddenError, KvpoolError
 
 from .service import MasterService, NotLeading

@@ -23,7 +23,7 @@ from typing import Protocol
 import aetcd
 from aetcd.rtypes import EventKind
 
-from kvpool import cluster_layout
+from kvpool.protocol import cluster_layout
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ REPORT still carries whatever this watch did not take (e.g. while its connection
 import asyncio
 import logging
 
-from kvpool import wire
-from kvpool.tcp_link import TcpLink
+from kvpool.protocol import wire
+from kvpool.net.tcp_link import TcpLink
 
 from .node_io import NodeIO
 from .objects import ObjectTable

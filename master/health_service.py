@@ -1,4 +1,4 @@
-"""The master's health, as gRPC's standard health service (grpc.health.v1) and the HTTP probes (kvpool/health.py),
+"""The master's health, as gRPC's standard health service (grpc.health.v1) and the HTTP probes (kvpool/runtime/health.py),
 and the leader and term gauges.
 
 Service "" (the whole server) is SERVING once the master has joined the election, as leader or standby: either
@@ -12,7 +12,7 @@ import asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from kvpool.health import Health
+from kvpool.runtime.health import Health
 
 from .election import LeadershipState
 from .metrics import MasterMetrics

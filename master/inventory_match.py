@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvpool.inventory import DRAM_BIT, SSD_BIT, Columns, Entry
-from kvpool.wire import WriteFlag
+from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Columns, Entry
+from kvpool.protocol.wire import WriteFlag
 
 from .ledger import Ledger
 from .pending_puts import PendingPuts
@@ -37,7 +37,7 @@ class InventoryMatch:
         self._pending = pending
 
     def adopt_inventory(self, node_id: str, instance: str, entries: list) -> Adopted:
-        """Match `entries` (kvpool.inventory.Entry each) of a node by the rule above."""
+        """Match `entries` (kvpool.protocol.inventory.Entry each) of a node by the rule above."""
         outcome = Adopted(node_id)
         ledger = self._ledger
         node = ledger.nodes.get(node_id)

@@ -20,7 +20,7 @@ import logging
 import grpc
 
 from kvpool.errors import KvpoolError
-from kvpool.keys import validate_key
+from kvpool.protocol.keys import validate_key
 from kvpool.proto import kvpool_pb2 as pb
 
 from .key_feed import REMOVED, STORED, FeedClosed, KeyFeed

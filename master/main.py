@@ -17,11 +17,13 @@ import sys
 import grpc
 from kvpool.proto import kvpool_pb2_grpc
 
-from kvpool import auth, cluster_layout, config, tls
-from kvpool.etcd_client import EtcdClient
-from kvpool.grpc_auth import ServerAuth
-from kvpool.process import run_server
-from kvpool.units import parse_size
+from kvpool.security import auth, tls
+from kvpool.protocol import cluster_layout
+from kvpool.runtime import config
+from kvpool.cluster.etcd_client import EtcdClient
+from kvpool.security.grpc_auth import ServerAuth
+from kvpool.runtime.process import run_server
+from kvpool.protocol.units import parse_size
 
 from .adoption import Adopter
 from .control_port import FRAME_TIMEOUT, ControlPort

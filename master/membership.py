@@ -18,8 +18,8 @@ from collections.abc import Callable
 import aetcd
 from aetcd.rtypes import EventKind
 
-from kvpool import cluster_layout
-from kvpool.cluster_layout import NodeRecord
+from kvpool.protocol import cluster_layout
+from kvpool.protocol.cluster_layout import NodeRecord
 
 from .node_io import NodeIO
 from .node_events import Dropped

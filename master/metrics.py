@@ -8,7 +8,7 @@ at scrape time, so the numbers can never drift from the table itself.
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from kvpool.health import Health, serve_http
+from kvpool.runtime.health import Health, serve_http
 
 from .objects import ObjectTable
 
@@ -125,7 +125,7 @@ class MasterMetrics:
         self.unauthenticated.inc()
 
     def serve(self, port: int, host: str, health: Health) -> None:
-        """/metrics, and the /healthz and /readyz probes (kvpool/health.py)."""
+        """/metrics, and the /healthz and /readyz probes (kvpool/runtime/health.py)."""
         self._http = serve_http(port, host, self.registry, health)
 
     def stop(self) -> None:

@@ -10,7 +10,7 @@ drop one (eviction) lowers the object's target instead.
 
 from dataclasses import dataclass, field
 
-from kvpool.cluster_layout import NodeRecord
+from kvpool.protocol.cluster_layout import NodeRecord
 
 from .ledger import Ledger
 from .node_state import NodeState

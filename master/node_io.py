@@ -1,4 +1,4 @@
-"""Every request the master sends to storage nodes, over TCP (kvpool/tcp_link.py).
+"""Every request the master sends to storage nodes, over TCP (kvpool/net/tcp_link.py).
 
 FREE orders are best effort: a node only frees a (key, generation) it still
 holds, so an order that arrives late or twice is harmless, and one that never
@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvpool.tcp_link import TcpLink
+from kvpool.net.tcp_link import TcpLink
 
 from .ledger import FreeOrder
 
@@ -35,7 +35,7 @@ class HoldOrder:
 class NodeIO:
     def __init__(self, transport=None, credential=None, tls=None):
         self._transport = transport
-        self.credential = credential  # the member credential, proved to every node (kvpool/auth.py)
+        self.credential = credential  # the member credential, proved to every node (kvpool/security/auth.py)
         self.tls = tls  # a client ssl context when the cluster runs TLS
         self._queue: asyncio.Queue[FreeOrder] = asyncio.Queue()
         self._task: asyncio.Task | None = None

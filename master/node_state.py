@@ -5,7 +5,7 @@ could not show yet). Placement reads these for every put.
 
 from collections import deque
 
-from kvpool.cluster_layout import NodeRecord
+from kvpool.protocol.cluster_layout import NodeRecord
 
 
 class NodeState:

@@ -22,9 +22,9 @@ take_frees() and tells the nodes.
 import time
 from collections.abc import Callable
 
-from kvpool.cluster_layout import NodeRecord
+from kvpool.protocol.cluster_layout import NodeRecord
 from kvpool.errors import KeyNotFoundError, KvpoolError
-from kvpool.inventory import Columns
+from kvpool.protocol.inventory import Columns
 
 from .inventory_match import Adopted, InventoryMatch
 from .ledger import Counters, FreeOrder, Ledger

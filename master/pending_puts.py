@@ -14,7 +14,7 @@ from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, KvpoolError, NoSpaceError, PutExpiredError,
     UnavailableError,
 )
-from kvpool.write_options import raw_size_problem
+from kvpool.protocol.write_options import raw_size_problem
 
 from .ledger import Ledger
 from .node_state import NodeState

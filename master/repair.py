@@ -16,7 +16,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from kvpool.tcp_link import TcpLink
+from kvpool.net.tcp_link import TcpLink
 
 from .node_io import NodeIO
 from .node_state import NodeState

@@ -17,7 +17,7 @@ import time
 import grpc
 
 from kvpool.errors import InvalidArgumentError, KeyNotFoundError, KvpoolError
-from kvpool.keys import validate_key
+from kvpool.protocol.keys import validate_key
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 

@@ -14,7 +14,7 @@ places after never lands.
 import asyncio
 import logging
 
-from kvpool import inventory
+from kvpool.protocol import inventory
 
 from .node_io import NodeIO
 from .inventory_match import Adopted

@@ -9,8 +9,8 @@ so the copy is indistinguishable from one the client wrote.
 import asyncio
 
 from kvpool.errors import InvalidArgumentError, KeyNotFoundError, StaleReplicaError, UnavailableError
-from kvpool.tcp_link import TcpLink
-from kvpool.write_options import WriteOptions
+from kvpool.net.tcp_link import TcpLink
+from kvpool.protocol.write_options import WriteOptions
 
 from .store import ObjectStore
 

@@ -7,7 +7,7 @@ import mmap
 import os
 import re
 
-from kvpool.prefault import prefault
+from kvpool.storenode.prefault import prefault
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 import heapq
 from dataclasses import dataclass
 
-from kvpool.wire import WriteFlag
+from kvpool.protocol.wire import WriteFlag
 
 _HARD_PIN = int(WriteFlag.HARD_PIN)  # plain int: IntFlag arithmetic is slow on the per-request path
 

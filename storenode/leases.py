@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import NamedTuple
 
-from kvpool import wire
+from kvpool.protocol import wire
 
 from .index import ObjectRecord
 from .metrics import NodeMetrics

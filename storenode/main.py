@@ -11,12 +11,14 @@ import signal
 import uuid
 
 
-from kvpool import auth, config, tls, transports
-from kvpool.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
+from kvpool.security import auth, tls
+from kvpool.runtime import config
+from kvpool.protocol import transports
+from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError
-from kvpool.health import Health, serve_http
-from kvpool.process import run_server
-from kvpool.units import parse_size
+from kvpool.runtime.health import Health, serve_http
+from kvpool.runtime.process import run_server
+from kvpool.protocol.units import parse_size
 
 from . import policy
 from .dram import DramSegment, remove_stale_segments, segment_name
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
     _check(parser, args)
     args.secret = auth.secret_of(parser, args)
     args.tls = tls.files_of(parser, args)
-    return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/socket_output.py, not sock_sendfile
+    return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/sockets/socket_output.py, not sock_sendfile
 
 
 def _open_tiers(args, node_id: str, instance: str):

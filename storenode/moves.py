@@ -8,7 +8,7 @@ only if the object is still live, otherwise the new extent is given back.
 import asyncio
 import logging
 
-from kvpool.checksum import checksum
+from kvpool.protocol.checksum import checksum
 
 from .index import ObjectRecord
 from .store import ObjectStore

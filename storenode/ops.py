@@ -12,11 +12,11 @@ the node's), and only REPORT, INVENTORY and EVICTIONS, reachable through `member
 import asyncio
 from typing import NamedTuple
 
-from kvpool import wire
-from kvpool.auth import MEMBER_OPS, Role
+from kvpool.protocol import wire
+from kvpool.security.auth import MEMBER_OPS, Role
 from kvpool.errors import (ChecksumMismatchError, ForbiddenError, InvalidArgumentError, KeyNotFoundError,
                            NotLeaderError, StaleReplicaError)
-from kvpool.write_options import raw_size_problem
+from kvpool.protocol.write_options import raw_size_problem
 
 from .copier import Copier
 from .index import ObjectRecord
@@ -28,7 +28,7 @@ OP_NAMES = {op.value: op.name.lower() for op in wire.Op}  # metric label of each
 
 
 class Request(NamedTuple):
-    """One data-protocol request: its header's fields (kvpool/wire.py REQUEST) and its key."""
+    """One data-protocol request: its header's fields (kvpool/protocol/wire.py REQUEST) and its key."""
 
     op: int
     req_id: int
@@ -74,7 +74,7 @@ class NodeOps:
 
     def members(self, role: Role, op: int) -> "MemberOps":
         """The member-only operations, for a request `op` from a peer that proved `role`;
-        ForbiddenError unless that is the member role (kvpool/auth.py MEMBER_OPS)."""
+        ForbiddenError unless that is the member role (kvpool/security/auth.py MEMBER_OPS)."""
         if role is not Role.MEMBER:
             raise ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} may be sent by a master only")
         return self._members

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 
-from kvpool.allocator import align_up
+from kvpool.storenode.allocator import align_up
 
 from .ssd import ALIGNMENT, IO_CHUNK, MAGIC, SsdSegment
 from .store import ObjectStore

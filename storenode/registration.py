@@ -7,9 +7,9 @@ import time
 
 import aetcd
 
-from kvpool.cluster_layout import NodeRecord, node_key, parse_hostport
+from kvpool.protocol.cluster_layout import NodeRecord, node_key, parse_hostport
 from kvpool.errors import UnavailableError
-from kvpool.etcd_client import EtcdClient
+from kvpool.cluster.etcd_client import EtcdClient
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class NodeRegistration:
         self.value = record.to_json()
         self.ttl = max(1, math.ceil(ttl))  # etcd leases are whole seconds
         self.lease_id: int | None = None
-        self.credential = credential  # logs in to etcd as a member (kvpool/etcd_client.py)
+        self.credential = credential  # logs in to etcd as a member (kvpool/cluster/etcd_client.py)
         self.tls = tls  # TlsFiles: etcd is reached over TLS
         self.refreshed = float("-inf")  # when the lease was last granted or refreshed
         self._client: aetcd.Client | None = None

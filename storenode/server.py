@@ -9,10 +9,10 @@ import asyncio
 import logging
 import socket
 
-from kvpool import wire
-from kvpool.auth import Tickets, Verifier
+from kvpool.protocol import wire
+from kvpool.security.auth import Tickets, Verifier
 from kvpool.errors import Code
-from kvpool.tls_socket import TlsSocket
+from kvpool.security.tls_socket import TlsSocket
 
 from .copier import Copier
 from .maintenance import Maintenance
@@ -45,7 +45,7 @@ class DataServer:
         self.node_id = node_id
         self.instance = instance
         self.verifier = verifier or Verifier(None)
-        self.tls = tls  # kvpool/tls.py TlsFiles: every connection is TLS (kvpool/tls_socket.py)
+        self.tls = tls  # kvpool/security/tls.py TlsFiles: every connection is TLS (kvpool/security/tls_socket.py)
         self._tls_context = tls.server_context() if tls is not None else None
         self.ucx_tickets = Tickets()  # handed out in HELLO, taken by UCX CONNECTs (storenode/ucx_server.py)
         self.offers: dict[str, dict] = {}

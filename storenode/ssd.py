@@ -25,9 +25,9 @@ import os
 import struct
 from typing import NamedTuple
 
-from kvpool.checksum import Digest
+from kvpool.protocol.checksum import Digest
 from kvpool.errors import UnavailableError
-from kvpool.keys import MAX_KEY_BYTES
+from kvpool.protocol.keys import MAX_KEY_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvpool import inventory
+from kvpool.protocol import inventory
 from kvpool.errors import NoSpaceError, ValueTooLargeError
-from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry
-from kvpool.wire import WriteFlag
+from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
+from kvpool.protocol.wire import WriteFlag
 
 from . import eviction_order, policy
 from .index import ObjectIndex, ObjectRecord
@@ -255,7 +255,7 @@ class ObjectStore:
         return inventory.decode(self.inventory_reply())
 
     def inventory_reply(self) -> bytes:
-        """Every live object, as the INVENTORY reply (kvpool/inventory.py) carries it."""
+        """Every live object, as the INVENTORY reply (kvpool/protocol/inventory.py) carries it."""
         now = self.clock()
         records = [rec for rec in self.index if not policy.expired(rec, now)]
         expires = np.array([rec.expires_at for rec in records], dtype=np.float64)

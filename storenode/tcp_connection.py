@@ -13,14 +13,14 @@ import logging
 import ssl
 import time
 
-from kvpool import transports, wire
-from kvpool.auth import Role, ServerHandshake, refusal
-from kvpool.checksum import Digest, checksum
+from kvpool.protocol import transports, wire
+from kvpool.security.auth import Role, ServerHandshake, refusal
+from kvpool.protocol.checksum import Digest, checksum
 from kvpool.errors import Code, ForbiddenError, KvpoolError
-from kvpool.keys import MAX_KEY_BYTES
-from kvpool.socket_output import PeerStalled, send_file
-from kvpool.tls_socket import TlsSocket
-from kvpool.tls_socket import handshake as tls_handshake
+from kvpool.protocol.keys import MAX_KEY_BYTES
+from kvpool.sockets.socket_output import PeerStalled, send_file
+from kvpool.security.tls_socket import TlsSocket
+from kvpool.security.tls_socket import handshake as tls_handshake
 
 from . import tcp_members
 from .index import ObjectRecord

@@ -1,7 +1,7 @@
 """One data connection's byte stream (plain TCP or TLS): staged input, queued replies, and their deadlines.
 
-Raw non-blocking sockets, received through kvpool/socket_input.py and sent through
-kvpool/socket_output.py. Input is staged in one buffer per connection and parsed in place;
+Raw non-blocking sockets, received through kvpool/sockets/socket_input.py and sent through
+kvpool/sockets/socket_output.py. Input is staged in one buffer per connection and parsed in place;
 replies are queued and sent together before the connection waits for more input, so the replies
 to a pipelined batch leave at once. A peer that stalls mid-request, or stops reading its replies,
 for --frame-timeout loses its connection (_Disconnect, PeerStalled).
@@ -12,11 +12,11 @@ import json
 import logging
 import socket
 
-from kvpool import wire
-from kvpool.checksum import checksum
+from kvpool.protocol import wire
+from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code
-from kvpool.socket_input import SocketInput
-from kvpool.socket_output import flush_backlog, send_all
+from kvpool.sockets.socket_input import SocketInput
+from kvpool.sockets.socket_output import flush_backlog, send_all
 
 from .metrics import NodeMetrics
 from .ops import OP_NAMES, StoredOptions

@@ -3,7 +3,7 @@ and COPY. Each takes (connection, members, request), `members` being what NodeOp
 connection once its peer's member role was checked (tcp_connection.Connection._as_member); each returns
 whether the connection stays usable."""
 
-from kvpool import wire
+from kvpool.protocol import wire
 from kvpool.errors import KvpoolError
 
 from .ops import MemberOps, Request

@@ -3,8 +3,8 @@ DRAM mapping and ALLOCATE/COMMIT to write through it. The connection carries onl
 client copies the bytes itself. What a client holds meanwhile is leases.SharedMemoryHolds'; what each op
 decides (term fence, room, checksum, generation) is ops.NodeOps', as for a WRITE or READ."""
 
-from kvpool import transports
-from kvpool.checksum import checksum
+from kvpool.protocol import transports
+from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code, KvpoolError
 
 from .leases import SharedMemoryHolds

@@ -1,6 +1,6 @@
 """One storage tier as the node manages it: segment, allocator, member objects, watermarks and counters."""
 
-from kvpool.allocator import ExtentAllocator
+from kvpool.storenode.allocator import ExtentAllocator
 
 from . import eviction_order, policy
 

@@ -1,6 +1,6 @@
 """The node's UCX endpoint (optional extra kvpool[ucx]): WRITE and READ of the data protocol over ucxx.
 
-Messages and their tags are laid out in kvpool/ucx_common.py. What each request
+Messages and their tags are laid out in kvpool/net/ucx_common.py. What each request
 does is storenode/ops.py's, as over TCP: a WRITE's term only fences, and a
 member-only op is refused FORBIDDEN to a client (and served to nobody over UCX).
 Here only the bytes move: a WRITE payload is received straight into its DRAM
@@ -26,13 +26,14 @@ import hmac
 import logging
 import time
 
-from kvpool import auth, wire
-from kvpool import ucx_common as layout
-from kvpool.auth import Role
-from kvpool.checksum import checksum
+from kvpool.security import auth
+from kvpool.protocol import wire
+from kvpool.net import ucx_common as layout
+from kvpool.security.auth import Role
+from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code, KvpoolError, UnavailableError
-from kvpool.keys import MAX_KEY_BYTES
-from kvpool.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
+from kvpool.protocol.keys import MAX_KEY_BYTES
+from kvpool.net.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
 
 from .ops import OP_NAMES, Request, StoredOptions
 

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from kvpool import auth
-from kvpool.etcd_client import enable_auth
-from kvpool.etcd_server import EtcdServer
+from kvpool.security import auth
+from kvpool.cluster.etcd_client import enable_auth
+from kvpool.launch.etcd_server import EtcdServer
 
 os.environ.pop("KVPOOL_TOKEN_FILE", None)
 os.environ["KVPOOL_TOKEN"] = auth.new_secret()
@@ -31,7 +31,7 @@ def etcd(tmp_path):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """etcd, a master and two storage nodes as real processes, shared by one test module."""
-    from kvpool.local_cluster import LocalCluster
+    from kvpool.launch.local_cluster import LocalCluster
 
     with LocalCluster(nodes=2, dram_per_node="192MiB", data_dir=tmp_path_factory.mktemp("cluster"),
                       lease_ttl=2, put_timeout=3) as running:
@@ -41,7 +41,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture
 def own_cluster(tmp_path):
     """A cluster for one test that kills or restarts parts of it; call with the node count."""
-    from kvpool.local_cluster import LocalCluster
+    from kvpool.launch.local_cluster import LocalCluster
 
     started = []
 

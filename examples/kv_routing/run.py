@@ -141,7 +141,7 @@ class Engine:
 
 def start_engines(python: str, model: Path, master: str | None, work: Path, quiet: bool,
                   local_blocks: int) -> dict[str, Engine]:
-    from kvpool.netutil import free_port
+    from kvpool.net.netutil import free_port
 
     key = secrets.token_bytes(16)
     listener = Listener(("127.0.0.1", 0), authkey=key)
@@ -242,7 +242,7 @@ def drive(args, python: str, work: Path) -> dict:
     from kvpool.connectors.block_keys import BlockNamespace
     from kvpool.connectors.router import RoundRobin
     from kvpool.connectors.routing_service import RoutingService
-    from kvpool.netutil import wait_until
+    from kvpool.net.netutil import wait_until
 
     if not Path(args.trace).is_file():
         raise SystemExit(f"no trace at {args.trace}: --trace names one (JSON lines with timestamp and hash_ids, as in "

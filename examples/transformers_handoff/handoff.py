@@ -251,7 +251,7 @@ def kvpool_master(address: str | None):
     if address:
         yield address
         return
-    from kvpool.local_cluster import LocalCluster
+    from kvpool.launch.local_cluster import LocalCluster
 
     with LocalCluster(nodes=2, dram_per_node="128MiB") as cluster:
         print(f"handoff: local kvpool cluster up, master {cluster.master_address}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Start real storage-node processes and talk to them over raw sockets with kvpool.wire."""
+"""Start real storage-node processes and talk to them over raw sockets with kvpool.protocol.wire."""
 
 import json
 import os
@@ -9,13 +9,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from kvpool import auth, wire
-from kvpool.checksum import checksum
+from kvpool.security import auth
+from kvpool.protocol import wire
+from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code
-from kvpool.grpc_auth import blocking_channel
-from kvpool.inventory import decode as decode_inventory
-from kvpool.netutil import wait_until
-from kvpool.wire import Op
+from kvpool.security.grpc_auth import blocking_channel
+from kvpool.protocol.inventory import decode as decode_inventory
+from kvpool.net.netutil import wait_until
+from kvpool.protocol.wire import Op
 
 _READY = re.compile(rb"^kvpool-storenode ready node_id=(\S+) address=(\S+):(\d+)$")
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from storenode_harness import metric_samples, metric_total
 
-from kvpool.local_cluster import stop_process
-from kvpool.netutil import wait_until
+from kvpool.launch.local_cluster import stop_process
+from kvpool.net.netutil import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-KVPOOL = [sys.executable, "-m", "kvpool.cli"]
+KVPOOL = [sys.executable, "-m", "kvpool.commands.cli"]
 
 
 def test_up_demo_does_real_work_and_exits_cleanly(tmp_path):
@@ -142,7 +142,7 @@ def test_bench_refuses_an_unknown_transport(cluster):
 
 
 def test_bench_never_reports_bytes_of_another_transport_under_the_name_asked_for():
-    from kvpool.bench import Skipped, _carrier
+    from kvpool.commands.bench import Skipped, _carrier
 
     assert _carrier({"shm": 10, "tcp": 0}, "shm") == "shm"
     assert _carrier({"tcp": 10}, None) == "tcp"

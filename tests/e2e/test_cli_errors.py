@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-KVPOOL = [sys.executable, "-m", "kvpool.cli"]
+KVPOOL = [sys.executable, "-m", "kvpool.commands.cli"]
 NAMESPACE = "kv/m/bf16/paged/bs16/heads-8/rank0of1/"
 
 
@@ -68,7 +68,7 @@ def test_status_found_through_etcd_without_a_token_says_to_export_it(cluster):
 
 
 def test_status_with_a_wrong_token_says_which_token_to_use(cluster, tmp_path):
-    from kvpool import auth
+    from kvpool.security import auth
 
     wrong = _secret_file(tmp_path, auth.client_token(auth.new_secret()))
     result = _fails("status", "--master", cluster.master_address, "--token-file", wrong)
@@ -96,7 +96,7 @@ def test_an_unreadable_token_file_is_named(tmp_path, dead_port):
 
 @pytest.mark.parametrize("credential", ["none", "wrong"])
 def test_bench_checks_it_may_use_the_cluster_before_its_baseline_run(cluster, tmp_path, credential):
-    from kvpool import auth
+    from kvpool.security import auth
 
     args = ["--token-file", _secret_file(tmp_path, auth.client_token(auth.new_secret()))] \
         if credential == "wrong" else []
@@ -135,7 +135,7 @@ def test_router_against_a_dead_master_fails_instead_of_retrying_forever(dead_por
 
 
 def test_etcd_auth_against_a_dead_etcd_names_it(tmp_path, dead_port):
-    from kvpool import auth
+    from kvpool.security import auth
 
     result = _fails("etcd-auth", "--etcd", f"127.0.0.1:{dead_port}", "--token-file",
                     _secret_file(tmp_path, auth.new_secret()))
@@ -151,7 +151,7 @@ def test_etcd_auth_on_an_etcd_whose_authentication_is_on_says_so(cluster, tmp_pa
 
 
 def test_etcd_auth_with_a_missing_tls_dir_names_it(tmp_path, dead_port):
-    from kvpool import auth
+    from kvpool.security import auth
 
     result = _fails("etcd-auth", "--etcd", f"127.0.0.1:{dead_port}", "--token-file",
                     _secret_file(tmp_path, auth.new_secret()), "--tls-dir", str(tmp_path / "no-tls"))

@@ -17,9 +17,9 @@ from kvpool.errors import (
     BatchError, Code, InvalidArgumentError, InvalidKeyError, KeyExistsError, KeyNotFoundError,
     UnavailableError,
 )
-from kvpool.netutil import free_port, wait_until
+from kvpool.net.netutil import free_port, wait_until
 from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
-from kvpool.wire import WriteFlag
+from kvpool.protocol.wire import WriteFlag
 from storenode_harness import FAIL_FAST, PATIENT, PATIENT_TIMEOUTS, inventory_at, master_channel, member_credential
 
 # Repeating runs of 32-bit token ids: compresses well, like a shared prompt prefix.

@@ -11,14 +11,15 @@ import pytest
 from storenode_harness import (call, client_credential, closed_by_node, get, put, read_reply, recv_exact,
                                start_node)
 
-from kvpool import auth, wire
-from kvpool import ucx_common as layout
-from kvpool.checksum import checksum
+from kvpool.security import auth
+from kvpool.protocol import wire
+from kvpool.net import ucx_common as layout
+from kvpool.protocol.checksum import checksum
 from kvpool.client.tcp import TcpTransport
 from kvpool.errors import Code
-from kvpool.etcd_client import enable_auth
-from kvpool.etcd_server import EtcdServer
-from kvpool.wire import Op
+from kvpool.cluster.etcd_client import enable_auth
+from kvpool.launch.etcd_server import EtcdServer
+from kvpool.protocol.wire import Op
 
 TRANSPORTS = ["tcp", "shm", pytest.param("ucx", marks=pytest.mark.skipif(
     importlib.util.find_spec("ucxx") is None, reason="UCX is an optional extra (kvpool[ucx])"))]

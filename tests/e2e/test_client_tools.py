@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-KVPOOL = [sys.executable, "-m", "kvpool.cli"]
+KVPOOL = [sys.executable, "-m", "kvpool.commands.cli"]
 
 
 def test_bench_with_compression_reports_ratio_and_codec_time(cluster):

@@ -17,12 +17,12 @@ from storenode_harness import client_credential, member_credential
 
 from kvpool import Client
 from kvpool.connectors.block_keys import BlockNamespace, block_hashes
-from kvpool.etcd_client import EtcdClient
-from kvpool.etcd_server import EtcdServer
-from kvpool.local_cluster import Child, stop_process
-from kvpool.netutil import wait_until
+from kvpool.cluster.etcd_client import EtcdClient
+from kvpool.launch.etcd_server import EtcdServer
+from kvpool.launch.local_cluster import Child, stop_process
+from kvpool.net.netutil import wait_until
 
-KVPOOL = [sys.executable, "-m", "kvpool.cli"]
+KVPOOL = [sys.executable, "-m", "kvpool.commands.cli"]
 BS = 4
 
 
@@ -120,7 +120,7 @@ def test_etcd_auth_turns_on_the_cluster_users_of_a_plain_etcd(tmp_path):
 def test_tls_dir_on_etcd_auth_master_and_storenode_commands(tmp_path):
     """What a deployment does by hand: `kvpool tls`, etcd over TLS, `kvpool etcd-auth --tls-dir`, then
     `kvpool master` and `kvpool storenode` with --tls-dir; a client with the CA stores and reads."""
-    from kvpool.tls import TlsFiles
+    from kvpool.security.tls import TlsFiles
 
     tls_dir = tmp_path / "tls"
     made = subprocess.run([*KVPOOL, "tls", str(tls_dir), "--hosts", "127.0.0.1,localhost"], capture_output=True,

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_kvpool_up_from_the_example_config_file(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}  # the file alone
     example = ROOT / "deploy" / "kvpool.toml"
-    up = subprocess.Popen([sys.executable, "-m", "kvpool.cli", "up", "--config", str(example)], cwd=tmp_path, env=env,
+    up = subprocess.Popen([sys.executable, "-m", "kvpool.commands.cli", "up", "--config", str(example)], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ready = up.stdout.readline()
@@ -26,7 +26,7 @@ def test_kvpool_up_from_the_example_config_file(tmp_path):
         token_file = clients.split("KVPOOL_TOKEN_FILE=", 1)[1].split()[0]
         metrics = [up.stdout.readline().split() for _ in range(3)]  # [up] metrics = true: master and 2 nodes
         assert [line[0] for line in metrics] == ["metrics"] * 3
-        status = subprocess.run([sys.executable, "-m", "kvpool.cli", "status", "--json", "--master", master,
+        status = subprocess.run([sys.executable, "-m", "kvpool.commands.cli", "status", "--json", "--master", master,
                                  "--token-file", token_file], capture_output=True, text=True, timeout=60, check=True)
         nodes = json.loads(status.stdout)["nodes"]
         assert len(nodes) == 2  # [up] nodes = 2

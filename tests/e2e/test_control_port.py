@@ -9,9 +9,11 @@ import pytest
 from kvpool.proto import kvpool_pb2 as pb
 from storenode_harness import metric_samples, metric_total
 
-from kvpool import Client, auth, control, wire
+from kvpool import Client
+from kvpool.security import auth
+from kvpool.protocol import control, wire
 from kvpool.errors import Code
-from kvpool.netutil import wait_until
+from kvpool.net.netutil import wait_until
 
 FAST_ELECTION = ["--election-ttl", "2"]
 FRAME_TIMEOUT = 3.0  # long enough that a client's put on two busy cores ends well inside it
@@ -58,7 +60,7 @@ def closed_by_master(sock: socket.socket) -> bool:
 
 @pytest.fixture(scope="module")
 def port_cluster(tmp_path_factory):
-    from kvpool.local_cluster import LocalCluster
+    from kvpool.launch.local_cluster import LocalCluster
 
     with LocalCluster(nodes=1, dram_per_node="128MiB", data_dir=tmp_path_factory.mktemp("control"), metrics=True,
                       lease_ttl=2, master_args=["--control-frame-timeout", str(FRAME_TIMEOUT)]) as running:
@@ -203,7 +205,7 @@ def test_a_client_given_one_master_fails_over_to_the_others(own_cluster):
 
 
 def test_a_restarted_master_is_found_on_its_new_control_port(own_cluster):
-    from kvpool.netutil import free_port
+    from kvpool.net.netutil import free_port
 
     cluster = own_cluster(nodes=1, master_port=free_port())
     with Client(cluster.master_address) as client:

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from kvpool import Client
-from kvpool.netutil import wait_until
+from kvpool.net.netutil import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "kvpool.json"

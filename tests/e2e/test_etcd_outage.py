@@ -4,7 +4,7 @@ import os
 
 from kvpool import Client
 from kvpool.errors import KvpoolError
-from kvpool.netutil import wait_until
+from kvpool.net.netutil import wait_until
 
 
 def test_reads_continue_through_a_short_etcd_outage(own_cluster):

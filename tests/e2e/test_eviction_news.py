@@ -8,10 +8,11 @@ import socket
 
 from storenode_harness import call, put, read_reply, report, start_node
 
-from kvpool import Client, wire
+from kvpool import Client
+from kvpool.protocol import wire
 from kvpool.errors import Code
-from kvpool.netutil import wait_until
-from kvpool.wire import Op
+from kvpool.net.netutil import wait_until
+from kvpool.protocol.wire import Op
 
 KiB = 1024
 BLOCK = 256 * KiB

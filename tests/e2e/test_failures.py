@@ -11,10 +11,10 @@ import time
 import pytest
 
 from kvpool import Client
-from kvpool.checksum import checksum
+from kvpool.protocol.checksum import checksum
 from kvpool.client.tcp import TcpTransport
 from kvpool.errors import KeyExistsError, KeyNotFoundError, UnavailableError
-from kvpool.netutil import wait_until
+from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
 from storenode_harness import FAIL_FAST, PATIENT_TIMEOUTS, master_channel
 
@@ -54,8 +54,8 @@ def test_client_killed_mid_put_leaves_no_stuck_key(cluster, client):
     # A separate process starts a put and is killed before it can end it.
     script = textwrap.dedent(f"""
         import grpc, sys
-        from kvpool.auth import client_credential
-        from kvpool.grpc_auth import blocking_channel
+        from kvpool.security.auth import client_credential
+        from kvpool.security.grpc_auth import blocking_channel
         from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
         stub = kvpool_pb2_grpc.MasterStub(blocking_channel("{cluster.master_address}", client_credential()))
         r = stub.PutStart(kvpool_pb2.PutStartRequest(key="stuck/k", size=4096, checksum=1))

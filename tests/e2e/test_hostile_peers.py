@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from storenode_harness import client_credential, closed_by_node, member_credential, read_reply
 
-from kvpool import Client, auth, wire
-from kvpool.checksum import checksum
+from kvpool import Client
+from kvpool.security import auth
+from kvpool.protocol import wire
+from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code, ForbiddenError, KeyNotFoundError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +40,7 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    from kvpool.local_cluster import LocalCluster
+    from kvpool.launch.local_cluster import LocalCluster
 
     with LocalCluster(nodes=2, dram_per_node="64MiB", data_dir=tmp_path_factory.mktemp("secured"),
                       lease_ttl=2) as cluster:

@@ -19,16 +19,16 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpool import cluster_layout
-from kvpool.checksum import checksum
+from kvpool.protocol import cluster_layout
+from kvpool.protocol.checksum import checksum
 from kvpool.client.tcp import TcpTransport
 from kvpool.client.transport import WriteOptions
-from kvpool.cluster_layout import NodeRecord, TierRecord
-from kvpool.etcd_client import EtcdClient
-from kvpool.netutil import free_port, wait_until
+from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
+from kvpool.cluster.etcd_client import EtcdClient
+from kvpool.net.netutil import free_port, wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
-from kvpool.wire import WriteFlag
+from kvpool.protocol.wire import WriteFlag
 from storenode_harness import member_credential, master_channel
 
 CAPACITY = 1 << 20

@@ -14,10 +14,10 @@ from kvpool.proto import kvpool_pb2_grpc
 
 from kvpool import Client
 from kvpool.errors import KvpoolError, NotLeaderError
-from kvpool.etcd_client import login_of
-from kvpool.etcd_server import EtcdServer
-from kvpool.local_cluster import stop_process
-from kvpool.netutil import wait_until
+from kvpool.cluster.etcd_client import login_of
+from kvpool.launch.etcd_server import EtcdServer
+from kvpool.launch.local_cluster import stop_process
+from kvpool.net.netutil import wait_until
 from storenode_harness import master_channel, member_credential
 
 FAST_ELECTION = ["--election-ttl", "2"]
@@ -215,7 +215,7 @@ def test_a_hundred_thousand_objects_survive_a_leader_kill(own_cluster):
 def test_nodes_refuse_writes_placed_by_an_older_term(own_cluster):
     from kvpool.client.tcp import TcpTransport
 
-    from kvpool.checksum import checksum
+    from kvpool.protocol.checksum import checksum
 
     cluster = own_cluster(nodes=1)
     address = cluster.nodes[0].info["address"]
@@ -244,7 +244,7 @@ def test_kvpool_up_with_two_masters(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "kvpool.cli", "up", "--masters", "2", "--nodes", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "kvpool.commands.cli", "up", "--masters", "2", "--nodes", "1",
                              "--dram-per-node", "32MiB", "--data-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -253,7 +253,7 @@ def test_kvpool_up_with_two_masters(tmp_path):
         leader = re.search(r"master=(\S+)", line).group(1)
 
         def status_lists_the_follower():  # the leader learns of followers at its next lease refresh
-            status = subprocess.run([sys.executable, "-m", "kvpool.cli", "status", "--master", leader],
+            status = subprocess.run([sys.executable, "-m", "kvpool.commands.cli", "status", "--master", leader],
                                     capture_output=True, text=True, timeout=60)
             assert status.returncode == 0, status.stderr
             assert f"leader {leader}" in status.stdout

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from kvpool import Client
-from kvpool.local_cluster import LocalCluster
-from kvpool.netutil import wait_until
+from kvpool.launch.local_cluster import LocalCluster
+from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 from storenode_harness import inventory_at, master_channel

@@ -14,8 +14,8 @@ import pytest
 
 from kvpool import Client
 from kvpool.errors import InvalidArgumentError, UnavailableError
-from kvpool.local_cluster import LocalCluster
-from kvpool.netutil import wait_until
+from kvpool.launch.local_cluster import LocalCluster
+from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 from storenode_harness import master_channel
@@ -167,7 +167,7 @@ def test_drain_moves_everything_off_a_node(start_cluster):
         client.batch_put(double, [value(100 + i) for i in range(10)], replicas=2)
         before = {n.node_id: n.objects for n in client.stats().nodes}
         assert before["node-0"] > 0
-        done = subprocess.run([sys.executable, "-m", "kvpool.cli", "drain", "node-0", "--master",
+        done = subprocess.run([sys.executable, "-m", "kvpool.commands.cli", "drain", "node-0", "--master",
                                cluster.master_address, "--wait", "20"],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
@@ -184,7 +184,7 @@ def test_drain_moves_everything_off_a_node(start_cluster):
             assert sorted(r.node_id for r in replicas_of(cluster, key)) == ["node-1", "node-2"]
         client.put("after", value(7), replicas=3)  # best effort: the drained node takes no new copy
         assert sorted(r.node_id for r in replicas_of(cluster, "after")) == ["node-1", "node-2"]
-        unknown = subprocess.run([sys.executable, "-m", "kvpool.cli", "drain", "ghost", "--master",
+        unknown = subprocess.run([sys.executable, "-m", "kvpool.commands.cli", "drain", "ghost", "--master",
                                   cluster.master_address], capture_output=True, text=True, timeout=30)
         assert unknown.returncode == 1 and "ghost" in unknown.stderr
 

@@ -12,7 +12,7 @@ import zmq
 from kvpool import Client
 from kvpool.connectors.block_keys import BlockNamespace, block_hashes
 from kvpool.connectors.routing_service import RoutingService
-from kvpool.netutil import wait_until
+from kvpool.net.netutil import wait_until
 
 BS = 4
 NAMESPACE = BlockNamespace("router-test", "float32", "vllm-nhd", BS)

@@ -9,11 +9,12 @@ import subprocess
 
 import pytest
 
-from kvpool import auth, wire
-from kvpool.checksum import checksum
+from kvpool.security import auth
+from kvpool.protocol import wire
+from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code
-from kvpool.netutil import wait_until
-from kvpool.wire import Op
+from kvpool.net.netutil import wait_until
+from kvpool.protocol.wire import Op
 
 from storenode_harness import closed_by_node, get, put, read_reply, start_node, write_status
 

@@ -10,13 +10,13 @@ import pytest
 from storenode_harness import (call, closed_by_node, member_credential, free, get, hold, inventory, put, read_frame, read_reply,
                                report, start_node, write_frame, write_status)
 
-from kvpool import wire
-from kvpool.checksum import checksum
-from kvpool.cluster_layout import NodeRecord, node_key, parse_hostport
-from kvpool.etcd_client import EtcdClient
+from kvpool.protocol import wire
+from kvpool.protocol.checksum import checksum
+from kvpool.protocol.cluster_layout import NodeRecord, node_key, parse_hostport
+from kvpool.cluster.etcd_client import EtcdClient
 from kvpool.errors import Code, UnavailableError
-from kvpool.netutil import wait_until
-from kvpool.wire import Op, WriteFlag
+from kvpool.net.netutil import wait_until
+from kvpool.protocol.wire import Op, WriteFlag
 
 SEGMENT = 64 * 1024 * 1024
 

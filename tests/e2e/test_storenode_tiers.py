@@ -9,10 +9,11 @@ import pytest
 from storenode_harness import (free, get, hold, inventory, put, read_frame, read_reply, report, start_node,
                                write_frame, write_status)
 
-from kvpool import auth, wire
+from kvpool.security import auth
+from kvpool.protocol import wire
 from kvpool.errors import Code
-from kvpool.netutil import wait_until
-from kvpool.wire import WriteFlag
+from kvpool.net.netutil import wait_until
+from kvpool.protocol.wire import WriteFlag
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -185,7 +186,7 @@ def _find(path: str, needle: bytes) -> int:
 def test_kill_9_then_restart_recovers_intact_ssd_objects(etcd, nodes, tmp_path):
     from test_storenode_protocol import etcd_get
 
-    from kvpool.cluster_layout import NodeRecord, node_key
+    from kvpool.protocol.cluster_layout import NodeRecord, node_key
 
     data_dir = str(tmp_path / "d")
     args = ("--ssd", "16MiB", "--data-dir", data_dir)

@@ -8,7 +8,7 @@ import pytest
 
 from kvpool import Client
 from kvpool.errors import KeyNotFoundError, NoSpaceError
-from kvpool.netutil import wait_until
+from kvpool.net.netutil import wait_until
 from storenode_harness import FAIL_FAST, PATIENT_TIMEOUTS, metric_samples, metric_total
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -10,8 +10,8 @@ from storenode_harness import client_credential, metric_samples, metric_total
 
 from kvpool import Client
 from kvpool.errors import KvpoolError
-from kvpool.grpc_auth import blocking_channel
-from kvpool.netutil import wait_until
+from kvpool.security.grpc_auth import blocking_channel
+from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
@@ -20,7 +20,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory):
-    from kvpool.local_cluster import LocalCluster
+    from kvpool.launch.local_cluster import LocalCluster
 
     with LocalCluster(nodes=2, dram_per_node="96MiB", ssd_per_node="64MiB", tls=True, lease_ttl=2,
                       data_dir=tmp_path_factory.mktemp("tls")) as cluster:
@@ -121,7 +121,7 @@ def test_plain_peers_get_nothing_from_a_tls_cluster(tls_cluster):
 
 
 def test_a_server_with_another_ca_is_refused(tls_cluster, tmp_path):
-    from kvpool.tls import make_local
+    from kvpool.security.tls import make_local
 
     other = make_local(tmp_path / "other")
     with pytest.raises((KvpoolError, ssl.SSLError)):

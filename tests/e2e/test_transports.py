@@ -132,7 +132,7 @@ def test_killing_the_shared_memory_path_mid_transfer_falls_back_without_losing_i
     import signal
     import threading
 
-    from kvpool.netutil import wait_until
+    from kvpool.net.netutil import wait_until
 
     victim = cluster.nodes[0]
     node = victim.info["address"]

@@ -18,21 +18,21 @@ import pytest
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # before ucxx sets a variable this UCX no longer knows
 pytest.importorskip("ucxx")
 
-from kvpool.checksum import checksum  # noqa: E402
+from kvpool.protocol.checksum import checksum  # noqa: E402
 from kvpool.client.tcp import TcpTransport  # noqa: E402
 from kvpool.client.transport import ReadItem, WriteItem, WriteOptions  # noqa: E402
 from kvpool.client.ucx import UcxTransport  # noqa: E402
 from kvpool.errors import (ChecksumMismatchError, InvalidArgumentError, KeyNotFoundError,  # noqa: E402
                            NotLeaderError, StaleReplicaError, UnavailableError, ValueTooLargeError)
-from kvpool.local_cluster import LocalCluster  # noqa: E402
-from kvpool.netutil import wait_until  # noqa: E402
-from kvpool.ucx_common import SAFE_TLS, settings  # noqa: E402
-from kvpool.wire import WriteFlag  # noqa: E402
+from kvpool.launch.local_cluster import LocalCluster  # noqa: E402
+from kvpool.net.netutil import wait_until  # noqa: E402
+from kvpool.net.ucx_common import SAFE_TLS, settings  # noqa: E402
+from kvpool.protocol.wire import WriteFlag  # noqa: E402
 from storenode_harness import member_credential  # noqa: E402
 
 MiB = 1 << 20
 TLS_SETTINGS = ["tcp", "posix,cma,self"]
-# With cma, a peer dying mid-copy aborts the process that copies (see kvpool/ucx_common.py), so peers
+# With cma, a peer dying mid-copy aborts the process that copies (see kvpool/net/ucx_common.py), so peers
 # are killed only over what survives it: tcp, and kvpool's default, all but cma (sysv shared memory here).
 KILLABLE_TLS_SETTINGS = ["tcp", "^cma"]
 ON_SSD = WriteOptions(flags=WriteFlag.PREFER_SSD)
@@ -207,7 +207,7 @@ def test_attach_refuses_a_node_without_ucx(node):
 
 _DYING_WRITER = """
 import asyncio, json, sys
-from kvpool.checksum import checksum
+from kvpool.protocol.checksum import checksum
 from kvpool.client.ucx import UcxTransport
 async def main():
     transport = UcxTransport(options={"TLS": sys.argv[1]})

@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "examples"))
 
 from engine_venvs import ensure  # noqa: E402
 
-from kvpool.netutil import wait_until  # noqa: E402
+from kvpool.net.netutil import wait_until  # noqa: E402
 
 BUILD_AND_RUN = 1800  # seconds: building an engine venv from nothing is most of it
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kvpool.allocator import ExtentAllocator
+from kvpool.storenode.allocator import ExtentAllocator
 
 
 def check_invariants(alloc: ExtentAllocator) -> None:

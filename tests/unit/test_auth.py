@@ -1,13 +1,14 @@
-"""The credential logic of kvpool/auth.py and kvpool/grpc_auth.py, without sockets."""
+"""The credential logic of kvpool/security/auth.py and kvpool/security/grpc_auth.py, without sockets."""
 
 import os
 import stat
 
 import pytest
 
-from kvpool import auth, wire
+from kvpool.security import auth
+from kvpool.protocol import wire
 from kvpool.errors import Code, ForbiddenError, ProtocolError, UnavailableError
-from kvpool.grpc_auth import WINDOW, CallVerifier, call_proof
+from kvpool.security.grpc_auth import WINDOW, CallVerifier, call_proof
 
 SECRET = "correct horse battery staple"
 
@@ -126,7 +127,7 @@ class Clock:
 
 def test_grpc_call_proofs_hold_once_for_their_method_within_the_window(monkeypatch):
     clock = Clock(1_000_000.0)
-    monkeypatch.setattr("kvpool.grpc_auth.time.time", clock)
+    monkeypatch.setattr("kvpool.security.grpc_auth.time.time", clock)
     calls = CallVerifier(auth.Verifier(SECRET), clock=clock)
     client = auth.Credential.for_client(auth.client_token(SECRET))
     proof = call_proof(client, "/kvpool.Master/Remove")

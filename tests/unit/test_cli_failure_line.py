@@ -1,6 +1,6 @@
 """cli.failure_line on errors the end-to-end tests cannot easily provoke."""
 
-from kvpool.cli import failure_line
+from kvpool.commands.cli import failure_line
 from kvpool.errors import NoSpaceError, UnavailableError
 
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from kvpool import AsyncClient, Client
-from kvpool.checksum import checksum
+from kvpool.protocol.checksum import checksum
 from kvpool.client import compression, put_options
 from kvpool.client.reads import decoded as _decoded, landing as _landing
 from kvpool.errors import ChecksumMismatchError, InvalidArgumentError
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.wire import WRITE_OPTIONS, WriteFlag
-from kvpool.write_options import NO_OPTIONS
+from kvpool.protocol.wire import WRITE_OPTIONS, WriteFlag
+from kvpool.protocol.write_options import NO_OPTIONS
 
 TOKENS = np.tile(np.arange(1000, 1064, dtype=np.uint32), 4096).tobytes()  # 1 MiB of repeating token ids
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpool import config
-from kvpool.cli import command_parsers
+from kvpool.runtime import config
+from kvpool.commands.cli import command_parsers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def test_every_shared_key_is_some_commands_setting():
 
 
 def test_the_reference_is_what_the_commands_take():
-    made = subprocess.run([sys.executable, "-m", "kvpool.cli", "config", "--reference"], capture_output=True,
+    made = subprocess.run([sys.executable, "-m", "kvpool.commands.cli", "config", "--reference"], capture_output=True,
                           text=True, timeout=60, check=True).stdout
     assert made == (ROOT / "docs" / "config-reference.md").read_text(), \
         "docs/config-reference.md is stale: kvpool config --reference > docs/config-reference.md"
@@ -100,7 +100,7 @@ def test_the_reference_is_what_the_commands_take():
 def test_config_command_shows_each_settings_source(tmp_path, monkeypatch):
     monkeypatch.setenv("KVPOOL_MASTER_MAX_REPLICAS", "3")
     example = ROOT / "deploy" / "kvpool.toml"
-    out = subprocess.run([sys.executable, "-m", "kvpool.cli", "config", "--config", str(example), "master"],
+    out = subprocess.run([sys.executable, "-m", "kvpool.commands.cli", "config", "--config", str(example), "master"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert "max-replicas = 3  # $KVPOOL_MASTER_MAX_REPLICAS" in out.splitlines()
     assert f"put-timeout = 30.0  # {example} [master]" in out.splitlines()

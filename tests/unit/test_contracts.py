@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvpool import errors, wire
-from kvpool.keys import MAX_KEY_BYTES, validate_key
+from kvpool import errors
+from kvpool.protocol import wire
+from kvpool.protocol.keys import MAX_KEY_BYTES, validate_key
 from kvpool.proto import kvpool_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def test_valid_key_bytes():
 def test_digest_in_pieces_equals_checksum_of_whole():
     import os
 
-    from kvpool.checksum import Digest, checksum
+    from kvpool.protocol.checksum import Digest, checksum
 
     data = os.urandom(1_000_003)
     digest = Digest(data[:10])

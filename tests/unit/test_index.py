@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from kvpool.checksum import checksum
+from kvpool.protocol.checksum import checksum
 from kvpool.errors import NoSpaceError, ValueTooLargeError
 from kvpool.storenode.dram import DramSegment, remove_stale_segments, segment_name
 from kvpool.storenode.index import ObjectIndex, ObjectRecord
@@ -12,7 +12,7 @@ from kvpool.storenode.recovery import recover
 from kvpool.storenode.ssd import SsdSegment
 from kvpool.storenode.store import ObjectStore
 from kvpool.storenode.tiers import StorageTier
-from kvpool.wire import WriteFlag
+from kvpool.protocol.wire import WriteFlag
 
 
 class Clock:
@@ -343,7 +343,7 @@ def test_recovery_keeps_one_copy_of_a_version_found_twice(tmp_path):
 
 
 def test_allocator_claim_carves_a_given_extent():
-    from kvpool.allocator import ExtentAllocator
+    from kvpool.storenode.allocator import ExtentAllocator
 
     alloc = ExtentAllocator(64 * 1024, alignment=4096)
     assert alloc.claim(8192, 5000) == 8192

@@ -5,7 +5,7 @@ from kvpool.master.changes import ChangeTrackingDict
 from kvpool.master.key_feed import REMOVED, STORED, FeedClosed, KeyFeed
 from kvpool.master.objects import ObjectTable
 
-from kvpool.cluster_layout import NodeRecord, TierRecord
+from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 
 
 def table_with_nodes() -> ObjectTable:

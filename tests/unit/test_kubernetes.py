@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvpool import config
-from kvpool.cli import command_parsers
+from kvpool.runtime import config
+from kvpool.commands.cli import command_parsers
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -131,7 +131,7 @@ def test_small_overlay_renders_valid_and_consistent(tmp_path):
     tree = tmp_path / "kubernetes"
     shutil.copytree(KUBE, tree)
     overlay = tree / "overlays" / "small"
-    kvpool = [sys.executable, "-m", "kvpool.cli"]
+    kvpool = [sys.executable, "-m", "kvpool.commands.cli"]
     (overlay / "secret").write_text(subprocess.run(kvpool + ["token", "new"], capture_output=True, text=True,
                                                    check=True).stdout)
     (overlay / "secret").chmod(0o600)

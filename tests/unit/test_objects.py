@@ -5,15 +5,15 @@ import time
 
 import pytest
 
-from kvpool.cluster_layout import NodeRecord, TierRecord
+from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError, ValueTooLargeError,
 )
-from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry
+from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
 from kvpool.master.ledger import FreeOrder
 from kvpool.master.objects import ObjectTable
 from kvpool.master.versions import DRAM, SSD, PutOptions
-from kvpool.wire import WriteFlag
+from kvpool.protocol.wire import WriteFlag
 
 MiB = 1 << 20
 

@@ -3,7 +3,7 @@ repair plans copies for (and which it leaves alone), drains, and the copy-rate t
 
 import pytest
 
-from kvpool.cluster_layout import NodeRecord, TierRecord
+from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from kvpool.errors import InvalidArgumentError, NoSpaceError, UnavailableError
 from kvpool.master.objects import ObjectTable
 from kvpool.master.repair import Throttle, plan

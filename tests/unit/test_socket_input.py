@@ -1,7 +1,7 @@
 import asyncio
 import socket
 
-from kvpool.socket_input import SocketInput
+from kvpool.sockets.socket_input import SocketInput
 
 
 def test_waits_for_input_and_keeps_the_socket_registered_between_waits():

@@ -2,7 +2,7 @@
 
 import os
 
-from kvpool.checksum import checksum
+from kvpool.protocol.checksum import checksum
 from kvpool.storenode.recovery import scan
 from kvpool.storenode.ssd import ALIGNMENT, HEADER_KEY_FILE, SsdSegment, StoredObject
 

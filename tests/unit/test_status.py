@@ -3,7 +3,7 @@
 import re
 
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.status import render_status
+from kvpool.commands.status import render_status
 
 MiB = 1 << 20
 

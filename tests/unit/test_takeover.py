@@ -4,11 +4,11 @@ table offers whoever follows it."""
 import pytest
 
 from kvpool.errors import PutExpiredError
-from kvpool.inventory import Entry
+from kvpool.protocol.inventory import Entry
 from kvpool.master.changes import ChangeTrackingDict
 from kvpool.master.objects import ObjectTable
 
-from kvpool.cluster_layout import NodeRecord, TierRecord
+from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 
 
 def node(node_id: str) -> NodeRecord:
@@ -134,7 +134,7 @@ def test_table_changes_are_tracked_only_once_asked_for():
 
 
 def test_bulk_adoption_of_inventory_columns_matches_adoption_entry_by_entry():
-    from kvpool.inventory import DRAM_BIT, SSD_BIT, Reply, encode
+    from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Reply, encode
 
     def prepared() -> ObjectTable:
         table = ObjectTable(first_generation=1, clock=lambda: 1000.0)  # one clock: equal ttl deadlines

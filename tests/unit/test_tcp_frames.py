@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from kvpool import auth, inventory, wire
-from kvpool.checksum import checksum
+from kvpool.security import auth
+from kvpool.protocol import inventory, wire
+from kvpool.protocol.checksum import checksum
 from kvpool.client.tcp import TcpTransport
 from kvpool.client.transport import ReadItem, WriteItem, WriteOptions
 from kvpool.errors import Code, KeyNotFoundError, NoSpaceError, ProtocolError
@@ -82,7 +83,7 @@ class ScriptedNode:
 
     @staticmethod
     async def _handshake(reader, writer) -> None:
-        """The server's side of kvpool/auth.py, with this run's cluster secret."""
+        """The server's side of kvpool/security/auth.py, with this run's cluster secret."""
         handshake = auth.ServerHandshake(auth.Verifier(auth.read_token()))
         writer.write(handshake.challenge())
         header = await reader.readexactly(wire.REQUEST.size)

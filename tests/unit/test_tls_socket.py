@@ -1,4 +1,4 @@
-"""kvpool/tls_socket.py over a real socket pair: the handshake, bulk and small transfers both ways with the
+"""kvpool/security/tls_socket.py over a real socket pair: the handshake, bulk and small transfers both ways with the
 sockets' buffers full (the encrypted backlog), partial reads, and the end of the stream."""
 
 import asyncio
@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
-from kvpool.socket_input import SocketInput
-from kvpool.socket_output import flush_backlog, send_all
-from kvpool.tls import make_local
-from kvpool.tls_socket import TlsSocket, handshake
+from kvpool.sockets.socket_input import SocketInput
+from kvpool.sockets.socket_output import flush_backlog, send_all
+from kvpool.security.tls import make_local
+from kvpool.security.tls_socket import TlsSocket, handshake
 
 
 @pytest.fixture(scope="module")

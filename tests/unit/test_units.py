@@ -1,6 +1,6 @@
 import pytest
 
-from kvpool.units import format_size, parse_size
+from kvpool.protocol.units import format_size, parse_size
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -3,7 +3,7 @@
 import pytest
 
 from kvpool.errors import ProtocolError
-from kvpool.inventory import DRAM_BIT, SSD_BIT, Entry, Reply, decode, encode
+from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry, Reply, decode, encode
 from kvpool.master.version_store import VersionStore
 from kvpool.master.versions import NO_OPTIONS, ObjectVersion, PutOptions, Replica
 

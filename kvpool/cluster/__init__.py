@@ -1,0 +1,1 @@
+"""The etcd client every component shares."""

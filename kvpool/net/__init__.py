@@ -1,0 +1,1 @@
+"""Connections to storage nodes (TCP, UCX message layout) and socket helpers."""

@@ -1,0 +1,66 @@
+"""Small socket helpers: loopback ports for local processes, and connecting."""
+
+import asyncio
+import ipaddress
+import os
+import socket
+import ssl
+import time
+
+from ..errors import KvpoolError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
+    """Poll `predicate` until it returns a truthy value; TimeoutError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+
+async def open_socket(host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket with Nagle off (a host name is resolved off the loop thread);
+    OSError if it cannot connect. Bound it with a timeout."""
+    loop = asyncio.get_running_loop()
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+        target = (host, port)
+    except ValueError:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, target = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await loop.sock_connect(sock, target)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def connect_failure(exc: BaseException, what: str, error_type, timeout: float | None = None) -> BaseException | None:
+    """What to raise for a connection attempt (connect, TLS and AUTH handshakes) that failed with `exc`: a
+    timeout or an OS error (refused, unreachable, TLS) as `error_type` naming `what`; None to raise `exc`
+    itself (a kvpool error, e.g. a refused credential, or a cancellation)."""
+    if isinstance(exc, KvpoolError):  # some are OSErrors too (UnavailableError, ForbiddenError)
+        return None
+    if isinstance(exc, TimeoutError):
+        return error_type(f"{what}: connect timed out" + (f" after {timeout}s" if timeout else ""))
+    if isinstance(exc, OSError):
+        # (an SSLError's errno is the TLS library's, not the system's)
+        reason = os.strerror(exc.errno) if exc.errno and not isinstance(exc, ssl.SSLError) else str(exc)
+        return error_type(f"{what}: cannot connect: {reason}")
+    return None

@@ -1,0 +1,120 @@
+"""The INVENTORY reply: what a node holds, as the record a new leader rebuilds its table from.
+
+A node may hold millions of objects and a new leader reads every node's
+inventory before it serves, so the reply is binary, not JSON: a count, one
+fixed-size record per object, then every key's bytes back to back. The records
+are read as numpy columns (no Python object per field), a slice at a time.
+"""
+
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import ProtocolError
+
+# generation, size, checksum, raw_size, ttl_ms (0 = none), write flags, key length, tiers held (bit per tier)
+_RECORD = struct.Struct("<QQQQqIHB")
+RECORD_DTYPE = np.dtype([("generation", "<u8"), ("size", "<u8"), ("checksum", "<u8"), ("raw_size", "<u8"),
+                         ("ttl_ms", "<i8"), ("flags", "<u4"), ("key_length", "<u2"), ("tiers", "u1")])
+assert RECORD_DTYPE.itemsize == _RECORD.size
+_COUNT = struct.Struct("<I")
+DRAM_BIT, SSD_BIT = 1, 2
+
+
+class Entry(NamedTuple):
+    key: str
+    generation: int
+    size: int
+    checksum: int
+    flags: int = 0
+    raw_size: int = 0
+    ttl_ms: int = 0   # remaining lifetime; 0 = none
+    tiers: int = DRAM_BIT
+
+    @property
+    def in_dram(self) -> bool:
+        return bool(self.tiers & DRAM_BIT) or not self.tiers & SSD_BIT
+
+    @property
+    def tier_names(self) -> list[str]:
+        return [name for name, bit in (("dram", DRAM_BIT), ("ssd", SSD_BIT)) if self.tiers & bit]
+
+
+def encode(entries: list[Entry]) -> bytes:
+    keys = [e.key.encode("utf-8", "surrogateescape") for e in entries]
+    records = b"".join(_RECORD.pack(e.generation, e.size, e.checksum, e.raw_size, e.ttl_ms, e.flags, len(k), e.tiers)
+                       for e, k in zip(entries, keys))
+    return _COUNT.pack(len(entries)) + records + b"".join(keys)
+
+
+def encode_columns(keys: list[bytes], **columns) -> bytes:
+    """The reply from per-field sequences (RECORD_DTYPE's names but key_length), one item per key:
+    a node with millions of objects builds it without an object per entry."""
+    records = np.zeros(len(keys), dtype=RECORD_DTYPE)
+    for name, values in columns.items():
+        records[name] = values
+    records["key_length"] = [len(k) for k in keys]
+    return _COUNT.pack(len(keys)) + records.tobytes() + b"".join(keys)
+
+
+class Columns(NamedTuple):
+    """A slice of an inventory: its keys, and a structured array (RECORD_DTYPE) of the rest."""
+
+    keys: list[str]
+    records: np.ndarray
+
+    def entries(self) -> list[Entry]:
+        r = self.records
+        return [Entry(*fields) for fields in zip(
+            self.keys, r["generation"].tolist(), r["size"].tolist(), r["checksum"].tolist(), r["flags"].tolist(),
+            r["raw_size"].tolist(), r["ttl_ms"].tolist(), r["tiers"].tolist())]
+
+
+class Reply:
+    """An INVENTORY reply as received, checked whole on arrival, decoded a slice at a time."""
+
+    def __init__(self, body: bytes):
+        view = memoryview(body)
+        if len(view) < _COUNT.size:
+            raise ProtocolError(f"INVENTORY reply of {len(view)} bytes has no count")
+        (count,) = _COUNT.unpack_from(view)
+        keys_at = _COUNT.size + count * _RECORD.size
+        if keys_at > len(view):
+            raise ProtocolError(f"INVENTORY reply of {len(view)} bytes is too short for {count} records")
+        self.count = count
+        self._records = np.frombuffer(view, dtype=RECORD_DTYPE, count=count, offset=_COUNT.size)
+        self._ends = np.cumsum(self._records["key_length"], dtype=np.int64)
+        if (int(self._ends[-1]) if count else 0) != len(view) - keys_at:
+            raise ProtocolError("INVENTORY reply's keys do not add up to its records")
+        self._keys = bytes(view[keys_at:])
+        # All-ASCII keys (the usual case) are decoded in one go and cut by position.
+        self._text = self._keys.decode("ascii") if self._keys.isascii() else None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        return (entry for part in self.slices() for entry in part)
+
+    def column_slices(self, size: int = 20_000):
+        for first in range(0, self.count, size):
+            records = self._records[first:first + size]
+            ends = self._ends[first:first + size]
+            starts = (ends - records["key_length"]).tolist()
+            ends = ends.tolist()
+            if self._text is not None:
+                text = self._text
+                keys = [text[a:b] for a, b in zip(starts, ends)]
+            else:
+                blob = self._keys
+                keys = [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
+            yield Columns(keys, records)
+
+    def slices(self, size: int = 20_000):
+        return (columns.entries() for columns in self.column_slices(size))
+
+
+def decode(body: bytes) -> list[Entry]:
+    """The entries of an INVENTORY reply; ProtocolError if it is not one."""
+    return list(Reply(body))

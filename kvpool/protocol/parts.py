@@ -1,0 +1,46 @@
+"""A value made of several buffers in order (Parts).
+
+client/values.py makes them from callers' objects; they live here because the
+TCP connection to nodes (kvpool/net/tcp_connection.py), which the master and the
+nodes use too, sends from and receives into each part.
+"""
+
+
+class Parts:
+    """One value made of several buffers in order, e.g. a KV block's K and V for every layer:
+    gathered into one stored object on a put, scattered back into the same layout on a get,
+    with no copy in between (the transports send from and receive into each part)."""
+
+    __slots__ = ("views", "size")
+
+    def __init__(self, views):
+        self.views = [view for view in views if len(view)]
+        self.size = sum(len(view) for view in self.views)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def gather(self) -> memoryview:
+        """The parts copied into one buffer (for what needs contiguous bytes: compression, UCX)."""
+        whole = memoryview(bytearray(self.size))
+        self.copy_to(whole)
+        return whole
+
+    def copy_to(self, whole: memoryview) -> None:
+        """Copy the parts, in order, into `whole` (len == self.size)."""
+        position = 0
+        for view in self.views:
+            whole[position:position + len(view)] = view
+            position += len(view)
+
+    def copy_from(self, whole: memoryview) -> None:
+        """Fill the parts, in order, from `whole` (len == self.size)."""
+        position = 0
+        for view in self.views:
+            view[:] = whole[position:position + len(view)]
+            position += len(view)
+
+
+def pieces(value) -> list | tuple:
+    """The flat views a value or destination consists of, in order: its parts, or itself."""
+    return value.views if isinstance(value, Parts) else (value,)

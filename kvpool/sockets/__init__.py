@@ -1,0 +1,1 @@
+"""Sending and receiving on non-blocking sockets from asyncio, on any event loop."""

@@ -1,0 +1,65 @@
+"""kvpool's import order (ARCHITECTURE.md, "Layers"): the layers contract in pyproject.toml holds on the tree, and
+the checker reports a module that breaks it."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "pyproject.toml"
+LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+
+
+def installed_layout(dest: Path) -> Path:
+    """The package laid out as installed (pyproject's package-dir puts master/ at kvpool/master/ and so on): the
+    checker reads one directory tree per root package."""
+    package_dirs = tomllib.loads(CONFIG.read_text())["tool"]["setuptools"]["package-dir"]
+    for package, directory in sorted(package_dirs.items()):  # "kvpool" first, then the packages inside it
+        shutil.copytree(ROOT / directory, dest / package.replace(".", "/"), dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    """lint-imports with the project's contracts, on `tree` (found first on the path, ahead of the installed one)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([sys.executable, "-c", LINT_IMPORTS, "--no-cache", str(CONFIG)], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below(tmp_path):
+    result = lint_imports(installed_layout(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 1 kept, 0 broken." in result.stdout
+
+
+@pytest.mark.parametrize("module, statement, reported", [
+    # the ground floor importing a program
+    ("kvpool/protocol/wire.py", "from kvpool.commands import status", "kvpool.protocol.wire -> kvpool.commands.status"),
+    # one layer up, through a package import
+    ("kvpool/security/auth.py", "import kvpool.net.tcp_link", "kvpool.security.auth -> kvpool.net.tcp_link"),
+    # two packages of one layer (master, client) must not import each other
+    ("kvpool/master/repair.py", "from kvpool.client import Client", "kvpool.master.repair -> kvpool.client"),
+])
+def test_an_import_from_a_higher_layer_breaks_the_contract(tmp_path, module, statement, reported):
+    tree = installed_layout(tmp_path)
+    with open(tree / module, "a") as f:
+        f.write(f"\n{statement}  # deliberately against the layers\n")
+    result = lint_imports(tree)
+    assert result.returncode != 0
+    assert "Contracts: 0 kept, 1 broken." in result.stdout
+    assert reported in result.stdout
+
+
+def test_a_module_in_no_layer_breaks_the_contract(tmp_path):
+    """A new module directly in kvpool/ must be given a layer (the contract is exhaustive)."""
+    tree = installed_layout(tmp_path)
+    (tree / "kvpool" / "frames.py").write_text('"""A module nobody placed."""\n')
+    result = lint_imports(tree)
+    assert result.returncode != 0
+    assert "kvpool.frames" in result.stdout
