@@ -17,11 +17,11 @@ from kvpool.errors import Code, ProtocolError, UnavailableError, error_for
 from kvpool.protocol.parts import pieces
 from kvpool.net.tcp_connection import Connection
 from kvpool.protocol.write_options import WriteOptions
+from kvpool.sockets.socket_output import sendmsg_some
 
 # A WRITE the node has not answered in this long (plus the time its bytes take at 50 MB/s)
 # fails the connection: the loop-driven path has no such bound, a caller blocked here would.
 WRITE_TIMEOUT = 30.0
-_IOV_MAX = 512
 _REPLY = wire.REPLY
 _WRITE = int(wire.Op.WRITE)
 _OK, _CHECKSUM_MISMATCH = int(Code.OK), int(Code.CHECKSUM_MISMATCH)
@@ -67,18 +67,13 @@ def _wait(sock, poller: select.poll, events: int, deadline: float) -> None:
 
 def _send(sock, parts: list, poller: select.poll, deadline: float) -> None:
     i, n = 0, len(parts)
-    while i < n:
-        try:
-            sent = sock.sendmsg(parts[i:i + _IOV_MAX])
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        while i < n and sent >= len(parts[i]):
-            sent -= len(parts[i])
-            i += 1
-        if i < n:
-            if sent:
-                parts[i] = memoryview(parts[i]).cast("B")[sent:]
-            _wait(sock, poller, select.POLLOUT, deadline)
+    while True:
+        i, sent = sendmsg_some(sock, parts, i)
+        if i == n:
+            return
+        if sent:
+            parts[i] = memoryview(parts[i]).cast("B")[sent:]
+        _wait(sock, poller, select.POLLOUT, deadline)
 
 
 def _receive(sock, size: int, poller: select.poll, deadline: float) -> bytearray:

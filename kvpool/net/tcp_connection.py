@@ -20,11 +20,10 @@ from ..protocol.checksum import Digest
 from ..errors import Code, ProtocolError, UnavailableError, error_for
 from ..protocol.parts import pieces
 from ..sockets.socket_input import SocketInput
-from ..sockets.socket_output import flush_backlog, send_all
+from ..sockets.socket_output import flush_backlog, send_all, sendmsg_some
 from ..security.tls_socket import TlsSocket
 from ..protocol.write_options import WriteOptions
 
-_IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
 _DRAIN_BYTES = 64 * 1024
 _READ_AHEAD = 64 * 1024
 _HASH_CHUNK = 128 * 1024  # received and hashed while still in cache (measured: faster than 512 KiB)
@@ -249,13 +248,7 @@ class Connection:
         sock = self.sock
         i, n = 0, len(parts)
         while i < n:
-            try:
-                sent = sock.sendmsg(parts[i:i + _IOV_MAX])
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            while i < n and sent >= len(parts[i]):
-                sent -= len(parts[i])
-                i += 1
+            i, sent = sendmsg_some(sock, parts, i)
             if i < n:
                 if self.tls:
                     await send_all(sock, memoryview(parts[i]).cast("B")[sent:])

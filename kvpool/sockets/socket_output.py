@@ -15,10 +15,26 @@ import socket
 
 
 FILE_CHUNK = 1024 * 1024  # a file sent over TLS goes through a buffer this large
+IOV_MAX = 512  # buffers per sendmsg call; below the usual IOV_MAX of 1024
 
 
 class PeerStalled(TimeoutError):
     """The peer took no byte for the whole stall timeout."""
+
+
+def sendmsg_some(sock, parts: list, first: int) -> tuple[int, int]:
+    """One sendmsg of parts[first:], as much as the socket takes now (none if it is full): the index of
+    the first part not wholly sent and how many of its bytes were. The blocking and the asyncio
+    senders of many buffers wait differently for the rest; this step is theirs alike."""
+    try:
+        sent = sock.sendmsg(parts[first:first + IOV_MAX])
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    i, n = first, len(parts)
+    while i < n and sent >= len(parts[i]):
+        sent -= len(parts[i])
+        i += 1
+    return i, sent
 
 
 async def send_all(sock: socket.socket, data, stall_timeout: float | None = None) -> None:
