@@ -2,7 +2,8 @@
 
 A gRPC unary call costs many raw socket round trips' worth of time between two
 processes, and a put makes two master calls; this port serves the same RPCs
-through the same code (MasterService.dispatch) for the price of one round trip.
+through the same code (MasterService.serve_now, as dispatch) for the price of one round trip;
+a call that needs no waiting is answered inside the read that brought it, with no coroutine or task.
 
 A connection may carry many requests at once. Each complete frame is decoded
 and dispatched as it arrives, in arrival order: a handler changes the table
@@ -19,6 +20,7 @@ read; a wrong one is answered FORBIDDEN and the connection closed.
 
 import asyncio
 import logging
+import types
 
 from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -36,6 +38,7 @@ MAX_IN_FLIGHT = 1024  # calls served at once per connection; reading pauses beyo
 _HEADER = wire.REQUEST.size
 _unpack_header = wire.REQUEST.unpack_from
 _OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
+_COROUTINE = types.CoroutineType  # what MasterService.serve_now returns for a call still to finish
 
 
 class ControlPort:
@@ -56,7 +59,9 @@ class ControlPort:
                                  registry=registry)
         self.accepted = Counter("kvpool_master_control_accepted", "Control port connections accepted",
                                 registry=registry)
-        self.counted = {name: self.requests.labels(name) for name in control.OP_BY_RPC}
+        # op -> (RPC name, request parser, its request counter): one look-up per frame
+        self.entries = {int(op): (name, control.MESSAGES[name][0].FromString, self.requests.labels(name))
+                        for name, op in control.OP_BY_RPC.items()}
 
     async def bind(self, host: str, port: int, tls=None) -> int:
         """Listen on host:port (0: a free port), without serving yet; returns the port. tls: an
@@ -96,6 +101,16 @@ async def _finish(call, waiting):
             waiting = call.throw(asyncio.CancelledError()) if cancelled else call.send(None)
         except StopIteration as done:
             return done.value
+
+
+def _error_frame(op: int, req_id: int, name: str, exc: Exception) -> bytes:
+    """The answer to a call that raised `exc` instead of answering."""
+    if isinstance(exc, NotLeading):
+        return control.pack_answer(op, req_id, _NOT_LEADER, control.not_leader_body(exc.leader, exc.control_address))
+    if isinstance(exc, KvpoolError):  # a request refused whole (e.g. past --max-batch)
+        return control.pack_error(op, req_id, exc.code, str(exc))
+    log.error("control port: %s failed", name, exc_info=exc)  # a bug costs this call, not the connection
+    return control.pack_error(op, req_id, Code.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
 class _Connection(asyncio.Protocol):
@@ -175,7 +190,10 @@ class _Connection(asyncio.Protocol):
 
     def _take(self, data: bytes) -> None:
         buf = self.buf
-        buf += data
+        if buf:
+            buf += data
+        else:  # the read starts at a frame (the common case): parsed where it lies, the rest kept
+            buf = data
         size, start = len(buf), 0
         while size - start >= _HEADER:
             magic, version, op, req_id, key_len, _flags, _gen, _arg, length, _sum = _unpack_header(buf, start)
@@ -194,7 +212,7 @@ class _Connection(asyncio.Protocol):
             end = start + _HEADER + key_len + length
             if size < end:
                 break
-            body = bytes(buf[start + _HEADER + key_len:end])
+            body = bytes(buf[start + _HEADER + key_len:end])  # one copy: a slice of bytes is bytes
             start = end
             if self.handshake is not None:
                 try:
@@ -213,26 +231,38 @@ class _Connection(asyncio.Protocol):
             self._call(op, req_id, body)
             if self.closed:
                 return
-        if start:
-            del buf[:start]
-        self._watch_stall(bool(buf))
+        if buf is self.buf:
+            if start:
+                del buf[:start]
+        elif start < size:
+            self.buf += memoryview(buf)[start:]
+        self._watch_stall(bool(self.buf))
 
     def _call(self, op: int, req_id: int, body: bytes) -> None:
-        name = control.RPC_BY_OP.get(op)
-        if name is None:
+        entry = self.port.entries.get(op)
+        if entry is None:
             self.port.refused.labels("protocol").inc()
             self._reply(control.pack_error(op, req_id, Code.PROTOCOL, f"unknown op {op}"))
             return
+        name, parse, counted = entry
         try:
-            request = control.MESSAGES[name][0].FromString(body)
+            request = parse(body)
         except DecodeError as exc:
             self.port.refused.labels("undecodable").inc()
             self._reply(control.pack_error(op, req_id, Code.INVALID_ARGUMENT, f"{name}: undecodable body: {exc}"))
             return
-        self.port.counted[name].inc()
-        call = self._serve(op, req_id, name, request)
+        counted.inc()
         try:
-            waiting = call.send(None)  # most calls finish here: no task, no further turn of the loop
+            response = self.service.serve_now(name, request)
+        except Exception as exc:  # noqa: BLE001 - answered as an error frame (_error_frame)
+            self._reply(_error_frame(op, req_id, name, exc))
+            return
+        if type(response) is not _COROUTINE:  # most calls finish here: no task, no further turn of the loop
+            self._reply(control.pack_answer(op, req_id, _OK, response.SerializeToString()))
+            return
+        call = self._serve(op, req_id, name, response)
+        try:
+            waiting = call.send(None)  # a hold or FREEs may still finish here, without a task
         except StopIteration:
             return
         task = self.loop.create_task(_finish(call, waiting))
@@ -246,17 +276,12 @@ class _Connection(asyncio.Protocol):
         if not self.reading:
             self._pace()
 
-    async def _serve(self, op: int, req_id: int, name: str, request) -> None:
+    async def _serve(self, op: int, req_id: int, name: str, finishing) -> None:
+        """Await the rest of a call (MasterService.serve_now's coroutine) and reply."""
         try:
-            response = await self.service.dispatch(name, request)
-        except NotLeading as exc:
-            frame = control.pack_answer(op, req_id, _NOT_LEADER, control.not_leader_body(exc.leader,
-                                                                                        exc.control_address))
-        except KvpoolError as exc:  # a request refused whole (e.g. past --max-batch)
-            frame = control.pack_error(op, req_id, exc.code, str(exc))
-        except Exception as exc:  # noqa: BLE001 - a bug costs this call, not the connection
-            log.exception("control port: %s failed", name)
-            frame = control.pack_error(op, req_id, Code.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+            response = await finishing
+        except Exception as exc:  # noqa: BLE001 - answered as an error frame (_error_frame)
+            frame = _error_frame(op, req_id, name, exc)
         else:
             frame = control.pack_answer(op, req_id, _OK, response.SerializeToString())
         self._reply(frame)

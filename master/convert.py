@@ -105,14 +105,23 @@ def fill_statuses(response: pb.BatchStatusResponse, errors: list) -> None:
             item.status, item.message = int(error.code), str(error)
 
 
+_STATUS_FIELDS: dict = {}  # response class -> which of items / errors / status it has (read once per class)
+
+
 def error_statuses(response) -> list[str]:
     """The names of the non-OK statuses in an answer (each item's, for a batch), for metrics."""
-    fields = response.DESCRIPTOR.fields_by_name
-    if "items" in fields:
+    shape = _STATUS_FIELDS.get(type(response))
+    if shape is None:
+        fields = response.DESCRIPTOR.fields_by_name
+        shape = _STATUS_FIELDS[type(response)] = ("items" in fields, "errors" in fields, "status" in fields)
+    items, errors, status = shape
+    if items:
         statuses = [item.status for item in response.items]
-        if "errors" in fields:  # a BatchPutStart's columnar answers
+        if errors:  # a BatchPutStart's columnar answers
             statuses += [error.status for error in response.errors]
-    elif "status" in fields:
+    elif status:
+        if response.status == pb.OK:  # the common case, answered without building a list
+            return []
         statuses = [response.status]
     else:
         statuses = []

@@ -170,6 +170,15 @@ class ObjectTable:
             ledger.expire_if_due(key)
         return key in committed
 
+    def exists_many(self, keys: list[str]) -> list[bool]:
+        """exists() of each key, in order."""
+        ledger = self._ledger
+        committed = ledger.committed
+        if committed.expiring:
+            for key in keys:
+                ledger.expire_if_due(key)
+        return committed.contains_many(keys)
+
     def remove(self, key: str) -> None:
         """Drop the committed version of `key` (a pending put of it is left alone)."""
         ledger = self._ledger

@@ -10,14 +10,14 @@ the table.
 """
 
 import functools
-import inspect
 import logging
 import time
+import types
 
 import grpc
 
 from kvpool.errors import InvalidArgumentError, KeyNotFoundError, KvpoolError
-from kvpool.protocol.keys import validate_key
+from kvpool.protocol.keys import MAX_KEY_BYTES, validate_key
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
@@ -57,6 +57,19 @@ def _error_answer(response_cls, fn, exc: Exception):
         return response_cls(status=int(exc.code), message=str(exc))
     log.exception("internal error in %s", fn.__name__)
     return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _valid_keys(keys) -> list[str]:
+    """A batch's keys, all valid, or the typed error of the first that is not, naming its index."""
+    keys = list(keys)
+    for i, key in enumerate(keys):
+        # Most keys are short ASCII: valid at a glance (validate_key then says why one is not).
+        if not (key.isascii() and 0 < len(key) <= MAX_KEY_BYTES and "\x00" not in key):
+            try:
+                validate_key(key)
+            except KvpoolError as exc:
+                raise type(exc)(f"keys[{i}]: {exc}") from None
+    return keys
 
 
 def _invalid_keys(keys) -> dict:
@@ -108,14 +121,16 @@ class NotLeading(Exception):
         self.control_address = control_address
 
 
-_HANDLERS = {}  # RPC name -> (handler(self, request), whether it is a coroutine function), for dispatch
+_HANDLERS = {}  # RPC name -> handler(self, request), for dispatch
+_COROUTINE = types.CoroutineType
 
 
 def _rpc(handler):
-    """Register a handler(self, request) (plain or async) for MasterService.dispatch, and
-    adapt it to grpc.aio: gRPC and the control port serve every RPC the same way."""
+    """Register a handler(self, request) for MasterService.dispatch, and adapt it to grpc.aio:
+    gRPC and the control port serve every RPC the same way. A handler returns its response, or,
+    when it must wait (a hold to ask nodes for), a coroutine returning it."""
     name = handler.__name__
-    _HANDLERS[name] = (handler, inspect.iscoroutinefunction(handler))
+    _HANDLERS[name] = handler
 
     @functools.wraps(handler)
     async def method(self, request, context):
@@ -161,6 +176,14 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         the handler, FREEs, metrics. The replicas a request released (an overwritten or removed
         version) are freed on their nodes before it is answered, so the caller's next read
         cannot get them."""
+        response = self.serve_now(name, request)
+        if type(response) is _COROUTINE:
+            response = await response
+        return response
+
+    def serve_now(self, name: str, request):
+        """dispatch without a coroutine when nothing needs waiting for (most calls): the response;
+        else a coroutine finishing the call (its hold, the FREEs it caused) and returning it."""
         started = time.perf_counter()
         gate = self.leadership
         if gate is not None and name not in FOLLOWER_RPCS and not gate.answering():
@@ -171,11 +194,20 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             size = batch_size(request)
             if size > self.max_batch:  # placed and answered on the leader's loop: bounded, or it stalls
                 raise InvalidArgumentError(f"{name} of {size} keys exceeds --max-batch {self.max_batch}")
-        handler, is_async = _HANDLERS[name]
-        response = handler(self, request)
-        if is_async:
+        response = _HANDLERS[name](self, request)
+        if type(response) is _COROUTINE:
+            return self._finish(name, response, started)
+        frees = self._table.take_frees()
+        if frees:
+            return self._finish(name, response, started, frees)
+        self._metrics.observe(name, time.perf_counter() - started, convert.error_statuses(response))
+        return response
+
+    async def _finish(self, name: str, response, started: float, frees=None):
+        if type(response) is _COROUTINE:
             response = await response
-        await self._node_io.free_now(self._table.take_frees(), FREE_WAIT)
+            frees = self._table.take_frees()
+        await self._node_io.free_now(frees, FREE_WAIT)
         self._metrics.observe(name, time.perf_counter() - started, convert.error_statuses(response))
         return response
 
@@ -263,13 +295,15 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     async def _batch_exists(self, req: pb.BatchExistsRequest) -> pb.BatchExistsResponse:
         # One status for the whole answer (the proto has no per-item status): any bad key fails it.
-        keys = list(req.keys)
-        for i, key in enumerate(keys):
-            try:
-                validate_key(key)
-            except KvpoolError as exc:
-                raise type(exc)(f"keys[{i}]: {exc}") from None
+        keys = _valid_keys(req.keys)
         return pb.BatchExistsResponse(status=pb.OK, exists=await self._exists_holding(keys, req.hold_seconds))
+
+    def _batch_exists_now(self, req: pb.BatchExistsRequest) -> pb.BatchExistsResponse | None:
+        """The answer of a BatchExists that asks for no hold (read from the table at once), else None."""
+        keys = _valid_keys(req.keys)
+        if self._hold_ms(req.hold_seconds):
+            return None
+        return pb.BatchExistsResponse(status=pb.OK, exists=self._table.exists_many(keys))
 
     def _remove(self, key: str) -> pb.RemoveResponse:
         validate_key(key)
@@ -339,12 +373,16 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                                                      for key in request.keys])
 
     @_rpc
-    async def Exists(self, request):
-        return await _answer_async(pb.ExistsResponse, self._exists, request)
+    def Exists(self, request):
+        return _answer_async(pb.ExistsResponse, self._exists, request)
 
     @_rpc
-    async def BatchExists(self, request):
-        return await _answer_async(pb.BatchExistsResponse, self._batch_exists, request)
+    def BatchExists(self, request):
+        # Without a hold nothing is waited for: answered here, with no coroutine (lookups are most calls).
+        answered = _answer(pb.BatchExistsResponse, self._batch_exists_now, request)
+        if answered is not None:
+            return answered
+        return _answer_async(pb.BatchExistsResponse, self._batch_exists, request)
 
     @_rpc
     def Remove(self, request):

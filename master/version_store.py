@@ -171,6 +171,10 @@ class VersionStore:
     def __contains__(self, key: str) -> bool:
         return key in self._records
 
+    def contains_many(self, keys: list[str]) -> list[bool]:
+        records = self._records
+        return [key in records for key in keys]
+
     def __len__(self) -> int:
         return len(self._records)
 
