@@ -61,12 +61,17 @@ def _latency(row: dict, samples: int) -> None:
 def test_control_latency_measures_every_call_and_the_socket_floor():
     report = _run("control_latency.py", "--samples", "50")
     assert set(report) == {"socket_round_trip_64B", "put_64KiB_fresh", "batch_exists_32", "exists",
+                           "hand_sent_batch_exists_32", "hand_sent_batch_exists_32_after_posted_put_end_22",
                            "socket_round_trip_64B_after"}
     for row in report.values():
         _latency(row, 50)
     # A master call rides on a socket round trip: the bare round trip is its floor.
     floor = min(report["socket_round_trip_64B"]["p50_us"], report["socket_round_trip_64B_after"]["p50_us"])
     assert floor < report["exists"]["p50_us"] <= report["put_64KiB_fresh"]["p99_us"]
+    assert floor < report["hand_sent_batch_exists_32"]["p50_us"]
+    # The master's CPU per call comes from its process accounting, in ticks of 10 ms: 50 calls may read 0.
+    for name in ("batch_exists_32", "hand_sent_batch_exists_32", "hand_sent_batch_exists_32_after_posted_put_end_22"):
+        assert 0 <= report[name]["master_cpu_us"] < 100_000, report[name]
 
 
 def test_ucx_raw_times_ucx_and_tcp_against_the_same_node():
