@@ -5,7 +5,7 @@ read back into what the API returns or the typed error they stand for.
 """
 
 from kvpool.errors import InternalError, KeyNotFoundError, Code, error_for
-from kvpool.protocol.keys import MAX_KEY_BYTES, validate_key
+from kvpool.protocol.keys import validate_key, validate_keys
 from kvpool.proto import kvpool_pb2 as pb
 
 from .put_options import hold_seconds
@@ -37,19 +37,6 @@ def exists_request(key: str, hold: float) -> pb.ExistsRequest:
 
 def exists_answer(response: pb.ExistsResponse) -> bool:
     return check(response).exists
-
-
-def validate_keys(keys: list) -> None:
-    """validate_key for every key, in one pass over them all when they are plain ASCII (lookups are
-    on the hot path of every request an engine makes: a per-key check costs more than the protobuf)."""
-    try:
-        joined = "".join(keys)
-    except TypeError:
-        joined = None
-    if (joined is None or not joined.isascii() or "\x00" in joined or not all(keys)
-            or max(map(len, keys), default=0) > MAX_KEY_BYTES):
-        for key in keys:  # says which key is wrong and how (or accepts the non-ASCII ones)
-            validate_key(key)
 
 
 def batch_exists_request(keys: list, hold: float) -> pb.BatchExistsRequest | None:

@@ -17,7 +17,7 @@ import types
 import grpc
 
 from kvpool.errors import InvalidArgumentError, KeyNotFoundError, KvpoolError
-from kvpool.protocol.keys import MAX_KEY_BYTES, validate_key
+from kvpool.protocol.keys import validate_key, validate_keys
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
@@ -62,13 +62,7 @@ def _error_answer(response_cls, fn, exc: Exception):
 def _valid_keys(keys) -> list[str]:
     """A batch's keys, all valid, or the typed error of the first that is not, naming its index."""
     keys = list(keys)
-    for i, key in enumerate(keys):
-        # Most keys are short ASCII: valid at a glance (validate_key then says why one is not).
-        if not (key.isascii() and 0 < len(key) <= MAX_KEY_BYTES and "\x00" not in key):
-            try:
-                validate_key(key)
-            except KvpoolError as exc:
-                raise type(exc)(f"keys[{i}]: {exc}") from None
+    validate_keys(keys)
     return keys
 
 

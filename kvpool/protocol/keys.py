@@ -20,3 +20,21 @@ def validate_key(key: str) -> bytes:
     if "\x00" in key:
         raise InvalidKeyError("key must not contain NUL")
     return raw
+
+
+def validate_keys(keys) -> None:
+    """validate_key for every key of a batch, or InvalidKeyError naming the first bad one's index. Plain
+    ASCII keys are checked in one pass over them all: lookups are on the hot path of every request an
+    engine makes, and a per-key check costs more than the protobuf around them."""
+    try:
+        joined = "".join(keys)
+    except TypeError:
+        joined = None
+    if (joined is not None and joined.isascii() and "\x00" not in joined and all(keys)
+            and max(map(len, keys), default=0) <= MAX_KEY_BYTES):
+        return
+    for i, key in enumerate(keys):  # says which key is wrong and how (or accepts the non-ASCII ones)
+        try:
+            validate_key(key)
+        except InvalidKeyError as exc:
+            raise InvalidKeyError(f"keys[{i}]: {exc}") from None
