@@ -240,7 +240,9 @@ class LocalCluster:
         return [] if value is None else [flag, str(value)]
 
     def _master_child(self, index: int = 0) -> Child:
-        port = self.master_port if index == 0 and self.master_port else free_port(self.host)
+        # 0: the master binds a free port itself (its ready line names it); a port picked here could be
+        # taken by another process before the master binds it, which it refuses rather than share.
+        port = self.master_port if index == 0 and self.master_port else 0
         name = "master" if index == 0 else f"master-{index}"
         argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
                 "--port", str(port), "--cluster", self.cluster, "--master-id", name,
