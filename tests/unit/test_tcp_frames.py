@@ -1,4 +1,5 @@
-"""TcpTransport's frames, checked byte for byte by a small scripted peer on a real socket.
+"""The node connections' frames (the client's TcpTransport, the member's TcpLink), checked byte for byte by a
+small scripted peer on a real socket.
 
 The peer parses every request the way the wire contract describes it and answers
 from a dict, so these tests pin down what the client sends (options block, flags,
