@@ -17,7 +17,7 @@ from typing import Sequence
 from kvpool.protocol import transports
 from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
 from kvpool.protocol.parts import Parts
-from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 
 from .shm import ShmPath
 from .io import LOOP_IO

@@ -1,13 +1,14 @@
-"""The client's data transport over TCP: a TcpLink (kvpool/net/tcp_link.py: one pipelined
-connection per node, and every request a node takes) with the pipelined batches of reads
-and writes that client/transport.py asks of a transport.
+"""The client's data transport over TCP: the node connections (kvpool/net/node_connections.py:
+one pipelined connection per node, WRITE, HELLO) with the READs and the pipelined batches
+that client/transport.py asks of a transport, and nothing a client may not send: what only
+a member sends nodes is kvpool/net/tcp_link.py's.
 """
 
 from typing import Sequence
 
 from kvpool.security import auth
 from kvpool.errors import KvpoolError
-from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT, TcpLink
+from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT, NodeConnections
 from kvpool.security.tls import client_files
 from kvpool.protocol.wire import Op
 
@@ -18,7 +19,7 @@ _WRITE, _READ = Op.WRITE, Op.READ
 ENVIRONMENT = object()  # TcpTransport's default credential: the client token from the environment
 
 
-class TcpTransport(TcpLink, Transport):
+class TcpTransport(NodeConnections, Transport):
     """Transport over TCP. Connections open lazily, one per node address, and are shared
     by every coroutine on the event loop that first used them."""
 

@@ -1,6 +1,6 @@
 """The member-only ops over a TCP data connection: the frames of FREE, HOLD, REPORT, INVENTORY, EVICTIONS
 and COPY. Each takes (connection, members, request), `members` being what NodeOps.members handed the
-connection once its peer's member role was checked (tcp_connection.Connection._as_member); each returns
+connection once its peer's member role was checked (tcp_session.TcpSession._as_member); each returns
 whether the connection stays usable."""
 
 from kvpool.protocol import wire

@@ -100,7 +100,7 @@ class Connection:
     """One node's connection, shared by every coroutine that talks to the node on this event loop."""
 
     def __init__(self, owner, address: str, sock: socket.socket):
-        self.owner = owner  # the TcpLink that opened it: told when it closes
+        self.owner = owner  # the NodeConnections (kvpool/net/node_connections.py) that opened it: told when it closes
         self.address = address
         self.sock = sock
         self.loop = asyncio.get_running_loop()

@@ -1,4 +1,5 @@
-"""One TCP data connection: its AUTH handshake, then its requests, strictly in order, as typed records.
+"""One peer's session on a node's TCP data port: its AUTH handshake, then its requests, strictly in order, as
+typed records.
 
 Each request's header and key are parsed into an ops.Request and handed to its op's handler: WRITE and
 READ here (a DRAM WRITE payload is received straight into its extent and a DRAM READ reply sent straight
@@ -49,7 +50,7 @@ _MAGIC, _VERSION = wire.MAGIC, wire.VERSION
 _clock = time.perf_counter
 
 
-class Connection(Framing):
+class TcpSession(Framing):
     """server: the node's DataServer (storenode/server.py), for its NodeOps, settings and offers."""
 
     def __init__(self, server, sock):
