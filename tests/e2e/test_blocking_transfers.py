@@ -15,9 +15,8 @@ from kvpool.client import io
 from test_blocking_lookups import LoopWatch
 
 
-def test_puts_and_gets_run_no_event_loop(own_cluster):
-    cluster = own_cluster(nodes=1)
-    with Client(cluster.master_address, transports="tcp") as client:
+def test_puts_and_gets_run_no_event_loop(cluster):
+    with Client(cluster.master_address, transports="tcp") as client:  # two nodes: batches go to both
         warm = [f"transfers/warm{i}" for i in range(8)]
         client.batch_put(warm, [b"w" * 100] * 8)  # connects to the master and to every node on the loop
         assert client.batch_get(warm) == [b"w" * 100] * 8
@@ -33,6 +32,7 @@ def test_puts_and_gets_run_no_event_loop(own_cluster):
             assert [bytes(d) for d in dests] == values
             assert client.batch_get(keys + ["transfers/missing"]) == values + [None]
         assert watch.entered == 0
+        client.remove_prefix("transfers/")
 
 
 def test_a_silent_node_fails_a_blocking_get_and_put_in_time(own_cluster, monkeypatch):
