@@ -99,7 +99,9 @@ class BlockingIO(LoopIO):
         if asyncio.current_task() is not None:
             return await asyncio.gather(*coros, return_exceptions=return_exceptions)
         results = []
+        deadlines = self._deadlines
         for i, coro in enumerate(coros):
+            mark = len(deadlines)
             try:
                 waiting_on = coro.send(None)
             except StopIteration as done:
@@ -112,7 +114,10 @@ class BlockingIO(LoopIO):
                     raise
                 results.append(exc)
                 continue
-            rest = await asyncio.gather(_Resumed(coro, waiting_on), *coros[i + 1:],
+            # The timeouts it is inside are its own: armed in its task, not the caller's.
+            owned = deadlines[mark:]
+            del deadlines[mark:]
+            rest = await asyncio.gather(self._continue(coro, waiting_on, owned), *coros[i + 1:],
                                         return_exceptions=return_exceptions)
             return results + rest
         return results
@@ -127,7 +132,7 @@ class BlockingIO(LoopIO):
     def run(self, coro):
         """Run `coro` in this thread (the caller takes turns: one at a time): without the loop while it
         needs none, then on the loop until it is done."""
-        if self._background:  # work spawned earlier progresses only while the loop runs
+        if self._background or self._deadlines:  # spawned work (or an interrupted call) waits for the loop
             return self._run_on_loop(coro)
         events._set_running_loop(self.loop)  # loop calls (futures, tasks made for later) go to this loop
         try:
@@ -136,7 +141,7 @@ class BlockingIO(LoopIO):
             return done.value
         finally:
             events._set_running_loop(None)
-        return self._run_on_loop(self._rest(coro, waiting_on))
+        return self._run_on_loop(self._continue(coro, waiting_on, self._deadlines))
 
     def _run_on_loop(self, coro):
         task = self.loop.create_task(coro)
@@ -145,10 +150,11 @@ class BlockingIO(LoopIO):
         finally:
             task.cancel()  # no-op once done; an interrupted call stops at the next turn
 
-    async def _rest(self, coro, waiting_on):
-        """The rest of `coro`, which suspended on `waiting_on` before the loop ran, as a task: the
-        timeouts it is inside are now armed on the loop too."""
-        for deadline in self._deadlines:
+    @staticmethod
+    async def _continue(coro, waiting_on, deadlines: list):
+        """The rest of `coro`, which suspended on `waiting_on` outside the loop, in this task: the
+        timeouts it is inside (`deadlines`) are now armed on the loop too."""
+        for deadline in list(deadlines):
             await deadline.arm()
         return await _Resumed(coro, waiting_on)
 
@@ -204,7 +210,8 @@ class _Deadline:
             await self._on_loop.__aenter__()
 
     async def __aexit__(self, exc_type, exc, tb):
-        self.io._deadlines.remove(self)
+        if self in self.io._deadlines:  # not when it went on to the loop inside a gather
+            self.io._deadlines.remove(self)
         if self._on_loop is not None:
             return await self._on_loop.__aexit__(exc_type, exc, tb)
         return None
