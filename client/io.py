@@ -51,6 +51,10 @@ class LoopIO:
         """The results of `coros` (per node transfers), run side by side as asyncio.gather runs them."""
         return await asyncio.gather(*coros, return_exceptions=return_exceptions)
 
+    async def to_loop(self) -> None:
+        """Go on from here as a task on the event loop (what follows waits only there, e.g. in an
+        asyncio.timeout); already so here."""
+
     def spawn(self, coro) -> asyncio.Future:
         """Run `coro` in the background on the client's loop."""
         return asyncio.ensure_future(coro)
@@ -80,18 +84,26 @@ class BlockingIO(LoopIO):
     async def request(self, connection, op: int, key, generation, arg, length, checksum=0, payload=None,
                       buf=None, options=None):
         if not self._on_socket(connection):
+            await self.to_loop()
             return await connection.request(op, key, generation, arg, length, checksum, payload, buf, options)
         return connection.request_now(self._deadline(length), op, key, generation, arg, length, checksum, payload,
                                       buf, options)
 
     async def batch(self, connection, op: int, items) -> list:
         if not self._on_socket(connection):
+            await self.to_loop()
             return await connection.batch(op, items)
         nbytes = sum(len(item[2]) for item in items)  # WriteItem.data, ReadItem.buf
         return connection.batch_now(self._deadline(nbytes), op, items)
 
     def timeout(self, seconds: float) -> "_Deadline":
         return _Deadline(self, seconds)
+
+    async def to_loop(self) -> None:
+        if asyncio.current_task() is None:  # outside the loop: suspend once, the rest runs as a task
+            resumed = self.loop.create_future()
+            self.loop.call_soon(resumed.set_result, None)
+            await resumed
 
     async def gather(self, *coros, return_exceptions: bool = False) -> list:
         """Outside the loop, one after the other, each on its sockets (its node works meanwhile on what

@@ -71,3 +71,13 @@ def test_in_a_gather_each_timeout_holds_in_its_own_transfer(io):
     assert time.monotonic() - started < 5
     assert io.run(quick(4)) == 4  # nothing of the earlier call is left behind
     assert not io._deadlines
+
+
+def test_to_loop_lets_what_follows_wait_as_a_task(io):
+    async def call():
+        outside = asyncio.current_task()
+        await io.to_loop()
+        async with asyncio.timeout(5):  # needs a task
+            return outside, asyncio.current_task() is not None
+
+    assert io.run(call()) == (None, True)
