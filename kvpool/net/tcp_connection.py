@@ -97,6 +97,16 @@ class _Request:
                 self.future.set_result(result)
 
 
+def _ended_by(exc: Exception) -> str:
+    """Why a connection ends when reading its replies raised `exc` (whatever it is, no request may be
+    left waiting)."""
+    if isinstance(exc, (OSError, EOFError)):
+        return f"connection lost: {exc or type(exc).__name__}"
+    if isinstance(exc, ProtocolError):
+        return str(exc)
+    return f"reply reader failed: {exc!r}"
+
+
 class Connection:
     """One node's connection, shared by every coroutine that talks to the node on this event loop."""
 
@@ -167,12 +177,8 @@ class Connection:
                 reason = run_now(self._read_reply())
             if reason is None and self._ahead_start != self._ahead_end:
                 reason = "bytes from the node that answer no request"
-        except (OSError, EOFError) as exc:  # TimeoutError too: a silent node fails its requests
-            reason = f"connection lost: {exc or type(exc).__name__}"
-        except ProtocolError as exc:
-            reason = str(exc)
-        except Exception as exc:  # whatever went wrong, no request may be left waiting
-            reason = f"reply reader failed: {exc!r}"
+        except Exception as exc:  # a TimeoutError too: a silent node fails its requests
+            reason = _ended_by(exc)
         except BaseException as exc:  # interrupted mid-frame: the stream cannot be resynchronised
             self.fail(f"request interrupted: {exc!r}")
             raise
@@ -321,12 +327,8 @@ class Connection:
         except asyncio.CancelledError:
             reason = "connection closed"
             raise
-        except (OSError, EOFError) as exc:
-            reason = f"connection lost: {exc or type(exc).__name__}"
-        except ProtocolError as exc:
-            reason = str(exc)
-        except Exception as exc:  # whatever went wrong, no request may be left waiting
-            reason = f"reply reader failed: {exc!r}"
+        except Exception as exc:
+            reason = _ended_by(exc)
         finally:
             self.fail(reason)
             # A sender may still be inside sock_sendall on this fd; shutdown() makes it
