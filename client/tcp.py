@@ -28,8 +28,8 @@ class TcpTransport(NodeConnections, Transport):
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential=ENVIRONMENT, tls=ENVIRONMENT,
                  io=LOOP_IO):
         """credential: what to prove to nodes (kvpool/security/auth.py); tls: kvpool/security/tls.py TlsFiles to connect
-        with (None: plain TCP). By default both come from this process's environment. io: how a single
-        WRITE waits for its answer (client/io.py)."""
+        with (None: plain TCP). By default both come from this process's environment. io: how node
+        requests wait for their answers (client/io.py)."""
         files = client_files() if tls is ENVIRONMENT else tls
         super().__init__(connect_timeout, auth.client_credential() if credential is ENVIRONMENT else credential,
                          files.client_context() if files is not None else None)
@@ -37,11 +37,12 @@ class TcpTransport(NodeConnections, Transport):
 
     async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
         connection = await self._connection(address)
-        await self._io.write(connection, key, generation, data, checksum, options, term)
+        await self._io.request(connection, _WRITE, key, generation, term, len(data), checksum, payload=data,
+                               options=options)
 
     async def read_into(self, address, key, generation, buf) -> int:
         connection = await self._connection(address)
-        return await connection.request(_READ, key, generation, 0, len(buf), buf=buf)
+        return await self._io.request(connection, _READ, key, generation, 0, len(buf), buf=buf)
 
     async def write_many(self, address: str, items: Sequence[WriteItem]) -> list:
         return await self._many(address, _WRITE, items)
@@ -54,4 +55,4 @@ class TcpTransport(NodeConnections, Transport):
             connection = await self._connection(address)
         except KvpoolError as exc:
             return [type(exc)(str(exc)) for _ in items]
-        return await connection.batch(op, items)
+        return await self._io.batch(connection, op, items)
