@@ -22,12 +22,14 @@ class ChangeTrackingDict(dict):
             self._changed[key] = key in self
 
     def __setitem__(self, key, value):
-        self._note(key)
-        super().__setitem__(key, value)
+        if self.tracking and key not in self._changed:  # _note, inlined: every commit comes here
+            self._changed[key] = key in self
+        dict.__setitem__(self, key, value)
 
     def __delitem__(self, key):
-        self._note(key)
-        super().__delitem__(key)
+        if self.tracking and key not in self._changed:  # _note, inlined: every eviction comes here
+            self._changed[key] = key in self
+        dict.__delitem__(self, key)
 
     _missing = object()
 

@@ -98,11 +98,17 @@ def fill_put_starts(response: pb.BatchPutStartResponse, started: list, term: int
 
 def fill_statuses(response: pb.BatchStatusResponse, errors: list) -> None:
     """One item per result: None for OK, else the KvpoolError."""
+    if not any(errors):  # the usual batch: as many empty (OK) items, parsed in one call, not added one by one
+        response.MergeFromString(_EMPTY_ITEM * len(errors))
+        return
     add = response.items.add
     for error in errors:
         item = add()  # an empty item is OK: cheaper than building one per put
         if error is not None:
             item.status, item.message = int(error.code), str(error)
+
+
+_EMPTY_ITEM = b"\x0a\x00"  # BatchStatusResponse.items (field 1) holding an empty StatusResponse: OK
 
 
 _STATUS_FIELDS: dict = {}  # response class -> which of items / errors / status it has (read once per class)
@@ -115,6 +121,8 @@ def error_statuses(response) -> list[str]:
         fields = response.DESCRIPTOR.fields_by_name
         shape = _STATUS_FIELDS[type(response)] = ("items" in fields, "errors" in fields, "status" in fields)
     items, errors, status = shape
+    if type(response) is pb.BatchStatusResponse and response.ByteSize() == len(_EMPTY_ITEM) * len(response.items):
+        return []  # every item is empty, so OK: seen in one C call instead of item by item
     if items:
         statuses = [item.status for item in response.items]
         if errors:  # a BatchPutStart's columnar answers

@@ -108,19 +108,18 @@ class Ledger:
     def commit(self, key: str, version: ObjectVersion) -> None:
         """Make `version` the visible one: the version it replaces is released first (its copies are let
         go before the new version's are noted), then its copies are noted on their nodes."""
-        old = self.committed.get(key)
+        old = self.committed.swap(key, version)
         if old is not None:
             self.bytes -= old.size
             self.release_committed(old)
-        seq = self.next_seq()
-        nodes = self.nodes
+        seq = self.last_seq = next(self._seq)  # next_seq()
+        nodes, size = self.nodes, version.size
         for r in version.replicas:
             node = nodes.get(r.node_id)
             if node is not None:
-                node.landed(seq, r.tier, version.size)
+                node.landed(seq, r.tier, size)
                 node.keys.add(key)
-        self.committed[key] = version
-        self.bytes += version.size
+        self.bytes += size
 
     def discard(self, key: str) -> ObjectVersion | None:
         """Drop the committed version of `key` and release its copies; None if there was none."""
@@ -143,22 +142,16 @@ class Ledger:
     def drop_copy(self, key: str, generation: int, node_id: str) -> bool:
         """Take one node's copy off the committed (key, generation); True if that removed the object.
         Nothing is freed: the node said it no longer holds it."""
-        committed = self.committed
-        version = committed.get(key)
-        if version is None or version.generation != generation:
-            return False
-        survivors = tuple(r for r in version.replicas if r.node_id != node_id)
-        if len(survivors) == len(version.replicas):
+        dropped = self.committed.without_copy(key, generation, node_id)
+        if dropped is None:
             return False
         node = self.nodes.get(node_id)
         if node is not None:
             node.keys.discard(key)
-        if survivors:
-            committed[key] = version._replace(replicas=survivors)
-            return False
-        del committed[key]
-        self.bytes -= version.size
-        return True
+        gone, size = dropped
+        if gone:
+            self.bytes -= size
+        return gone
 
     def live_count(self, version: ObjectVersion) -> int:
         """Copies that count towards the target: on registered nodes that are not draining."""

@@ -108,8 +108,7 @@ class NodeEvents:
         if self._pending.target_evicted(node, key, generation):
             counters.evicted_replicas += 1
             return False
-        version = self._ledger.committed.get(key)
-        if version is None or version.generation != generation:
+        if self._ledger.committed.generation_of(key) != generation:  # not the version here (or none)
             return False
         counters.evicted_replicas += 1
         if self._ledger.drop_copy(key, generation, node.node_id):

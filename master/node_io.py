@@ -91,7 +91,8 @@ class NodeIO:
 
     async def _free(self, order: FreeOrder) -> None:
         try:
-            await asyncio.wait_for(self.transport.free(order.address, order.key, order.generation), FREE_TIMEOUT)
+            async with asyncio.timeout(FREE_TIMEOUT):  # not wait_for: no second task per FREE
+                await self.transport.free(order.address, order.key, order.generation)
             self._recovered(order.address)
         except asyncio.CancelledError:
             raise
@@ -105,8 +106,8 @@ class NodeIO:
         or the exception it failed with."""
         async def one(order: HoldOrder):
             try:
-                held = await asyncio.wait_for(
-                    self.transport.hold(order.address, order.key, order.generation, order.ms), timeout)
+                async with asyncio.timeout(timeout):
+                    held = await self.transport.hold(order.address, order.key, order.generation, order.ms)
                 self._recovered(order.address)
                 return held
             except asyncio.CancelledError:
