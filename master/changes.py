@@ -68,6 +68,19 @@ class ChangeTrackingDict(dict):
             self._changed.update(dict.fromkeys([k for k in keys if k not in self._changed], False))
         super().update(zip(keys, values))
 
+    def set_many(self, keys: list, values: list) -> list:
+        """self[k] = v for each pair (the keys distinct), at the speed of dict.update; returns the
+        values they replaced (None for a key that was not here)."""
+        get = self.get
+        replaced = [get(k) for k in keys]
+        if self.tracking:
+            changed = self._changed
+            for key in keys:
+                if key not in changed:
+                    changed[key] = key in self
+        dict.update(self, zip(keys, values))
+        return replaced
+
     def mark(self, key) -> None:
         self._changed.setdefault(key, key in self)
 

@@ -108,18 +108,35 @@ class Ledger:
     def commit(self, key: str, version: ObjectVersion) -> None:
         """Make `version` the visible one: the version it replaces is released first (its copies are let
         go before the new version's are noted), then its copies are noted on their nodes."""
-        old = self.committed.swap(key, version)
-        if old is not None:
+        self.commit_many([key], [version])
+
+    def commit_many(self, keys: list[str], versions: list[ObjectVersion]) -> None:
+        """commit() of each key (distinct) with its version, at one table sequence (nothing can ask
+        for a REPORT in between)."""
+        for old in self.committed.swap_many(keys, versions):
             self.bytes -= old.size
             self.release_committed(old)
         seq = self.last_seq = next(self._seq)  # next_seq()
-        nodes, size = self.nodes, version.size
-        for r in version.replicas:
-            node = nodes.get(r.node_id)
+        landed: dict[tuple[str, str], list] = {}  # (node id, tier) -> [bytes, replicas, keys] landing there
+        added = 0
+        for key, version in zip(keys, versions):
+            size = version.size
+            for r in version.replicas:
+                there = landed.get((r.node_id, r.tier))
+                if there is None:
+                    landed[(r.node_id, r.tier)] = [size, 1, [key]]
+                else:
+                    there[0] += size
+                    there[1] += 1
+                    there[2].append(key)
+            added += size
+        nodes = self.nodes
+        for (node_id, tier), (size, count, landed_keys) in landed.items():
+            node = nodes.get(node_id)
             if node is not None:
-                node.landed(seq, r.tier, size)
-                node.keys.add(key)
-        self.bytes += size
+                node.landed(seq, tier, size, count)
+                node.keys.update(landed_keys)
+        self.bytes += added
 
     def discard(self, key: str) -> ObjectVersion | None:
         """Drop the committed version of `key` and release its copies; None if there was none."""
@@ -139,12 +156,13 @@ class Ledger:
         self.counters.expired += 1
         return True
 
-    def drop_copy(self, key: str, generation: int, node_id: str) -> bool:
-        """Take one node's copy off the committed (key, generation); True if that removed the object.
+    def drop_copy(self, key: str, generation: int, node_id: str) -> bool | None:
+        """Take one node's copy off the committed (key, generation): True if that removed the object,
+        False if other copies remain, None if it is not the committed version or has no copy there.
         Nothing is freed: the node said it no longer holds it."""
         dropped = self.committed.without_copy(key, generation, node_id)
         if dropped is None:
-            return False
+            return None
         node = self.nodes.get(node_id)
         if node is not None:
             node.keys.discard(key)

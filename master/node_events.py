@@ -108,10 +108,11 @@ class NodeEvents:
         if self._pending.target_evicted(node, key, generation):
             counters.evicted_replicas += 1
             return False
-        if self._ledger.committed.generation_of(key) != generation:  # not the version here (or none)
-            return False
+        dropped = self._ledger.drop_copy(key, generation, node.node_id)
+        if dropped is None and self._ledger.committed.generation_of(key) != generation:
+            return False  # not the version here (or none)
         counters.evicted_replicas += 1
-        if self._ledger.drop_copy(key, generation, node.node_id):
+        if dropped:
             counters.evicted_objects += 1
             return True
         self._accept_loss(key)
@@ -128,7 +129,7 @@ class NodeEvents:
     def drop_replica(self, key: str, generation: int, node_id: str) -> bool:
         """The node said it does not hold (key, generation): forget that replica.
         True if the object is gone as a result."""
-        removed = self._ledger.drop_copy(key, generation, node_id)
+        removed = bool(self._ledger.drop_copy(key, generation, node_id))
         if removed:
             self._ledger.counters.evicted_objects += 1
         elif key in self._ledger.committed:

@@ -177,11 +177,10 @@ class PendingPuts:
         copies left, is committed here as end() would, without its general steps (every lookup of
         the trace replay follows a posted BatchPutEnd: the master applies it first)."""
         results = []
-        end = self.end
         ledger, open_ = self._ledger, self._open
-        nodes, commit = ledger.nodes, ledger.commit
+        nodes = ledger.nodes
         now = ledger.clock()  # one batch, one moment
-        ended = 0
+        ending, versions = [], []  # committed together (Ledger.commit_many)
         for key, generation in zip(keys, generations):
             pending = open_.get(key)
             if pending is not None and pending.deadline > now:
@@ -196,18 +195,27 @@ class PendingPuts:
                             live += not node.draining
                     if live < version.target_replicas:
                         ledger.repair_keys.add(key)
-                    commit(key, version)
-                    ended += 1
+                    ending.append(key)
+                    versions.append(version)
                     results.append(None)
                     continue
+            self._commit(ending, versions)  # end() may look at what those made visible
             try:
-                end(key, generation)
+                self.end(key, generation)
             except KvpoolError as exc:
                 results.append(exc)
             else:
                 results.append(None)
-        ledger.counters.puts += ended
+        self._commit(ending, versions)
         return results
+
+    def _commit(self, keys: list[str], versions: list[ObjectVersion]) -> None:
+        """Commit the puts end_many has taken so far (and forget them)."""
+        if keys:
+            self._ledger.commit_many(keys, versions)
+            self._ledger.counters.puts += len(keys)
+            keys.clear()
+            versions.clear()
 
     def _check_written(self, key: str, generation: int, failed: set) -> None:
         self._expire_if_due(key)

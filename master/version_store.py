@@ -194,11 +194,15 @@ class VersionStore:
         elif self.expiring:
             self.expiring.pop(key, None)
 
-    def swap(self, key: str, version: ObjectVersion) -> ObjectVersion | None:
-        """self[key] = version; returns the version it replaced (None if there was none)."""
-        old = self._records.get(key)
-        self[key] = version
-        return None if old is None else self._unpack(key, old)
+    def swap_many(self, keys: list[str], versions: list[ObjectVersion]) -> list[ObjectVersion]:
+        """self[key] = version for each pair (the keys distinct); returns the versions they replaced."""
+        replaced = self._records.set_many(keys, [self._pack(v) for v in versions])
+        expiring = self.expiring
+        if expiring:
+            for key in keys:
+                expiring.pop(key, None)
+        expiring.update([(key, v.expires_at) for key, v in zip(keys, versions) if v.expires_at is not None])
+        return [self._unpack(key, record) for key, record in zip(keys, replaced) if record is not None]
 
     def __delitem__(self, key: str) -> None:
         del self._records[key]
