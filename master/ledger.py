@@ -157,19 +157,27 @@ class Ledger:
         return True
 
     def drop_copy(self, key: str, generation: int, node_id: str) -> bool | None:
-        """Take one node's copy off the committed (key, generation): True if that removed the object,
-        False if other copies remain, None if it is not the committed version or has no copy there.
-        Nothing is freed: the node said it no longer holds it."""
-        dropped = self.committed.without_copy(key, generation, node_id)
-        if dropped is None:
-            return None
+        """drop_copies of one (key, generation)."""
+        return self.drop_copies([(key, generation)], node_id)[0]
+
+    def drop_copies(self, evicted: list[tuple[str, int]], node_id: str) -> list[bool | None]:
+        """Take one node's copy off each committed (key, generation), in order. Per entry: True if
+        that removed the object, False if it stays (other copies, or none was there), None if it is
+        not the committed version. Nothing is freed: the node said it no longer holds them."""
+        outcomes = self.committed.without_copies(evicted, node_id)
+        results = []
+        for outcome in outcomes:
+            if outcome is None:
+                results.append(None)
+                continue
+            gone, size = outcome
+            if gone:
+                self.bytes -= size
+            results.append(gone)
         node = self.nodes.get(node_id)
         if node is not None:
-            node.keys.discard(key)
-        gone, size = dropped
-        if gone:
-            self.bytes -= size
-        return gone
+            node.keys.difference_update([key for (key, _), outcome in zip(evicted, outcomes) if outcome])
+        return results
 
     def live_count(self, version: ObjectVersion) -> int:
         """Copies that count towards the target: on registered nodes that are not draining."""

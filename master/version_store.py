@@ -26,7 +26,6 @@ _CORE = struct.Struct("<QQQIBB")
 _EXTRA = struct.Struct("<IBQd")
 _SIZE_AT, _REPLICAS_AT = 16, 24  # where _CORE keeps the size and the replica set
 _SIZE, _REPLICAS = struct.Struct("<Q"), struct.Struct("<I")
-_GENERATION = _SIZE  # the first field of _CORE
 _CORE_DTYPE = np.dtype([("generation", "<u8"), ("checksum", "<u8"), ("size", "<u8"), ("replicas", "<u4"),
                         ("target", "u1"), ("extra", "u1")])
 assert _CORE_DTYPE.itemsize == _CORE.size
@@ -156,29 +155,29 @@ class VersionStore:
                 kept.append(key)
         return gone, kept, gone_bytes
 
-    def without_copy(self, key: str, generation: int, node_id: str) -> tuple[bool, int] | None:
-        """Take node_id's copy off the version (key, generation) without unpacking it (every eviction
-        a node reports comes here): None when that is not the version here or node_id holds no copy
-        of it; else (whether the object is gone, having no other copy; its size)."""
-        record = self._records.get(key)
-        if record is None:
-            return None
-        generation_here, _checksum, size, replicas, _target, _extra = _unpack_core(record)
-        if generation_here != generation:
-            return None
-        left = self._set_without(replicas, node_id)
-        if left is None:
-            del self[key]
-            return True, size
-        if left == replicas:
-            return None
-        self._records[key] = record[:_REPLICAS_AT] + _REPLICAS.pack(left) + record[_REPLICAS_AT + 4:]
-        return False, size
-
-    def generation_of(self, key: str) -> int | None:
-        """The generation of the version of `key` (None: no version), without unpacking the rest."""
-        record = self._records.get(key)
-        return None if record is None else _GENERATION.unpack_from(record)[0]
+    def without_copies(self, evicted: list[tuple[str, int]], node_id: str) -> list[tuple[bool, int] | None]:
+        """Take node_id's copy off each version (key, generation), in order, without unpacking them (every
+        eviction a node reports comes here). Per entry: None when that is not the version here; else
+        (whether the object is gone, having had no other copy; its size)."""
+        records, set_without, outcomes = self._records, self._set_without, []
+        for key, generation in evicted:
+            record = records.get(key)
+            if record is None:
+                outcomes.append(None)
+                continue
+            generation_here, _checksum, size, replicas, _target, _extra = _unpack_core(record)
+            if generation_here != generation:
+                outcomes.append(None)
+                continue
+            left = set_without(replicas, node_id)
+            if left is None:
+                del self[key]
+                outcomes.append((True, size))
+                continue
+            if left != replicas:
+                records[key] = record[:_REPLICAS_AT] + _REPLICAS.pack(left) + record[_REPLICAS_AT + 4:]
+            outcomes.append((False, size))
+        return outcomes
 
     def get(self, key: str, default=None) -> ObjectVersion | None:
         record = self._records.get(key)
