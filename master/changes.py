@@ -22,12 +22,14 @@ class ChangeTrackingDict(dict):
             self._changed[key] = key in self
 
     def __setitem__(self, key, value):
-        self._note(key)
-        super().__setitem__(key, value)
+        if self.tracking and key not in self._changed:  # _note, inlined: every commit comes here
+            self._changed[key] = key in self
+        dict.__setitem__(self, key, value)
 
     def __delitem__(self, key):
-        self._note(key)
-        super().__delitem__(key)
+        if self.tracking and key not in self._changed:  # _note, inlined: every eviction comes here
+            self._changed[key] = key in self
+        dict.__delitem__(self, key)
 
     _missing = object()
 
@@ -65,6 +67,19 @@ class ChangeTrackingDict(dict):
         if self.tracking:
             self._changed.update(dict.fromkeys([k for k in keys if k not in self._changed], False))
         super().update(zip(keys, values))
+
+    def set_many(self, keys: list, values: list) -> list:
+        """self[k] = v for each pair (the keys distinct), at the speed of dict.update; returns the
+        values they replaced (None for a key that was not here)."""
+        get = self.get
+        replaced = [get(k) for k in keys]
+        if self.tracking:
+            changed = self._changed
+            for key in keys:
+                if key not in changed:
+                    changed[key] = key in self
+        dict.update(self, zip(keys, values))
+        return replaced
 
     def mark(self, key) -> None:
         self._changed.setdefault(key, key in self)

@@ -29,6 +29,7 @@ from kvpool.protocol import control, wire
 from kvpool.security.auth import NONCE, PROOF, ServerHandshake, Verifier, refusal
 from kvpool.errors import Code, ForbiddenError, KvpoolError
 
+from .metrics import CallCounter
 from .service import MasterService, NotLeading
 
 log = logging.getLogger(__name__)
@@ -51,17 +52,20 @@ class ControlPort:
         self.max_body = max_body
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
-        self.requests = Counter("kvpool_master_control_requests", "RPCs received on the control port",
-                                ["method"], registry=registry)
+        # Counted per call: plain ints read at scrape time (metrics.CallCounter), not a locked Counter.
+        self.requests = CallCounter("kvpool_master_control_requests", "RPCs received on the control port",
+                                    ("method",), registry)
         self.refused = Counter("kvpool_master_control_refused", "Control port frames refused, by reason",
                                ["reason"], registry=registry)
         self.connections = Gauge("kvpool_master_control_connections", "Open control port connections",
                                  registry=registry)
         self.accepted = Counter("kvpool_master_control_accepted", "Control port connections accepted",
                                 registry=registry)
-        # op -> (RPC name, request parser, its request counter): one look-up per frame
-        self.entries = {int(op): (name, control.MESSAGES[name][0].FromString, self.requests.labels(name))
+        # op -> (RPC name, request parser, its request counter's labels): one look-up per frame
+        self.entries = {int(op): (name, control.MESSAGES[name][0].FromString, (name,))
                         for name, op in control.OP_BY_RPC.items()}
+        for name in control.OP_BY_RPC:
+            self.requests.touch((name,))
 
     async def bind(self, host: str, port: int, tls=None) -> int:
         """Listen on host:port (0: a free port), without serving yet; returns the port. tls: an
@@ -244,14 +248,14 @@ class _Connection(asyncio.Protocol):
             self.port.refused.labels("protocol").inc()
             self._reply(control.pack_error(op, req_id, Code.PROTOCOL, f"unknown op {op}"))
             return
-        name, parse, counted = entry
+        name, parse, labels = entry
         try:
             request = parse(body)
         except DecodeError as exc:
             self.port.refused.labels("undecodable").inc()
             self._reply(control.pack_error(op, req_id, Code.INVALID_ARGUMENT, f"{name}: undecodable body: {exc}"))
             return
-        counted.inc()
+        self.port.requests.counts[labels] += 1
         try:
             response = self.service.serve_now(name, request)
         except Exception as exc:  # noqa: BLE001 - answered as an error frame (_error_frame)

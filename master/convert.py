@@ -74,35 +74,37 @@ def refuse_put_starts(response: pb.BatchPutStartResponse, count: int, exc: Kvpoo
 def fill_put_starts(response: pb.BatchPutStartResponse, started: list, term: int) -> None:
     """The columnar answers of a BatchPutStart (see kvpool.proto), one per result: a pending
     ObjectVersion, or the KvpoolError that refused it. Each distinct placement is written once."""
-    generations, placement, refused = [], [], []
-    index_of: dict = {}  # id of the table's shared replica tuple -> its place in placements
-    for i, result in enumerate(started):
-        if isinstance(result, KvpoolError):
-            generations.append(0)
-            placement.append(0)
-            refused.append(i)
-            response.errors.add(status=int(result.code), message=str(result))
-            continue
-        generations.append(result.generation)
-        where = index_of.get(id(result.replicas))
-        if where is None:
-            where = index_of[id(result.replicas)] = len(response.placements)
-            placed = response.placements.add(term=term)
-            for r in result.replicas:
-                placed.replicas.add(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED))
-        placement.append(where)
-    response.generations.extend(generations)
-    response.placement.extend(placement)
+    refused = [i for i, result in enumerate(started) if isinstance(result, KvpoolError)]
+    if refused:  # a refused put answers generation 0 at placement 0
+        for i in refused:
+            response.errors.add(status=int(started[i].code), message=str(started[i]))
+        started = [None if isinstance(result, KvpoolError) else result for result in started]
+    # Column by column: the table shares one replica tuple per placement, so they are told apart by id.
+    replica_sets = {id(v.replicas): v.replicas for v in started if v is not None}
+    index_of = {}
+    for where, (shared, replicas) in enumerate(replica_sets.items()):
+        index_of[shared] = where
+        placed = response.placements.add(term=term)
+        for r in replicas:
+            placed.replicas.add(node_id=r.node_id, address=r.address, tier=TIERS.get(r.tier, pb.TIER_UNSPECIFIED))
+    response.generations.extend([0 if v is None else v.generation for v in started])
+    response.placement.extend([0 if v is None else index_of[id(v.replicas)] for v in started])
     response.refused.extend(refused)
 
 
 def fill_statuses(response: pb.BatchStatusResponse, errors: list) -> None:
     """One item per result: None for OK, else the KvpoolError."""
+    if not any(errors):  # the usual batch: as many empty (OK) items, parsed in one call, not added one by one
+        response.MergeFromString(_EMPTY_ITEM * len(errors))
+        return
     add = response.items.add
     for error in errors:
         item = add()  # an empty item is OK: cheaper than building one per put
         if error is not None:
             item.status, item.message = int(error.code), str(error)
+
+
+_EMPTY_ITEM = b"\x0a\x00"  # BatchStatusResponse.items (field 1) holding an empty StatusResponse: OK
 
 
 _STATUS_FIELDS: dict = {}  # response class -> which of items / errors / status it has (read once per class)
@@ -115,6 +117,8 @@ def error_statuses(response) -> list[str]:
         fields = response.DESCRIPTOR.fields_by_name
         shape = _STATUS_FIELDS[type(response)] = ("items" in fields, "errors" in fields, "status" in fields)
     items, errors, status = shape
+    if type(response) is pb.BatchStatusResponse and response.ByteSize() == len(_EMPTY_ITEM) * len(response.items):
+        return []  # every item is empty, so OK: seen in one C call instead of item by item
     if items:
         statuses = [item.status for item in response.items]
         if errors:  # a BatchPutStart's columnar answers

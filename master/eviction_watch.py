@@ -55,7 +55,8 @@ class EvictionWatch:
         timeout = wire.EVICTIONS_WAIT + max(1.0, 2 * self.interval)
         while True:
             try:
-                reply = await asyncio.wait_for(self._link.evictions(address, self._node_io.term), timeout)
+                async with asyncio.timeout(timeout):
+                    reply = await self._link.evictions(address, self._node_io.term)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the node's REPORT still carries them; try again

@@ -93,10 +93,12 @@ class KeyFeed:
         if not self.id or not self._table.has_changes:
             return 0
         stored, removed = self._table.take_appeared_and_gone()
+        sequence, log, size = self.sequence, self._log, self.size
         for kind, keys in ((STORED, stored), (REMOVED, removed)):
             for key in keys:
-                self.sequence += 1
-                self._log[self.sequence % self.size] = (kind, key)
+                sequence += 1
+                log[sequence % size] = (kind, key)
+        self.sequence = sequence
         if stored or removed:
             self._wake()
         return len(stored) + len(removed)

@@ -108,19 +108,35 @@ class Ledger:
     def commit(self, key: str, version: ObjectVersion) -> None:
         """Make `version` the visible one: the version it replaces is released first (its copies are let
         go before the new version's are noted), then its copies are noted on their nodes."""
-        old = self.committed.get(key)
-        if old is not None:
+        self.commit_many([key], [version])
+
+    def commit_many(self, keys: list[str], versions: list[ObjectVersion]) -> None:
+        """commit() of each key (distinct) with its version, at one table sequence (nothing can ask
+        for a REPORT in between)."""
+        for old in self.committed.swap_many(keys, versions):
             self.bytes -= old.size
             self.release_committed(old)
-        seq = self.next_seq()
+        seq = self.last_seq = next(self._seq)  # next_seq()
+        landed: dict[tuple[str, str], list] = {}  # (node id, tier) -> [bytes, replicas, keys] landing there
+        added = 0
+        for key, version in zip(keys, versions):
+            size = version.size
+            for r in version.replicas:
+                there = landed.get((r.node_id, r.tier))
+                if there is None:
+                    landed[(r.node_id, r.tier)] = [size, 1, [key]]
+                else:
+                    there[0] += size
+                    there[1] += 1
+                    there[2].append(key)
+            added += size
         nodes = self.nodes
-        for r in version.replicas:
-            node = nodes.get(r.node_id)
+        for (node_id, tier), (size, count, landed_keys) in landed.items():
+            node = nodes.get(node_id)
             if node is not None:
-                node.landed(seq, r.tier, version.size)
-                node.keys.add(key)
-        self.committed[key] = version
-        self.bytes += version.size
+                node.landed(seq, tier, size, count)
+                node.keys.update(landed_keys)
+        self.bytes += added
 
     def discard(self, key: str) -> ObjectVersion | None:
         """Drop the committed version of `key` and release its copies; None if there was none."""
@@ -140,25 +156,28 @@ class Ledger:
         self.counters.expired += 1
         return True
 
-    def drop_copy(self, key: str, generation: int, node_id: str) -> bool:
-        """Take one node's copy off the committed (key, generation); True if that removed the object.
-        Nothing is freed: the node said it no longer holds it."""
-        committed = self.committed
-        version = committed.get(key)
-        if version is None or version.generation != generation:
-            return False
-        survivors = tuple(r for r in version.replicas if r.node_id != node_id)
-        if len(survivors) == len(version.replicas):
-            return False
+    def drop_copy(self, key: str, generation: int, node_id: str) -> bool | None:
+        """drop_copies of one (key, generation)."""
+        return self.drop_copies([(key, generation)], node_id)[0]
+
+    def drop_copies(self, evicted: list[tuple[str, int]], node_id: str) -> list[bool | None]:
+        """Take one node's copy off each committed (key, generation), in order. Per entry: True if
+        that removed the object, False if it stays (other copies, or none was there), None if it is
+        not the committed version. Nothing is freed: the node said it no longer holds them."""
+        outcomes = self.committed.without_copies(evicted, node_id)
+        results = []
+        for outcome in outcomes:
+            if outcome is None:
+                results.append(None)
+                continue
+            gone, size = outcome
+            if gone:
+                self.bytes -= size
+            results.append(gone)
         node = self.nodes.get(node_id)
         if node is not None:
-            node.keys.discard(key)
-        if survivors:
-            committed[key] = version._replace(replicas=survivors)
-            return False
-        del committed[key]
-        self.bytes -= version.size
-        return True
+            node.keys.difference_update([key for (key, _), outcome in zip(evicted, outcomes) if outcome])
+        return results
 
     def live_count(self, version: ObjectVersion) -> int:
         """Copies that count towards the target: on registered nodes that are not draining."""

@@ -1,12 +1,21 @@
 """Prometheus metrics of the master.
 
-RPC counters are updated as requests are served; everything about the table
-(objects, bytes, nodes, pending puts, each node's last REPORT) is read from it
-at scrape time, so the numbers can never drift from the table itself.
+RPC counts and latencies are plain numbers added to as requests are served and
+turned into metrics at scrape time (CallCounter, RpcStats): a labelled
+prometheus Counter or Histogram takes a lock per update, which cost more than
+serving a small call. Everything about the table (objects, bytes, nodes,
+pending puts, each node's last REPORT) is read from it at scrape time, so the
+numbers can never drift from the table itself.
 """
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+import bisect
+import math
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from kvpool.runtime.health import Health, serve_http
 
@@ -32,6 +41,81 @@ _TIER_COUNTERS = (
 )
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class CallCounter:
+    """A counter by label values, kept as plain ints and exposed at scrape time as the labelled
+    prometheus Counter `name` would be (`name`_total and `name`_created per label set)."""
+
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...], registry: CollectorRegistry | None):
+        self._name, self._doc, self._labelnames = name, doc, list(labelnames)
+        self.counts: dict[tuple, int] = {}  # label values -> count
+        self._created: dict[tuple, float] = {}
+        if registry is not None:
+            registry.register(self)
+
+    def inc(self, labels: tuple, amount: int = 1) -> None:
+        counts = self.counts
+        if labels in counts:
+            counts[labels] += amount
+        else:
+            self.touch(labels)
+            counts[labels] += amount
+
+    def touch(self, labels: tuple) -> None:
+        """Expose `labels` (at 0 until counted), as Counter.labels() does."""
+        if labels not in self.counts:
+            self._created[labels] = time.time()
+            self.counts[labels] = 0
+
+    def collect(self):
+        family = CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
+        created = self._created
+        for labels, value in dict(self.counts).items():  # a copy: the scrape runs on another thread
+            family.add_metric(list(labels), value, created=created.get(labels))
+        yield family
+
+
+class RpcStats:
+    """Calls served, their latency and their non-OK statuses, by method, kept as plain numbers and
+    exposed at scrape time as kvpool_master_rpcs (counter), kvpool_master_rpc_seconds (histogram)
+    and kvpool_master_rpc_errors (counter, by method and status)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self._bounds = (*LATENCY_BUCKETS, math.inf)
+        # method -> [calls per bucket (non-cumulative)..., sum of seconds]
+        self._per_method: dict[str, list] = {}
+        self._created: dict[str, float] = {}
+        self.errors = CallCounter("kvpool_master_rpc_errors", "Answers (or batch items) with a non-OK status",
+                                  ("method", "status"), registry)
+        registry.register(self)
+
+    def observe(self, method: str, seconds: float, error_statuses: list[str]) -> None:
+        stats = self._per_method.get(method)
+        if stats is None:
+            self._created[method] = time.time()
+            stats = self._per_method[method] = [0] * len(self._bounds) + [0.0]
+        stats[bisect.bisect_left(self._bounds, seconds)] += 1  # a bucket counts values <= its bound
+        stats[-1] += seconds
+        for status in error_statuses:
+            self.errors.inc((method, status))
+
+    def collect(self):
+        calls = CounterMetricFamily("kvpool_master_rpcs", "RPCs served", labels=["method"])
+        latency = HistogramMetricFamily("kvpool_master_rpc_seconds", "Time to serve an RPC", labels=["method"])
+        bounds = [floatToGoString(b) for b in self._bounds]
+        for method, stats in list(self._per_method.items()):
+            stats = list(stats)  # a copy: the scrape runs on another thread
+            created = self._created[method]
+            cumulative, buckets = 0, []
+            for bound, count in zip(bounds, stats):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            calls.add_metric([method], cumulative, created=created)
+            latency.add_metric([method], buckets, stats[-1])
+            latency.samples.append(Sample("kvpool_master_rpc_seconds_created", {"method": method}, created))
+        yield calls
+        yield latency
 
 
 def _number(reported: dict, field: str) -> float:
@@ -97,11 +181,7 @@ class MasterMetrics:
     def __init__(self, table: ObjectTable, registry: CollectorRegistry | None = None):
         # A registry of its own: several masters may live in one test process.
         self.registry = registry or CollectorRegistry()
-        self.rpcs = Counter("kvpool_master_rpcs", "RPCs served", ["method"], registry=self.registry)
-        self.errors = Counter("kvpool_master_rpc_errors", "Answers (or batch items) with a non-OK status",
-                              ["method", "status"], registry=self.registry)
-        self.latency = Histogram("kvpool_master_rpc_seconds", "Time to serve an RPC", ["method"],
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.rpcs = RpcStats(self.registry)
         self.unauthenticated = Counter("kvpool_master_grpc_unauthenticated",
                                        "gRPC calls refused for a missing or wrong credential", registry=self.registry)
         self.leader = Gauge("kvpool_master_leader", "1 while this master leads and serves, else 0",
@@ -110,16 +190,7 @@ class MasterMetrics:
                           registry=self.registry)
         self.registry.register(_TableCollector(table))
         self._http = None
-        self._per_method: dict[str, tuple] = {}  # labels() costs more than the update itself
-
-    def observe(self, method: str, seconds: float, error_statuses: list[str]) -> None:
-        counters = self._per_method.get(method)
-        if counters is None:
-            counters = self._per_method[method] = (self.rpcs.labels(method), self.latency.labels(method))
-        counters[0].inc()
-        counters[1].observe(seconds)
-        for status in error_statuses:
-            self.errors.labels(method, status).inc()
+        self.observe = self.rpcs.observe  # observe(method, seconds, error statuses): per call
 
     def refused_call(self) -> None:
         self.unauthenticated.inc()

@@ -93,30 +93,29 @@ class NodeEvents:
         return self._apply_evicted(node, evicted)
 
     def _apply_evicted(self, node: NodeState, evicted) -> list[str]:
-        removed = []
+        entries = []
         for entry in evicted or ():
             try:
-                key, generation = str(entry[0]), int(entry[1])
+                entries.append((str(entry[0]), int(entry[1])))
             except (TypeError, ValueError, IndexError):
                 continue
-            if self._evicted(node, key, generation):
-                removed.append(key)
-        return removed
-
-    def _evicted(self, node: NodeState, key: str, generation: int) -> bool:
         counters = self._ledger.counters
-        if self._pending.target_evicted(node, key, generation):
+        pending = self._pending
+        if len(pending):  # a pending put's target evicted before PutEnd no longer counts
+            committed = [(k, g) for k, g in entries if not (k in pending and pending.target_evicted(node, k, g))]
+            counters.evicted_replicas += len(entries) - len(committed)
+            entries = committed
+        removed = []
+        for (key, _), dropped in zip(entries, self._ledger.drop_copies(entries, node.node_id)):
+            if dropped is None:
+                continue  # not the version here (or none)
             counters.evicted_replicas += 1
-            return False
-        version = self._ledger.committed.get(key)
-        if version is None or version.generation != generation:
-            return False
-        counters.evicted_replicas += 1
-        if self._ledger.drop_copy(key, generation, node.node_id):
-            counters.evicted_objects += 1
-            return True
-        self._accept_loss(key)
-        return False
+            if dropped:
+                counters.evicted_objects += 1
+                removed.append(key)
+            else:
+                self._accept_loss(key)
+        return removed
 
     def _accept_loss(self, key: str) -> None:
         """A node chose to drop a copy (eviction, not failure): the object keeps one copy fewer
@@ -129,7 +128,7 @@ class NodeEvents:
     def drop_replica(self, key: str, generation: int, node_id: str) -> bool:
         """The node said it does not hold (key, generation): forget that replica.
         True if the object is gone as a result."""
-        removed = self._ledger.drop_copy(key, generation, node_id)
+        removed = bool(self._ledger.drop_copy(key, generation, node_id))
         if removed:
             self._ledger.counters.evicted_objects += 1
         elif key in self._ledger.committed:

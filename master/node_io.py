@@ -21,7 +21,17 @@ from .ledger import FreeOrder
 log = logging.getLogger(__name__)
 
 FREE_TIMEOUT = 5.0
+FREES_PER_SEND = 1024  # FREEs pipelined in one send (a removal of millions goes in many)
 MAX_FREES_IN_FLIGHT = 256
+
+
+def _by_node(orders: Iterable[FreeOrder]) -> list[tuple[str, list[FreeOrder]]]:
+    """The orders grouped by node address (in order within each), at most FREES_PER_SEND a group."""
+    groups: dict[str, list[FreeOrder]] = {}
+    for order in orders:
+        groups.setdefault(order.address, []).append(order)
+    return [(address, group[i:i + FREES_PER_SEND]) for address, group in groups.items()
+            for i in range(0, len(group), FREES_PER_SEND)]
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,7 @@ class NodeIO:
         if not orders:
             return
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._free(order)) for order in orders]
+        tasks = [loop.create_task(self._free(address, group)) for address, group in _by_node(orders)]
         for task in tasks:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
@@ -84,19 +94,24 @@ class NodeIO:
             batch = [await self._queue.get()]
             while not self._queue.empty() and len(batch) < MAX_FREES_IN_FLIGHT:
                 batch.append(self._queue.get_nowait())
-            # Sent together so the transport pipelines them on each node's connection.
-            await asyncio.gather(*(self._free(order) for order in batch))
+            await asyncio.gather(*(self._free(address, group) for address, group in _by_node(batch)))
             for _ in batch:
                 self._queue.task_done()
 
-    async def _free(self, order: FreeOrder) -> None:
+    async def _free(self, address: str, orders: list[FreeOrder]) -> None:
+        """FREE each of `orders` at the node at `address`: pipelined on its connection in one send
+        (a FREE each, answered each), not a request, a task and a send per order."""
         try:
-            await asyncio.wait_for(self.transport.free(order.address, order.key, order.generation), FREE_TIMEOUT)
-            self._recovered(order.address)
+            async with asyncio.timeout(FREE_TIMEOUT):  # not wait_for: no second task
+                results = await self.transport.free_many(address, [(o.key, o.generation) for o in orders])
+            refused = next((r for r in results if isinstance(r, BaseException)), None)
+            if refused is not None:
+                raise refused
+            self._recovered(address)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a lost FREE only delays reclaiming space on the node
-            self.failed(order.address, "FREE", exc)
+            self.failed(address, "FREE", exc)
 
     # ----- requests whose answer the caller needs -----
 
@@ -105,8 +120,8 @@ class NodeIO:
         or the exception it failed with."""
         async def one(order: HoldOrder):
             try:
-                held = await asyncio.wait_for(
-                    self.transport.hold(order.address, order.key, order.generation, order.ms), timeout)
+                async with asyncio.timeout(timeout):
+                    held = await self.transport.hold(order.address, order.key, order.generation, order.ms)
                 self._recovered(order.address)
                 return held
             except asyncio.CancelledError:

@@ -27,7 +27,7 @@ class NodeState:
         # puts committed after that report was asked for (with the table sequence of the commit),
         # with running sums per tier: placement reads them for every put.
         self.pending: dict[int, tuple[str, int, str]] = {}
-        self._unreported: deque[tuple[int, str, int]] = deque()
+        self._unreported: deque[tuple[int, str, int, int]] = deque()  # (seq, tier, bytes, replicas)
         self._pending_bytes: dict[str, int] = {}
         self._unreported_bytes: dict[str, int] = {}
         self._unreported_objects: dict[str, int] = {}
@@ -43,18 +43,19 @@ class NodeState:
         if entry is not None:
             self._pending_bytes[entry[0]] -= entry[1]
 
-    def landed(self, seq: int, tier: str, size: int) -> None:
-        """A replica committed here at table sequence `seq`, which REPORTs asked for before it cannot show."""
-        self._unreported.append((seq, tier, size))
+    def landed(self, seq: int, tier: str, size: int, count: int = 1) -> None:
+        """`count` replicas of `size` bytes in all committed here at table sequence `seq`, which REPORTs
+        asked for before it cannot show."""
+        self._unreported.append((seq, tier, size, count))
         self._unreported_bytes[tier] = self._unreported_bytes.get(tier, 0) + size
-        self._unreported_objects[tier] = self._unreported_objects.get(tier, 0) + 1
+        self._unreported_objects[tier] = self._unreported_objects.get(tier, 0) + count
 
     def reported_up_to(self, mark: int) -> None:
         """A REPORT asked for at `mark` arrived: it shows every replica committed up to there."""
         while self._unreported and self._unreported[0][0] <= mark:
-            _, tier, size = self._unreported.popleft()
+            _, tier, size, count = self._unreported.popleft()
             self._unreported_bytes[tier] -= size
-            self._unreported_objects[tier] -= 1
+            self._unreported_objects[tier] -= count
 
     def used(self, tier: str) -> int:
         return int(self.reported.get(tier, {}).get("used", 0))

@@ -22,6 +22,7 @@ from .placement import MostFreeSpace, PlacementPolicy, placer
 from .versions import DRAM, NO_OPTIONS, ObjectVersion, PutOptions, Replica
 
 MAX_REPLICAS = 16  # default --max-replicas: copies one put may ask for
+new_version = tuple.__new__  # ObjectVersion from all its fields in order
 
 
 @dataclass
@@ -88,6 +89,10 @@ class PendingPuts:
         deadline = now + self.put_timeout
         expires_at = now + options.ttl_seconds if options.ttl_seconds > 0 else None
         pending = self._open
+        if committed.expiring:  # an object past its ttl is gone: drop it before asking what exists
+            for key in keys:
+                ledger.expire_if_due(key)
+        exists = [False] * len(keys) if overwrite else committed.contains_many(keys)
         results = []
         for i, key in enumerate(keys):
             size = sizes[i]
@@ -96,16 +101,15 @@ class PendingPuts:
             try:
                 if size < 0:
                     raise InvalidArgumentError(f"size must not be negative, got {size}")
-                problem = raw_size_problem(size, raw_size, packed)
-                if problem:
-                    raise InvalidArgumentError(problem)
+                if packed or raw_size and raw_size != size:  # else raw_size_problem has none
+                    problem = raw_size_problem(size, raw_size, packed)
+                    if problem:
+                        raise InvalidArgumentError(problem)
                 if key in pending:
                     self._expire_if_due(key)
                     if key in pending:
                         raise KeyExistsError(f"put of {key!r} in progress")
-                if committed.expiring:
-                    ledger.expire_if_due(key)
-                if not overwrite and key in committed:
+                if exists[i]:
                     raise KeyExistsError(f"{key!r} already exists")
                 placed: tuple[Replica, ...] = ()
                 if size > 0:
@@ -116,11 +120,13 @@ class PendingPuts:
             except KvpoolError as exc:
                 results.append(exc)
                 continue
-            version = ObjectVersion(key, size, checksums[i], ledger.new_generation(), placed, options=options,
-                                    compressed=packed, raw_size=raw_size if packed else size,
-                                    expires_at=expires_at, target_replicas=replicas if size > 0 else 0)
+            generation = ledger.new_generation()
+            # A plain tuple: ObjectVersion() with keywords costs several times more.
+            version = new_version(ObjectVersion, (key, size, checksums[i], generation, placed, options, packed,
+                                                  raw_size if packed else size, expires_at,
+                                                  replicas if size > 0 else 0))
             for r in placed:
-                nodes[r.node_id].reserve(version.generation, tier, size, key)
+                nodes[r.node_id].reserve(generation, tier, size, key)
             pending[key] = PendingPut(version, deadline, min_replicas)
             results.append(version)
         return results
@@ -171,12 +177,13 @@ class PendingPuts:
         copies left, is committed here as end() would, without its general steps (every lookup of
         the trace replay follows a posted BatchPutEnd: the master applies it first)."""
         results = []
-        end = self.end
         ledger, open_ = self._ledger, self._open
-        clock, nodes, commit, counters = ledger.clock, ledger.nodes, ledger.commit, ledger.counters
+        nodes = ledger.nodes
+        now = ledger.clock()  # one batch, one moment
+        ending, versions = [], []  # committed together (Ledger.commit_many)
         for key, generation in zip(keys, generations):
             pending = open_.get(key)
-            if pending is not None and pending.deadline > clock():
+            if pending is not None and pending.deadline > now:
                 version = pending.version
                 if version.generation == generation and version.size > 0 and version.replicas:
                     del open_[key]
@@ -188,17 +195,27 @@ class PendingPuts:
                             live += not node.draining
                     if live < version.target_replicas:
                         ledger.repair_keys.add(key)
-                    commit(key, version)
-                    counters.puts += 1
+                    ending.append(key)
+                    versions.append(version)
                     results.append(None)
                     continue
+            self._commit(ending, versions)  # end() may look at what those made visible
             try:
-                end(key, generation)
+                self.end(key, generation)
             except KvpoolError as exc:
                 results.append(exc)
             else:
                 results.append(None)
+        self._commit(ending, versions)
         return results
+
+    def _commit(self, keys: list[str], versions: list[ObjectVersion]) -> None:
+        """Commit the puts end_many has taken so far (and forget them)."""
+        if keys:
+            self._ledger.commit_many(keys, versions)
+            self._ledger.counters.puts += len(keys)
+            keys.clear()
+            versions.clear()
 
     def _check_written(self, key: str, generation: int, failed: set) -> None:
         self._expire_if_due(key)

@@ -130,21 +130,28 @@ def placer(nodes: Iterable[NodeState], policy: PlacementPolicy, max_object_size:
             raise ValueTooLargeError(f"object of {size} bytes exceeds the maximum of {limit}")
         if not candidates:
             raise NoSpaceError("every storage node is draining")
-        if only is not None:  # one node to choose from: the usual small cluster
-            chosen = [only] if only.largest_tier >= size else []
-        elif pick is not None:
-            best = pick(size)
-            chosen = [best] if best is not None else []
+        if only is not None or pick is not None:  # one node to choose from, or one copy: the usual case
+            best = (only if only.largest_tier >= size else None) if only is not None else pick(size)
+            if best is not None:
+                replicas = alone.get(best.node_id)
+                if replicas is None:
+                    replicas = alone[best.node_id] = replicas_on([best])
+                return replicas
+            chosen = []
         else:
             chosen = choose(candidates, size, wanted, tier)
             if count > 1:
                 chosen = spread_zones(chosen, count)
         if not chosen:  # only when every node is smaller than the object
             raise NoSpaceError(f"no storage node can hold {size} bytes")
+        return replicas_on(chosen)
+
+    def replicas_on(chosen) -> tuple[Replica, ...]:
         ids = tuple(n.node_id for n in chosen)
         replicas = shared.get((ids, tier))
         if replicas is None:
             replicas = shared[(ids, tier)] = tuple(Replica(n.node_id, n.address, tier) for n in chosen)
         return replicas
 
+    alone: dict[str, tuple[Replica, ...]] = {}  # node id -> replicas_on([that node]), for this batch
     return place

@@ -68,6 +68,11 @@ def _valid_keys(keys) -> list[str]:
 
 def _invalid_keys(keys) -> dict:
     """index -> the error of each of a batch's keys that is not a valid key."""
+    try:
+        validate_keys(keys)  # one pass over the whole batch when every key is valid (the usual case)
+        return {}
+    except KvpoolError:
+        pass
     bad = {}
     for i, key in enumerate(keys):
         try:
@@ -340,7 +345,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     @_rpc
     def BatchPutEnd(self, request):
         response = pb.BatchStatusResponse(items=[_answer(pb.StatusResponse, self._put_end, item)
-                                                 for item in request.items])
+                                                 for item in request.items] if request.items else None)
         keys, generations = request.keys, request.generations
         if len(keys) != len(generations):
             message = f"{len(keys)} keys but {len(generations)} generations"

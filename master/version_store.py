@@ -29,6 +29,8 @@ _SIZE, _REPLICAS = struct.Struct("<Q"), struct.Struct("<I")
 _CORE_DTYPE = np.dtype([("generation", "<u8"), ("checksum", "<u8"), ("size", "<u8"), ("replicas", "<u4"),
                         ("target", "u1"), ("extra", "u1")])
 assert _CORE_DTYPE.itemsize == _CORE.size
+_pack_core, _unpack_core = _CORE.pack, _CORE.unpack_from
+_new_version = tuple.__new__
 
 
 class _Interned:
@@ -38,11 +40,16 @@ class _Interned:
         self.values: list = []
         self._ids: dict = {}
 
+        self._last, self._last_index = None, 0  # the value asked for last (puts share one tuple)
+
     def id_of(self, value) -> int:
+        if value is self._last:  # the same object again: no hash of a tuple of tuples
+            return self._last_index
         index = self._ids.get(value)
         if index is None:
             index = self._ids[value] = len(self.values)
             self.values.append(value)
+        self._last, self._last_index = value, index
         return index
 
 
@@ -53,6 +60,7 @@ class VersionStore:
         self._replica_sets = _Interned()
         self._options = _Interned()
         self._options.id_of(NO_OPTIONS)
+        self._left_of: dict[tuple[int, str], int | None] = {}  # (replica set, node id) -> _set_without
         self.expiring: dict[str, float] = {}  # key -> expires_at, of the versions that have one
 
     # --- change tracking, passed through to the records
@@ -76,19 +84,21 @@ class VersionStore:
 
     # --- the mapping
     def _pack(self, v: ObjectVersion) -> bytes:
-        extra = ((v.options is not NO_OPTIONS and v.options != NO_OPTIONS) or v.compressed or v.raw_size != v.size or v.expires_at is not None)
-        core = _CORE.pack(v.generation, v.checksum, v.size, self._replica_sets.id_of(v.replicas),
-                          min(v.target_replicas, 255), extra)
+        _key, size, checksum, generation, replicas, options, compressed, raw_size, expires_at, target = v
+        extra = ((options is not NO_OPTIONS and options != NO_OPTIONS) or compressed or raw_size != size
+                 or expires_at is not None)
+        core = _pack_core(generation, checksum, size, self._replica_sets.id_of(replicas),
+                          target if target < 256 else 255, extra)
         if not extra:
             return core
-        return core + _EXTRA.pack(self._options.id_of(v.options), v.compressed, v.raw_size,
-                                  math.nan if v.expires_at is None else v.expires_at)
+        return core + _EXTRA.pack(self._options.id_of(options), compressed, raw_size,
+                                  math.nan if expires_at is None else expires_at)
 
     def _unpack(self, key: str, record: bytes) -> ObjectVersion:
-        generation, checksum, size, replicas, target, extra = _CORE.unpack_from(record)
-        if not extra:
-            return ObjectVersion(key, size, checksum, generation, self._replica_sets.values[replicas],
-                                 raw_size=size, target_replicas=target)
+        generation, checksum, size, replicas, target, extra = _unpack_core(record)
+        if not extra:  # built as a plain tuple: ObjectVersion() with keywords costs several times more
+            return _new_version(ObjectVersion, (key, size, checksum, generation, self._replica_sets.values[replicas],
+                                                NO_OPTIONS, False, size, None, target))
         options, compressed, raw_size, expires_at = _EXTRA.unpack_from(record, _CORE.size)
         return ObjectVersion(key, size, checksum, generation, self._replica_sets.values[replicas],
                              options=self._options.values[options], compressed=bool(compressed),
@@ -113,22 +123,29 @@ class VersionStore:
         width = _CORE.size
         self._records.add_new(keys, [blob[i:i + width] for i in range(0, len(blob), width)])
 
+    def _set_without(self, replicas: int, node_id: str) -> int | None:
+        """The replica set `replicas` less node_id's copy (the same index if it has none; None if
+        nothing is left). Sets are never renumbered, so each answer is kept."""
+        left = self._left_of.get((replicas, node_id), False)
+        if left is False:
+            copies = self._replica_sets.values[replicas]
+            rest = tuple(r for r in copies if r.node_id != node_id)
+            left = replicas if len(rest) == len(copies) else self._replica_sets.id_of(rest) if rest else None
+            self._left_of[(replicas, node_id)] = left
+        return left
+
     def without_node(self, node_id: str, keys) -> tuple[list[str], list[str], int]:
         """Take node_id's copy off the versions of `keys` without unpacking them (a node lost may
         have held millions): (keys that had no other copy, now gone; keys that keep other copies;
         bytes of the gone ones)."""
-        records, sets = self._records, self._replica_sets.values
-        left_of: dict[int, int | None] = {}  # replica set -> the set without the node (None: empty)
+        records = self._records
         gone, kept, gone_bytes = [], [], 0
         for key in keys:
             record = records.get(key)
             if record is None:
                 continue
             (replicas,) = _REPLICAS.unpack_from(record, _REPLICAS_AT)
-            if replicas not in left_of:
-                left = tuple(r for r in sets[replicas] if r.node_id != node_id)
-                left_of[replicas] = self._replica_sets.id_of(left) if left else None
-            left = left_of[replicas]
+            left = self._set_without(replicas, node_id)
             if left is None:
                 del self[key]
                 gone_bytes += _SIZE.unpack_from(record, _SIZE_AT)[0]
@@ -137,6 +154,30 @@ class VersionStore:
                 records[key] = record[:_REPLICAS_AT] + _REPLICAS.pack(left) + record[_REPLICAS_AT + 4:]
                 kept.append(key)
         return gone, kept, gone_bytes
+
+    def without_copies(self, evicted: list[tuple[str, int]], node_id: str) -> list[tuple[bool, int] | None]:
+        """Take node_id's copy off each version (key, generation), in order, without unpacking them (every
+        eviction a node reports comes here). Per entry: None when that is not the version here; else
+        (whether the object is gone, having had no other copy; its size)."""
+        records, set_without, outcomes = self._records, self._set_without, []
+        for key, generation in evicted:
+            record = records.get(key)
+            if record is None:
+                outcomes.append(None)
+                continue
+            generation_here, _checksum, size, replicas, _target, _extra = _unpack_core(record)
+            if generation_here != generation:
+                outcomes.append(None)
+                continue
+            left = set_without(replicas, node_id)
+            if left is None:
+                del self[key]
+                outcomes.append((True, size))
+                continue
+            if left != replicas:
+                records[key] = record[:_REPLICAS_AT] + _REPLICAS.pack(left) + record[_REPLICAS_AT + 4:]
+            outcomes.append((False, size))
+        return outcomes
 
     def get(self, key: str, default=None) -> ObjectVersion | None:
         record = self._records.get(key)
@@ -151,6 +192,16 @@ class VersionStore:
             self.expiring[key] = version.expires_at
         elif self.expiring:
             self.expiring.pop(key, None)
+
+    def swap_many(self, keys: list[str], versions: list[ObjectVersion]) -> list[ObjectVersion]:
+        """self[key] = version for each pair (the keys distinct); returns the versions they replaced."""
+        replaced = self._records.set_many(keys, [self._pack(v) for v in versions])
+        expiring = self.expiring
+        if expiring:
+            for key in keys:
+                expiring.pop(key, None)
+        expiring.update([(key, v.expires_at) for key, v in zip(keys, versions) if v.expires_at is not None])
+        return [self._unpack(key, record) for key, record in zip(keys, replaced) if record is not None]
 
     def __delitem__(self, key: str) -> None:
         del self._records[key]

@@ -21,8 +21,16 @@ class TcpLink(NodeConnections):
     """A member's requests to storage nodes, on connections of its own."""
 
     async def free(self, address, key, generation) -> bool:
+        (result,) = await self.free_many(address, [(key, generation)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def free_many(self, address: str, items: list[tuple[bytes, int]]) -> list:
+        """FREE each (key, generation) at the node at `address`, pipelined in one send; per item
+        True/False (freed / not held) or the exception it was refused with."""
         connection = await self._connection(address)
-        return await connection.request(_FREE, key, generation, 0, 0)
+        return await connection.batch(_FREE, [(key, generation, b"", 0, None) for key, generation in items])
 
     async def hold(self, address, key, generation, ms) -> bool:
         if ms < 0:

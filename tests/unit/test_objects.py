@@ -325,6 +325,32 @@ def test_evictions_between_reports_drop_replicas_and_leave_usage_alone(table):
     assert table.exists("stays")
 
 
+def test_one_eviction_list_holds_pending_targets_committed_copies_and_objects_kept_elsewhere(table):
+    """A node's list is applied as a whole: a pending put's target stops counting (and its PutEnd
+    is refused), a committed copy goes, one of two copies goes while the object stays on the other
+    node with a target one lower, and a stale generation leaves the object alone."""
+    table.upsert_node(record("n2", port=7001))
+    both = put(table, "both", replicas=2)
+    gone = put(table, "gone")
+    node_id = gone.replicas[0].node_id
+    other = "n2" if node_id == "n1" else "n1"
+    stale = put(table, "stale")
+    pending = table.put_start("pending", 100, 0)
+    assert [r.node_id for r in pending.replicas] == [node_id]  # the same node: the emptier one each time
+    evicted = [["pending", pending.generation], ["gone", gone.generation], ["both", both.generation],
+               ["stale", stale.generation + 1]]
+    assert table.apply_evictions(node_id, "i1", evicted) == ["gone"]
+    assert table.counters.evicted_replicas == 3 and table.counters.evicted_objects == 1
+    assert not table.exists("gone") and table.exists("stale")
+    kept = table.get("both")
+    assert [r.node_id for r in kept.replicas] == [other] and kept.target_replicas == 1
+    assert table.objects_on(node_id) == int(stale.replicas[0].node_id == node_id)
+    assert table.total_bytes == 200
+    with pytest.raises(KeyNotFoundError, match="evicted by its storage nodes before the put ended"):
+        table.put_end("pending", pending.generation)
+    assert pending.generation not in table.nodes[node_id].pending
+
+
 def test_reserved_bytes_follow_puts_and_reports(table):
     node = table.nodes["n1"]
     a = table.put_start("a", 300, 0)
