@@ -138,7 +138,7 @@ class ObjectStore:
         rec = self.index.get(key, generation)
         if rec is None:
             return None, "stale" if self.index.has_key(key) else "missing"
-        if policy.expired(rec, self.clock()):
+        if rec.expires_at and policy.expired(rec, self.clock()):
             self.evict(rec, "expired")
             return None, "missing"
         return rec, None
@@ -148,9 +148,10 @@ class ObjectStore:
         now = self.clock()
         rec.last_access = now
         rec.hits += 1
-        for tier in self.tiers:
-            if getattr(rec, tier.name) is not None:
-                tier.members.touch(rec)
+        if rec.dram is not None:
+            self.dram.members.touch(rec)
+        if rec.ssd is not None:
+            self.ssd.members.touch(rec)
         if from_dram:
             self.dram.hits += 1
             return False
@@ -207,12 +208,12 @@ class ObjectStore:
 
     def release_from(self, tier: StorageTier, rec: ObjectRecord) -> None:
         """Make room in `tier` by one victim: keep it elsewhere if it has another copy, else evict it."""
-        if (rec.dram, rec.ssd).count(None) == 0:
+        if rec.dram is not None and rec.ssd is not None:
             self.drop_copy(rec, tier)
             if tier is self.dram:
                 tier.demotions += 1
         else:
-            self.evict(rec, f"{tier.name} full")
+            self.evict(rec, tier.full)
 
     def expire_due(self) -> int:
         due = self.index.due(self.clock())
