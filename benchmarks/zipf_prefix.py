@@ -74,10 +74,10 @@ def blocks_by_tier(client, secret: str | None) -> dict:
     """{'dram': [...keys], 'ssd': [...keys]} of stored zipf blocks, from every node's INVENTORY;
     an object in both tiers counts as DRAM (that is where it is served from). INVENTORY is a master's
     request: it is asked with the member credential of the cluster secret."""
-    from kvpool.client.tcp import TcpTransport
+    from kvpool.net.tcp_link import TcpLink
 
     async def inventories():
-        transport = TcpTransport(credential=auth.Credential.for_member(secret) if secret else None)
+        transport = TcpLink(credential=auth.Credential.for_member(secret) if secret else None)
         try:
             return [await transport.inventory(node.address) for node in client.stats().nodes]
         finally:

@@ -15,7 +15,7 @@ so callers only ever see raw values.
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import BatchError, InvalidArgumentError, InvalidKeyError, KeyNotFoundError
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 
 from . import convert, reads, writes
 from .convert import check

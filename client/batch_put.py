@@ -7,7 +7,6 @@ either side: the WRITEs are grouped by placement, and the placement cache keeps 
 placement's serialized replicas plus the key's own fields.
 """
 
-import asyncio
 
 from kvpool.errors import BatchError
 
@@ -44,7 +43,8 @@ async def write_started(core: Core, started: Started, raws, views, digests, opti
     if len(addresses) == 1:  # one node: no task for a gather to wait on
         outcomes = [await transport.write_many(addresses[0], groups[addresses[0]][1])]
     else:
-        outcomes = await asyncio.gather(*(transport.write_many(address, groups[address][1]) for address in addresses))
+        outcomes = await core.io.gather(*(transport.write_many(address, groups[address][1])
+                                          for address in addresses))
     missing: dict[int, dict] = {}
     for address, results in zip(addresses, outcomes):
         for (i, node_id), result in zip(groups[address][0], results):

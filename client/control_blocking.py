@@ -20,7 +20,7 @@ import time
 from kvpool.security.auth import handshake_blocking
 from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import UnavailableError
-from kvpool.net.netutil import connect_failure
+from kvpool.net.netutil import ConnectAttempt
 
 from .control_frames import ControlCalls, NotSent
 
@@ -48,20 +48,12 @@ class BlockingControlConnection:
             host, port = parse_hostport(address)
         except ValueError as exc:
             raise UnavailableError(f"bad master control address {address!r}: {exc}") from None
-        sock = None
-        try:
-            sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
+        with ConnectAttempt(f"master control port {address}", NotSent) as attempt:
+            sock = attempt.sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if tls is not None:
-                sock = tls.client_context().wrap_socket(sock, server_hostname=host)
+                sock = attempt.sock = tls.client_context().wrap_socket(sock, server_hostname=host)
             handshake_blocking(sock, credential, f"master control port {address}")
-        except BaseException as exc:
-            if sock is not None:
-                sock.close()
-            failure = connect_failure(exc, f"master control port {address}", NotSent)
-            if failure is None:
-                raise
-            raise failure from None
         return cls(address, sock)
 
     def call(self, method: str, request, deadline: float):

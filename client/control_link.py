@@ -17,7 +17,7 @@ import socket
 from kvpool.security.auth import PeerHandshake, handshake
 from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
-from kvpool.net.netutil import connect_failure, open_socket
+from kvpool.net.netutil import ConnectAttempt, open_socket
 
 from .control_frames import ControlCalls, LeaderHint, NotSent  # noqa: F401 - LeaderHint: for master_link
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
@@ -267,10 +267,9 @@ class ControlLinks:
         except ValueError as exc:
             raise UnavailableError(f"bad master control address {address!r}: {exc}") from None
         loop = asyncio.get_running_loop()
-        sock = None
-        try:
+        with ConnectAttempt(f"master control port {address}", NotSent) as attempt:
             async with asyncio.timeout(max(timeout, 0.001)):
-                sock = await open_socket(host, port)
+                sock = attempt.sock = await open_socket(host, port)
                 if self.tls is None:
                     await handshake(sock, self.credential, f"master control port {address}")
                     _, connection = await loop.create_connection(lambda: ControlConnection(address), sock=sock)
@@ -279,19 +278,12 @@ class ControlLinks:
                     _, connection = await loop.create_connection(
                         lambda: ControlConnection(address, peer), sock=sock, ssl=self.tls.client_context(),
                         server_hostname=host)
-                    sock = None  # the transport owns it now
+                    attempt.sock = None  # the transport owns it now
                     try:
                         await connection.authenticated
                     except BaseException:
                         connection.close("handshake failed")
                         raise
-        except BaseException as exc:
-            if sock is not None:
-                sock.close()
-            failure = connect_failure(exc, f"master control port {address}", NotSent)
-            if failure is None:
-                raise
-            raise failure from None
         old = self._connections.get(address)
         if old is not None:
             old.close("replaced")

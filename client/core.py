@@ -11,7 +11,7 @@ from kvpool.security import auth
 from kvpool.protocol import transports as transport_names
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import InvalidArgumentError, KvpoolError
-from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 from kvpool.security.tls import client_files
 
 from . import compression, convert

@@ -2,25 +2,30 @@
 
 Chosen once, when the client is made, and handed to the layers that wait: the
 master link takes its control-port connections from it (`control_links`), the
-TCP transport sends a WRITE through it (`write`), the ends of posted puts
-retry through it (`spawn`). No layer asks which one it has.
+TCP transport sends node requests through it (`request`, `batch`), a read's
+deadline is set through it (`timeout`), the ends of posted puts retry through it
+(`spawn`). No layer asks which one it has.
 
-The blocking Client owns a private event loop that runs only inside one
-caller's call (`run`). Waiting through it costs several turns of the loop per
-call (a task, the selector, a future's callbacks), so what needs nothing else
-of the loop waits on its socket instead: master calls (control_blocking.py)
-and a WRITE on a node connection with nothing else in flight (tcp_inline.py).
+The blocking Client runs an operation's coroutine (the same one AsyncClient
+runs) in the caller's thread with no event loop running (`run`): master calls
+are answered on the control socket (control_blocking.py) and node requests on an
+idle node connection are sent and answered on its socket (Connection.request_now),
+so the coroutine completes without ever suspending. When it does wait on
+something only a loop can give (a first connection, a leader to find, several
+nodes at once, TLS, shared memory, UCX), the rest of it is run on the client's
+private event loop, in this thread, until it is done.
 """
 
 import asyncio
+import time
+from asyncio import events
 
-from kvpool.protocol import wire
-
-from . import tcp_inline
 from .control_blocking import BlockingControlLinks
 from .control_link import ControlLinks
 
-_WRITE = wire.Op.WRITE
+# A node request without a read's deadline (a WRITE) that is not answered in this long, plus the time
+# its bytes take at 50 MB/s, fails the connection: a caller blocked on the socket must not hang.
+WRITE_TIMEOUT = 30.0
 
 
 class LoopIO:
@@ -30,9 +35,25 @@ class LoopIO:
         """The connections to masters' control ports."""
         return ControlLinks(credential, tls)
 
-    async def write(self, connection, key, generation, data, checksum, options, term) -> None:
-        """A WRITE on a node connection (kvpool/net/tcp_connection.py); raises the node's error."""
-        await connection.request(_WRITE, key, generation, term, len(data), checksum, payload=data, options=options)
+    async def request(self, connection, op: int, *args, **fields):
+        """One request on a node connection (kvpool/net/tcp_connection.py); raises the node's error."""
+        return await connection.request(op, *args, **fields)
+
+    async def batch(self, connection, op: int, items) -> list:
+        """Pipelined requests on a node connection; per-item results."""
+        return await connection.batch(op, items)
+
+    def timeout(self, seconds: float):
+        """An async context that raises TimeoutError when its body takes longer than `seconds`."""
+        return asyncio.timeout(seconds)
+
+    async def gather(self, *coros, return_exceptions: bool = False) -> list:
+        """The results of `coros` (per node transfers), run side by side as asyncio.gather runs them."""
+        return await asyncio.gather(*coros, return_exceptions=return_exceptions)
+
+    async def to_loop(self) -> None:
+        """Go on from here as a task on the event loop (what follows waits only there, e.g. in an
+        asyncio.timeout); already so here."""
 
     def spawn(self, coro) -> asyncio.Future:
         """Run `coro` in the background on the client's loop."""
@@ -40,33 +61,172 @@ class LoopIO:
 
 
 class BlockingIO(LoopIO):
-    """For the blocking Client: waits that need nothing else of the loop are done on the socket."""
+    """For the blocking Client: an operation runs in the caller's thread, its I/O on the sockets."""
 
     def __init__(self):
         self.loop = asyncio.new_event_loop()
+        self._deadlines: list[_Deadline] = []  # the bodies of timeout() being run, outermost first
+        self._background: set[asyncio.Future] = set()
 
     def control_links(self, credential, tls) -> BlockingControlLinks:
         return BlockingControlLinks(credential, tls)
 
-    async def write(self, connection, key, generation, data, checksum, options, term) -> None:
-        if connection.idle() and not connection.tls:  # the next bytes from the node answer this WRITE
-            return tcp_inline.write(connection, key, generation, term, data, checksum, options)
-        return await super().write(connection, key, generation, data, checksum, options, term)
+    def _on_socket(self, connection) -> bool:
+        """Whether a node request can be sent and answered here: not inside a task on the loop (its
+        tasks run side by side), and the next bytes from the node answer it."""
+        return asyncio.current_task() is None and not connection.tls and connection.idle()
+
+    def _deadline(self, nbytes: int) -> float:
+        if self._deadlines:
+            return min(deadline.when for deadline in self._deadlines)
+        return time.monotonic() + WRITE_TIMEOUT + nbytes / 50e6
+
+    async def request(self, connection, op: int, key, generation, arg, length, checksum=0, payload=None,
+                      buf=None, options=None):
+        if not self._on_socket(connection):
+            await self.to_loop()
+            return await connection.request(op, key, generation, arg, length, checksum, payload, buf, options)
+        return connection.request_now(self._deadline(length), op, key, generation, arg, length, checksum, payload,
+                                      buf, options)
+
+    async def batch(self, connection, op: int, items) -> list:
+        if not self._on_socket(connection):
+            await self.to_loop()
+            return await connection.batch(op, items)
+        nbytes = sum(len(item[2]) for item in items)  # WriteItem.data, ReadItem.buf
+        return connection.batch_now(self._deadline(nbytes), op, items)
+
+    def timeout(self, seconds: float) -> "_Deadline":
+        return _Deadline(self, seconds)
+
+    async def to_loop(self) -> None:
+        if asyncio.current_task() is None:  # outside the loop: suspend once, the rest runs as a task
+            resumed = self.loop.create_future()
+            self.loop.call_soon(resumed.set_result, None)
+            await resumed
+
+    async def gather(self, *coros, return_exceptions: bool = False) -> list:
+        """Outside the loop, one after the other, each on its sockets (its node works meanwhile on what
+        it was sent); from the first that waits on the loop on, side by side on the loop."""
+        if asyncio.current_task() is not None:
+            return await asyncio.gather(*coros, return_exceptions=return_exceptions)
+        results = []
+        deadlines = self._deadlines
+        for i, coro in enumerate(coros):
+            mark = len(deadlines)
+            try:
+                waiting_on = coro.send(None)
+            except StopIteration as done:
+                results.append(done.value)
+                continue
+            except Exception as exc:
+                if not return_exceptions:
+                    for rest in coros[i + 1:]:
+                        rest.close()
+                    raise
+                results.append(exc)
+                continue
+            # The timeouts it is inside are its own: armed in its task, not the caller's.
+            owned = deadlines[mark:]
+            del deadlines[mark:]
+            rest = await asyncio.gather(self._continue(coro, waiting_on, owned), *coros[i + 1:],
+                                        return_exceptions=return_exceptions)
+            return results + rest
+        return results
 
     def spawn(self, coro) -> asyncio.Future:
-        """Scheduled on the private loop: it runs during this or the next call that runs the loop."""
-        return self.loop.create_task(coro)
+        """Scheduled on the private loop: the next call runs on the loop until it is done."""
+        task = self.loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     def run(self, coro):
-        """Run the loop in this thread until `coro` is done (the caller takes turns: one at a time)."""
+        """Run `coro` in this thread (the caller takes turns: one at a time): without the loop while it
+        needs none, then on the loop until it is done."""
+        if self._background or self._deadlines:  # spawned work (or an interrupted call) waits for the loop
+            return self._run_on_loop(coro)
+        events._set_running_loop(self.loop)  # loop calls (futures, tasks made for later) go to this loop
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration as done:
+            return done.value
+        finally:
+            events._set_running_loop(None)
+        return self._run_on_loop(self._continue(coro, waiting_on, self._deadlines))
+
+    def _run_on_loop(self, coro):
         task = self.loop.create_task(coro)
         try:
             return self.loop.run_until_complete(task)
         finally:
             task.cancel()  # no-op once done; an interrupted call stops at the next turn
 
+    @staticmethod
+    async def _continue(coro, waiting_on, deadlines: list):
+        """The rest of `coro`, which suspended on `waiting_on` outside the loop, in this task: the
+        timeouts it is inside (`deadlines`) are now armed on the loop too."""
+        for deadline in list(deadlines):
+            await deadline.arm()
+        return await _Resumed(coro, waiting_on)
+
     def close(self) -> None:
         self.loop.close()
+
+
+class _Resumed:
+    """Awaiting it continues a coroutine that already ran up to a suspension (`waiting_on`, what it
+    yielded to the loop), in the awaiting task: results, errors and cancellation are passed on."""
+
+    def __init__(self, coro, waiting_on):
+        self.coro, self.waiting_on = coro, waiting_on
+
+    def __await__(self):
+        coro, yielded = self.coro, self.waiting_on
+        while True:
+            try:
+                sent = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    yielded = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    yielded = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
+class _Deadline:
+    """BlockingIO.timeout: a deadline its socket waits keep (they raise TimeoutError); once the body
+    waits on the loop instead, an asyncio.timeout armed with the same deadline takes over."""
+
+    def __init__(self, io: BlockingIO, seconds: float):
+        self.io = io
+        self.when = time.monotonic() + seconds  # the event loop's clock
+        self._on_loop = None
+
+    async def __aenter__(self) -> "_Deadline":
+        if asyncio.current_task() is not None:
+            await self.arm()
+        self.io._deadlines.append(self)
+        return self
+
+    async def arm(self) -> None:
+        if self._on_loop is None:
+            self._on_loop = asyncio.timeout_at(self.when)
+            await self._on_loop.__aenter__()
+
+    async def __aexit__(self, exc_type, exc, tb):
+        if self in self.io._deadlines:  # not when it went on to the loop inside a gather
+            self.io._deadlines.remove(self)
+        if self._on_loop is not None:
+            return await self._on_loop.__aexit__(exc_type, exc, tb)
+        return None
 
 
 LOOP_IO = LoopIO()

@@ -14,7 +14,6 @@ the transport itself (selector.py).
 A compressed object is read as its stored bytes and decompressed once verified.
 """
 
-import asyncio
 
 from kvpool.errors import (
     ChecksumMismatchError, InvalidArgumentError, KeyNotFoundError, KvpoolError, StaleReplicaError,
@@ -81,7 +80,7 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
             [(address, (_, items))] = groups.items()
             outcomes = [await _read_in_time(core, address, items)]
         else:
-            outcomes = await asyncio.gather(*(_read_in_time(core, address, items)
+            outcomes = await core.io.gather(*(_read_in_time(core, address, items)
                                               for address, (_, items) in groups.items()))
         todo = []
         for (address, (reading, _)), digests in zip(groups.items(), outcomes):
@@ -145,8 +144,8 @@ async def _read_in_time(core: Core, address: str, items: list) -> list:
     one = items[0] if len(items) == 1 else None
     nbytes = len(one.buf) if one is not None else sum(len(item.buf) for item in items)
     try:
-        # asyncio.timeout, unlike wait_for, runs the read in this task: no extra task per get.
-        async with asyncio.timeout(core.read_deadline(nbytes)):
+        # A timeout context, unlike wait_for, runs the read in this task: no extra task per get.
+        async with core.io.timeout(core.read_deadline(nbytes)):
             if one is not None:  # one transfer: the transport's single read, no batch to track
                 try:
                     return [await transport.read_into(address, one.key, one.generation, one.buf)]

@@ -17,7 +17,7 @@ from typing import Sequence
 from kvpool.protocol import transports
 from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
 from kvpool.protocol.parts import Parts
-from kvpool.net.tcp_link import DEFAULT_CONNECT_TIMEOUT
+from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 
 from .shm import ShmPath
 from .io import LOOP_IO
@@ -52,6 +52,7 @@ class TransportSelector(Transport):
             log.info("UCX transport not used: the cluster runs TLS")
             self.allowed = tuple(name for name in self.allowed if name != transports.UCX)
         self.tcp = TcpTransport(connect_timeout, credential, tls, io)
+        self._io = io
         self._fast: dict[str, DataPath] = {}
         if transports.SHM in self.allowed:
             self._fast[transports.SHM] = ShmPath(self.tcp)
@@ -142,6 +143,8 @@ class TransportSelector(Transport):
     async def _one(self, address: str, size: int, call):
         order = _fallback_order(await self.route(address))
         for position, (name, path) in enumerate(order):
+            if path is not self.tcp:
+                await self._io.to_loop()  # only TCP requests are answered on the socket (io.py)
             try:
                 result = await call(path)
             except _PATH_FAILED as exc:
@@ -163,6 +166,8 @@ class TransportSelector(Transport):
         todo = list(range(len(items)))
         order = _fallback_order(route)
         for position, (name, path) in enumerate(order):
+            if path is not self.tcp:
+                await self._io.to_loop()
             outcomes = await call(path, [items[i] for i in todo])
             retry = [i for i, outcome in zip(todo, outcomes) if isinstance(outcome, _PATH_FAILED)]
             for i, outcome in zip(todo, outcomes):

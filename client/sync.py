@@ -1,11 +1,13 @@
 """Client: the blocking kvpool API, for callers without an event loop.
 
 It runs on the same machinery as AsyncClient with the blocking io (io.py): a
-private event loop that runs in the calling thread for the length of a call,
-and waits done on the socket itself where nothing else of the loop is needed.
-Lookups (exists, batch_exists) never touch the loop: the request is built, sent
-on the leader's control connection and its answer read in the caller's thread,
-the loop taking over only to find or follow a leader. Handing each call to a
+call's coroutine runs in the calling thread with its master calls and node
+requests answered on their sockets, so puts and gets over TCP run no event
+loop; a private event loop runs in this thread only for what needs one (a first
+connection, finding a leader, TLS, shared memory, UCX). Lookups (exists,
+batch_exists) skip even the coroutine: the request is built, sent on the
+leader's control connection and its answer read in the caller's thread, the
+loop taking over only to find or follow a leader. Handing each call to a
 separate loop thread instead would cost two thread wake-ups per call (about
 100 us here, half of a 64 KiB get). Threads sharing a Client take turns; a
 thread that wants many transfers in flight uses the batch calls, or an

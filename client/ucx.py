@@ -31,7 +31,7 @@ from typing import Sequence
 from kvpool.security import auth
 from kvpool.protocol import transports, wire
 from kvpool.protocol.checksum import checksum
-from kvpool.net.tcp_link import TcpLink
+from kvpool.net.node_connections import NodeConnections
 from kvpool.errors import Code, KvpoolError, ProtocolError, UnavailableError, error_for
 from kvpool.net.ucx_common import (ACCEPT, ACCEPT_MSG, BYE, CONN_SHIFT, CONNECT, CONNECT_MSG, DATA, KIND_SHIFT,
                                MAX_REPLY, MAX_WORKER_ADDRESS, PAYLOAD, PROTOCOL_VERSION, REPLY, REQUEST, Op,
@@ -118,7 +118,7 @@ class UcxTransport(DataPath):
         the node's authenticated TCP connection; default: over a connection of this transport's own)."""
         self.credential = auth.client_credential() if credential is ENVIRONMENT else credential
         self.tickets = tickets or self._ticket_over_tcp
-        self._tcp: TcpLink | None = None
+        self._tcp: NodeConnections | None = None
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.min_rate = min_rate
@@ -247,7 +247,7 @@ class UcxTransport(DataPath):
 
     async def _ticket_over_tcp(self, address: str) -> bytes:
         if self._tcp is None:
-            self._tcp = TcpLink(self.connect_timeout, self.credential)
+            self._tcp = NodeConnections(self.connect_timeout, self.credential)
         return ticket_of(await self._tcp.hello(address), address)
 
     def _fail(self, peer: _Peer, reason: str) -> None:

@@ -88,8 +88,8 @@ async def _write_replicas(core: Core, raw: bytes, info, data: memoryview, digest
         # The placing leader's term goes with the WRITEs: nodes refuse it once a newer leader spoke.
         await transport.write(replicas[0].address, raw, info.generation, data, digest, options, term=info.term)
         return {}
-    # Every write must be over before a revoke frees the copies, so no early exit. write_many,
-    # unlike write, never waits on the socket in the caller's thread (io.py): the copies travel at once.
+    # Every write must be over before a revoke frees the copies, so no early exit. The copies travel at
+    # once: as tasks on the loop, even a blocking client's (io.py waits on a socket only outside tasks).
     item = WriteItem(raw, info.generation, data, digest, options, info.term)
     outcomes = await asyncio.gather(*(transport.write_many(r.address, (item,)) for r in replicas),
                                     return_exceptions=True)

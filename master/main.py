@@ -22,7 +22,7 @@ from kvpool.protocol import cluster_layout
 from kvpool.runtime import config
 from kvpool.cluster.etcd_client import EtcdClient
 from kvpool.security.grpc_auth import ServerAuth
-from kvpool.runtime.process import run_server
+from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, run_server
 from kvpool.protocol.units import parse_size
 
 from .adoption import Adopter
@@ -114,11 +114,15 @@ async def serve(args) -> int:
         try:
             await asyncio.wait_for(etcd.status(), ETCD_CONNECT_TIMEOUT)
         except Exception as exc:  # noqa: BLE001
-            print(f"kvpool-master: cannot reach etcd at {args.etcd}: {exc or type(exc).__name__}", file=sys.stderr)
+            print(cannot_reach_etcd("kvpool-master", args.etcd, exc), file=sys.stderr, flush=True)
             return 1
 
-        server = grpc.aio.server(interceptors=[ServerAuth(verifier, metrics.refused_call)], options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        # No SO_REUSEPORT: gRPC sets it by default, and a port another server holds (an earlier master's) would
+        # then be shared with it, its connections dealt out between the two, instead of refused.
+        server = grpc.aio.server(interceptors=[ServerAuth(verifier, metrics.refused_call)],
+                                 options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                                          ("grpc.so_reuseport", 0)])
         try:
             if args.tls:
                 port = server.add_secure_port(f"{args.host}:{args.port}", args.tls.grpc_server_credentials())
@@ -128,7 +132,7 @@ async def serve(args) -> int:
             log.error("binding %s:%s failed: %s", args.host, args.port, exc)
             port = 0
         if not port:
-            print(f"kvpool-master: cannot listen on {args.host}:{args.port}", file=sys.stderr)
+            print(cannot_listen("kvpool-master", args.host, args.port, "--port"), file=sys.stderr, flush=True)
             return 1
         address = f"{args.advertise_host or args.host}:{port}"
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
@@ -138,7 +142,8 @@ async def serve(args) -> int:
             control_port = await control.bind(args.host, args.control_port,
                                               args.tls.server_context() if args.tls else None)
         except OSError as exc:
-            print(f"kvpool-master: cannot listen on {args.host}:{args.control_port}: {exc}", file=sys.stderr)
+            print(cannot_listen("kvpool-master", args.host, args.control_port, "--control-port", exc),
+                  file=sys.stderr, flush=True)
             return 1
         service.control_address = f"{args.advertise_host or args.host}:{control_port}"
         election = Election(etcd, args.cluster, master_id, address, args.election_ttl, service.control_address)

@@ -8,6 +8,7 @@ import re
 import resource
 import secrets
 import signal
+import sys
 import uuid
 
 
@@ -15,9 +16,9 @@ from kvpool.security import auth, tls
 from kvpool.runtime import config
 from kvpool.protocol import transports
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, UnavailableError
 from kvpool.runtime.health import Health, serve_http
-from kvpool.runtime.process import run_server
+from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, run_server
 from kvpool.protocol.units import parse_size
 
 from . import policy
@@ -219,7 +220,11 @@ async def _serve(args) -> int:
         if ssd:
             recover(store)
         maintenance.start()
-        _, port = await server.start(args.host, args.port)
+        try:
+            _, port = await server.start(args.host, args.port)
+        except OSError as exc:
+            print(cannot_listen("kvpool-storenode", args.host, args.port, "--port", exc), file=sys.stderr, flush=True)
+            return 1
         if transports.UCX in args.transports:
             ucx = await start_ucx(store, server, args.host)
             if ucx is not None:
@@ -232,8 +237,12 @@ async def _serve(args) -> int:
                             zone=args.zone, transports=[*server.offers, transports.TCP],
                             transport_info=server.offers)
         registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl, credential, args.tls)
-        if not await _until_stopped(registration.start(), stopping):
-            return 0
+        try:
+            if not await _until_stopped(registration.start(), stopping):
+                return 0
+        except UnavailableError as exc:  # etcd did not take the registration before its deadline
+            print(cannot_reach_etcd("kvpool-storenode", args.etcd, exc), file=sys.stderr, flush=True)
+            return 1
         health.ready = lambda: (True, "") if registration.in_etcd() else (
             False, "etcd lease not refreshed within its ttl: the master may count this node gone")
         print(f"kvpool-storenode ready node_id={node_id} address={record.address}", flush=True)

@@ -1,6 +1,6 @@
 """What a storage node does for each request, written once for every transport (TCP, shared memory, UCX).
 
-The servers (tcp_connection.py and its tcp_members.py / tcp_shm.py, ucx_server.py) parse frames and move
+The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_server.py) parse frames and move
 bytes; the decisions are here: whether a write is admitted (term fence, options, room in a tier) and
 what its commit checks and records, which record a READ or LOCATE pins, and the operations only a member
 may send, behind one role check (`NodeOps.members`).

@@ -44,8 +44,7 @@ class NodeRegistration:
                 break
             except aetcd.ClientError as exc:
                 if time.monotonic() >= deadline:
-                    raise UnavailableError(
-                        f"cannot register in etcd at {self.etcd_host}:{self.etcd_port}: {exc}") from None
+                    raise UnavailableError(f"no registration within {timeout:g}s: {exc}") from None
                 log.warning("etcd at %s:%d not usable yet (%s); retrying", self.etcd_host, self.etcd_port, exc)
                 await asyncio.sleep(0.5)
         self._keepalive = asyncio.create_task(self._keep_alive(), name="etcd-keepalive")

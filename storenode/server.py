@@ -1,6 +1,6 @@
 """The node's data server over plain TCP (or TLS) on asyncio: its listener, and the limit on connections.
 
-Each accepted connection is served by tcp_connection.Connection (AUTH handshake, framing, requests in
+Each accepted connection is served by tcp_session.TcpSession (AUTH handshake, framing, requests in
 order); what each request does is storenode/ops.py's, shared with the UCX endpoint (ucx_server.py).
 Connections past --max-connections are turned away with one UNAVAILABLE reply.
 """
@@ -19,7 +19,7 @@ from .maintenance import Maintenance
 from .metrics import NodeMetrics
 from .ops import NodeOps
 from .store import ObjectStore
-from .tcp_connection import Connection
+from .tcp_session import TcpSession
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,6 @@ class DataServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls_context is not None:
                 sock = TlsSocket(sock, self._tls_context, server_side=True)
-            task = asyncio.create_task(Connection(self, sock).run())
+            task = asyncio.create_task(TcpSession(self, sock).run())
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)

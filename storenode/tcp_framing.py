@@ -50,7 +50,7 @@ class Framing:
         self.buf = bytearray(HANDSHAKE_STAGING)  # grown to STAGING_BYTES once the peer is authenticated
         self.view = memoryview(self.buf)
         self.start = self.end = 0  # unparsed input is buf[start:end]
-        self.read_ahead = STAGING_BYTES  # how much fill may read at once (see tcp_connection.LARGE_WRITE)
+        self.read_ahead = STAGING_BYTES  # how much fill may read at once (see tcp_session.LARGE_WRITE)
         self.out = bytearray()  # replies not sent yet
 
     def grow_staging(self) -> None:
@@ -85,7 +85,7 @@ class Framing:
 
     async def take_options(self) -> StoredOptions:
         """The WRITE_OPTIONS block that follows an ALLOCATE's key (a WRITE's is parsed inline, without a
-        coroutine, in tcp_connection.Connection._write)."""
+        coroutine, in tcp_session.TcpSession._write)."""
         await self.fill(_OPTIONS)
         options = _new_options(StoredOptions, _unpack_options(self.buf, self.start))
         self.start += _OPTIONS

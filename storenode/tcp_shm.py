@@ -12,7 +12,7 @@ from .ops import Request
 
 
 class SharedMemoryRequests:
-    """conn: the tcp_connection.Connection these requests arrive on."""
+    """conn: the tcp_session.TcpSession these requests arrive on."""
 
     def __init__(self, conn):
         self.conn = conn

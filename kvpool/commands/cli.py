@@ -432,6 +432,8 @@ def failure_line(exc: BaseException, given: dict) -> str:
                     f"(export KVPOOL_TLS_CA as `kvpool up` printed; etcd-auth: --tls-dir DIR)")
         role, address = found.groups()
         return f"no {role} answers at {address}: start one with `kvpool up` or pass --{role} HOST:PORT as it printed"
+    if given.get("master_port") and "kvpool-master: cannot listen" in text:
+        text = text.replace("--port", "--master-port")  # `kvpool up` hands its --master-port to the master as --port
     if isinstance(exc, OSError) and exc.filename:
         source = next((f" (${name})" for name in _PATHS_FROM_ENV if os.environ.get(name) == str(exc.filename)), "")
         return f"{exc.filename}{source}: {exc.strerror}: check that path and its permissions"

@@ -221,10 +221,10 @@ class LocalCluster:
                 self.etcd_servers = [self.etcd]
             if self.secret:  # members log in as one etcd user, clients (read only) as another
                 enable_auth(self.etcd.endpoint, self.secret, tls=self.tls_files)
-            self.master = self._master_child().start(timeout)
+            self.master = self._start_master(0, timeout)
             self.masters = [self.master]
             for index in range(1, self.master_count):
-                self.masters.append(self._master_child(index).start(timeout))
+                self.masters.append(self._start_master(index, timeout))
             self.nodes = [self._node_child(i) for i in range(self.node_count)]
             for node in self.nodes:
                 node.start(timeout)
@@ -239,6 +239,16 @@ class LocalCluster:
         """The flag when a value was given (else the component's own default, or its config file's, holds)."""
         return [] if value is None else [flag, str(value)]
 
+    def _start_master(self, index: int, timeout: float) -> Child:
+        """Start master `index`. A free port picked for it may be taken by another process before the
+        master binds it (the master refuses a taken port): it is then started again on another."""
+        for attempt in range(3):
+            try:
+                return self._master_child(index).start(timeout)
+            except RuntimeError as exc:
+                if (index == 0 and self.master_port) or "cannot listen" not in str(exc) or attempt == 2:
+                    raise
+
     def _master_child(self, index: int = 0) -> Child:
         port = self.master_port if index == 0 and self.master_port else free_port(self.host)
         name = "master" if index == 0 else f"master-{index}"
@@ -250,7 +260,7 @@ class LocalCluster:
     def restart_master(self, index: int, timeout: float = 30.0) -> Child:
         """Start master `index` again (after a stop or kill) on a new port."""
         self.masters[index].stop()
-        self.masters[index] = self._master_child(index).start(timeout)
+        self.masters[index] = self._start_master(index, timeout)
         if index == 0:
             self.master = self.masters[0]
         return self.masters[index]

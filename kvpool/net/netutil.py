@@ -64,3 +64,28 @@ def connect_failure(exc: BaseException, what: str, error_type, timeout: float | 
         reason = os.strerror(exc.errno) if exc.errno and not isinstance(exc, ssl.SSLError) else str(exc)
         return error_type(f"{what}: cannot connect: {reason}")
     return None
+
+
+class ConnectAttempt:
+    """`with ConnectAttempt(what, error_type, timeout) as attempt:` around the steps of opening a
+    connection (connect, TLS, AUTH), setting `attempt.sock` once there is one: if a step fails, that
+    socket is closed and the failure raised as connect_failure says."""
+
+    def __init__(self, what: str, error_type, timeout: float | None = None):
+        self.what = what
+        self.error_type = error_type
+        self.timeout = timeout
+        self.sock = None  # closed if the attempt fails; None once something else owns it
+
+    def __enter__(self) -> "ConnectAttempt":
+        return self
+
+    def __exit__(self, _kind, exc, _traceback) -> bool:
+        if exc is None:
+            return False
+        if self.sock is not None:
+            self.sock.close()
+        failure = connect_failure(exc, self.what, self.error_type, self.timeout)
+        if failure is None:
+            return False  # `exc` goes on as it was
+        raise failure from None

@@ -20,6 +20,7 @@ from ..protocol.checksum import Digest
 from ..errors import Code, ProtocolError, UnavailableError, error_for
 from ..protocol.parts import pieces
 from ..sockets.socket_input import SocketInput
+from ..sockets.socket_blocking import BlockingSocket, run_now
 from ..sockets.socket_output import flush_backlog, send_all, sendmsg_some
 from ..security.tls_socket import TlsSocket
 from ..protocol.write_options import WriteOptions
@@ -96,11 +97,21 @@ class _Request:
                 self.future.set_result(result)
 
 
+def _ended_by(exc: Exception) -> str:
+    """Why a connection ends when reading its replies raised `exc` (whatever it is, no request may be
+    left waiting)."""
+    if isinstance(exc, (OSError, EOFError)):
+        return f"connection lost: {exc or type(exc).__name__}"
+    if isinstance(exc, ProtocolError):
+        return str(exc)
+    return f"reply reader failed: {exc!r}"
+
+
 class Connection:
     """One node's connection, shared by every coroutine that talks to the node on this event loop."""
 
     def __init__(self, owner, address: str, sock: socket.socket):
-        self.owner = owner  # the TcpLink that opened it: told when it closes
+        self.owner = owner  # the NodeConnections (kvpool/net/node_connections.py) that opened it: told when it closes
         self.address = address
         self.sock = sock
         self.loop = asyncio.get_running_loop()
@@ -110,6 +121,7 @@ class Connection:
         self._pending: collections.deque[_Request] = collections.deque()
         self._send_lock = asyncio.Lock()
         self._header = bytearray(_REPLY_SIZE)
+        self._header_view = memoryview(self._header)
         # Replies are received ahead into this buffer: a batch's replies then cost one recv, not one each.
         self._ahead = memoryview(bytearray(_READ_AHEAD))
         self._ahead_start = self._ahead_end = 0
@@ -125,21 +137,55 @@ class Connection:
             else self.loop.sock_recv_into
         self.reader = self.loop.create_task(self._read_replies(), name=f"kvpool-reply-reader {address}")
 
-    # -- for a caller that sends and reads a request on the socket itself (client/tcp_inline.py)
+    # -- for a blocking caller: the same frames and replies, sent and read on the socket itself
 
     def idle(self) -> bool:
         """Nothing in flight or being sent: the next bytes from the node answer the next request."""
         return (not self._pending and not self._send_lock.locked() and not self.closed
                 and self._ahead_start == self._ahead_end)
 
-    def new_req_id(self) -> int:
-        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        return self._next_id
+    def request_now(self, deadline: float, op: int, key: bytes, generation: int, arg: int, length: int,
+                    checksum: int = 0, payload=None, buf=None, options: WriteOptions | None = None):
+        """request() on an idle connection without the event loop: sent and answered in this thread
+        by `deadline` (time.monotonic()), else the connection fails (UnavailableError)."""
+        future = self.loop.create_future()
+        request, parts = self._one(future, op, key, generation, arg, length, checksum, payload, buf, options)
+        self._exchange_now((request,), parts, deadline)
+        return future.result()
 
-    def take_deferred(self) -> list[bytes]:
-        """The unanswered frames waiting to ride along with the next request (see defer)."""
-        frames, self._deferred = self._deferred, []
-        return frames
+    def batch_now(self, deadline: float, op: int, items: Sequence) -> list:
+        """batch() on an idle connection without the event loop, as request_now."""
+        batch = _Batch(len(items), self.loop.create_future())
+        requests, parts = self._many(batch, op, items)
+        if requests:
+            self._exchange_now(requests, parts, deadline)
+        return batch.results
+
+    def _exchange_now(self, requests, parts: list, deadline: float) -> None:
+        """Send the frames of `requests` and settle each from the replies read here. The reader task
+        stays parked on the socket: it sees nothing, as every byte the node sends answers these."""
+        socket_now = BlockingSocket(self.sock, deadline)
+        self._pending.extend(requests)
+        if self._deferred:
+            parts = [b"".join(self._deferred), *parts]
+            self._deferred.clear()
+        reason = None
+        loop_recv_into, self._sock_recv_into = self._sock_recv_into, socket_now.recv_into  # for _read_reply
+        try:
+            socket_now.send_parts(parts)
+            while self._pending and reason is None:
+                reason = run_now(self._read_reply())
+            if reason is None and self._ahead_start != self._ahead_end:
+                reason = "bytes from the node that answer no request"
+        except Exception as exc:  # a TimeoutError too: a silent node fails its requests
+            reason = _ended_by(exc)
+        except BaseException as exc:  # interrupted mid-frame: the stream cannot be resynchronised
+            self.fail(f"request interrupted: {exc!r}")
+            raise
+        finally:
+            self._sock_recv_into = loop_recv_into
+        if reason is not None:
+            self.fail(reason)  # settles what is left; the parked reader then closes the socket
 
     # -- sending
 
@@ -147,6 +193,12 @@ class Connection:
                       checksum: int = 0, payload=None, buf=None, options: WriteOptions | None = None):
         """Send one request and wait for its reply's result (raises its error)."""
         future = self.loop.create_future()
+        request, parts = self._one(future, op, key, generation, arg, length, checksum, payload, buf, options)
+        await self._submit((request,), parts)
+        return await future
+
+    def _one(self, future, op, key, generation, arg, length, checksum, payload, buf, options) -> tuple:
+        """The request waiting on `future` and its frame (parts to send in order)."""
         req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         request = _Request(req_id, op, buf, future, held=(key, generation) if op in (_LOCATE, _ALLOCATE) else None)
         if op in _WITH_OPTIONS:
@@ -155,8 +207,7 @@ class Connection:
             parts = [wire.pack_request(op, req_id, key, generation, arg, length, checksum)]
         if payload is not None:  # WRITE: the value (header and payload leave in one sendmsg); COPY, ATTACH
             parts.extend(pieces(payload))
-        await self._submit((request,), parts)
-        return await future
+        return request, parts
 
     def defer(self, op: int, keys: Sequence[tuple], delay: float) -> None:
         """Like post, but the frames go with this connection's next request, or after `delay`
@@ -189,6 +240,14 @@ class Connection:
     async def batch(self, op: int, items: Sequence) -> list:
         """Pipeline one request per item (WriteItem or ReadItem); per-item results."""
         batch = _Batch(len(items), self.loop.create_future())
+        requests, parts = self._many(batch, op, items)
+        if requests:
+            await self._submit(requests, parts)
+            await batch.future
+        return batch.results
+
+    def _many(self, batch: _Batch, op: int, items: Sequence) -> tuple[list, list]:
+        """One request per item, each settling its slot of `batch`, and their frames."""
         requests, parts = [], []
         pack, pack_with_options = wire.pack_request, wire.pack_with_options
         for index, item in enumerate(items):
@@ -213,10 +272,7 @@ class Connection:
                 parts.append(pack(op, req_id, key, generation, 0, size, checksum))
         if op != _WRITE:
             parts = [b"".join(parts)]  # headers only: one small buffer beats many iovecs
-        if requests:
-            await self._submit(requests, parts)
-            await batch.future
-        return batch.results
+        return requests, parts
 
     async def _submit(self, requests, parts: list) -> None:
         async with self._send_lock:
@@ -262,61 +318,17 @@ class Connection:
 
     async def _read_replies(self) -> None:
         reason = "connection closed by the node"
-        header = self._header
-        header_view = memoryview(header)
-        pending = self._pending
         try:
             while True:
-                await self._recv_header(header_view)
-                magic, version, op, req_id, status, flags, length, stored_checksum = _unpack_reply(header)
-                if magic != wire.MAGIC or version != wire.VERSION:
-                    raise ProtocolError(f"bad reply frame (magic {magic!r}, version {version})")
-                if op == wire.TURNED_AWAY and status != _OK:  # answers no request: the node closes
-                    message = (await self._recv_bytes(length)).decode("utf-8", "replace")
-                    reason = f"node turned the connection away: {message}"
-                    return
-                if not pending:
-                    raise ProtocolError(f"reply {req_id} to no request")
-                request = pending[0]  # stays queued until settled, so a failure mid-payload fails it too
-                if request.req_id != req_id or request.op != op:
-                    raise ProtocolError(f"reply {req_id} (op {op}) out of order; expected {request.req_id}")
-                if status == _OK:
-                    if flags & _MAPPED:
-                        result = Location(length, stored_checksum)
-                        if request.abandoned() and request.held:
-                            # Nobody will copy or fill it: give the node its extent back.
-                            self.defer(_RELEASE, (request.held,), 0)
-                    elif op in _PAYLOAD_REPLY:
-                        result = await self._receive_payload(request, length)
-                    elif op == _PING:
-                        result = (await self._recv_bytes(length)).decode("utf-8", "replace")
-                    elif op in _JSON_REPLY:
-                        result = await self._recv_bytes(length)  # parsed by the caller: bad JSON fails only that call
-                    else:
-                        await self._drain(length)
-                        result = True if op in _FOUND_OR_NOT else None
-                elif op in _FOUND_OR_NOT and status == _NOT_FOUND:
-                    await self._drain(length)
-                    result = False
-                else:
-                    message = (await self._recv_bytes(length)).decode("utf-8", "replace")
-                    result = error_for(status, f"node {self.address}: {message}")
-                pending.popleft()
-                request.settle(result)
-                if op == _WRITE and status not in (_OK, _CHECKSUM_MISMATCH):
-                    # The node could not trust the payload that followed: it hangs up after
-                    # this reply, so the next request must not be sent on this connection.
-                    reason = f"node refused a WRITE ({Code(status).name}) and closes the connection"
+                ended = await self._read_reply()
+                if ended is not None:
+                    reason = ended
                     return
         except asyncio.CancelledError:
             reason = "connection closed"
             raise
-        except (OSError, EOFError) as exc:
-            reason = f"connection lost: {exc or type(exc).__name__}"
-        except ProtocolError as exc:
-            reason = str(exc)
-        except Exception as exc:  # whatever went wrong, no request may be left waiting
-            reason = f"reply reader failed: {exc!r}"
+        except Exception as exc:
+            reason = _ended_by(exc)
         finally:
             self.fail(reason)
             # A sender may still be inside sock_sendall on this fd; shutdown() makes it
@@ -325,6 +337,53 @@ class Connection:
                 if self._input is not None:
                     self._input.stop()
                 self.sock.close()
+
+    async def _read_reply(self) -> str | None:
+        """Receive the next reply and settle its request; returns why the connection ends after it
+        (turned away, a refused WRITE), else None. Receives with self._sock_recv_into: the loop's,
+        or a blocking caller's (_exchange_now)."""
+        header = self._header
+        await self._recv_header(self._header_view)
+        magic, version, op, req_id, status, flags, length, stored_checksum = _unpack_reply(header)
+        if magic != wire.MAGIC or version != wire.VERSION:
+            raise ProtocolError(f"bad reply frame (magic {magic!r}, version {version})")
+        if op == wire.TURNED_AWAY and status != _OK:  # answers no request: the node closes
+            message = (await self._recv_bytes(length)).decode("utf-8", "replace")
+            return f"node turned the connection away: {message}"
+        pending = self._pending
+        if not pending:
+            raise ProtocolError(f"reply {req_id} to no request")
+        request = pending[0]  # stays queued until settled, so a failure mid-payload fails it too
+        if request.req_id != req_id or request.op != op:
+            raise ProtocolError(f"reply {req_id} (op {op}) out of order; expected {request.req_id}")
+        if status == _OK:
+            if flags & _MAPPED:
+                result = Location(length, stored_checksum)
+                if request.abandoned() and request.held:
+                    # Nobody will copy or fill it: give the node its extent back.
+                    self.defer(_RELEASE, (request.held,), 0)
+            elif op in _PAYLOAD_REPLY:
+                result = await self._receive_payload(request, length)
+            elif op == _PING:
+                result = (await self._recv_bytes(length)).decode("utf-8", "replace")
+            elif op in _JSON_REPLY:
+                result = await self._recv_bytes(length)  # parsed by the caller: bad JSON fails only that call
+            else:
+                await self._drain(length)
+                result = True if op in _FOUND_OR_NOT else None
+        elif op in _FOUND_OR_NOT and status == _NOT_FOUND:
+            await self._drain(length)
+            result = False
+        else:
+            message = (await self._recv_bytes(length)).decode("utf-8", "replace")
+            result = error_for(status, f"node {self.address}: {message}")
+        pending.popleft()
+        request.settle(result)
+        if op == _WRITE and status not in (_OK, _CHECKSUM_MISMATCH):
+            # The node could not trust the payload that followed: it hangs up after
+            # this reply, so the next request must not be sent on this connection.
+            return f"node refused a WRITE ({Code(status).name}) and closes the connection"
+        return None
 
     async def _receive_payload(self, request: _Request, length: int):
         """Receive a READ payload into its destination; returns the checksum of what arrived."""

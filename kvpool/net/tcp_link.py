@@ -1,96 +1,24 @@
-"""TCP connections to storage nodes and the requests everyone sends them.
+"""The requests only a member of the cluster sends storage nodes, over TCP.
 
-One pipelined connection per node address (kvpool/net/tcp_connection.py), opened
-on first use. Clients (client/tcp.py adds their batched reads and writes), the
-master (FREE, HOLD, REPORT, EVICTIONS, INVENTORY, COPY) and storage nodes (the WRITE of a
-COPY to another node) all reach nodes through a TcpLink.
+The master (FREE, HOLD, REPORT, EVICTIONS, INVENTORY, COPY: master/node_io.py,
+eviction_watch.py, repair.py) and storage nodes (the WRITE of a COPY to another
+node: storenode/copier.py) reach nodes through a TcpLink; a node serves these
+(PING aside) only to a peer that proved the member role. The connections and the
+requests any peer sends are kvpool/net/node_connections.py's; a client's data
+transport (client/tcp.py) is built on those alone.
 """
 
-import asyncio
-import functools
-import json
-import ssl
-
 from ..protocol import inventory, wire
-from ..security.auth import Credential, handshake
-from ..protocol.cluster_layout import parse_hostport
-from ..errors import InvalidArgumentError, ProtocolError, UnavailableError
-from .netutil import connect_failure, open_socket
-from ..security.tls_socket import TlsSocket, handshake as tls_handshake
-from .tcp_connection import Connection
+from ..errors import InvalidArgumentError, ProtocolError
+from .node_connections import NodeConnections
 
-DEFAULT_CONNECT_TIMEOUT = 3.0
-_WRITE, _FREE, _PING, _HOLD = wire.Op.WRITE, wire.Op.FREE, wire.Op.PING, wire.Op.HOLD
-_REPORT, _INVENTORY, _COPY, _HELLO = wire.Op.REPORT, wire.Op.INVENTORY, wire.Op.COPY, wire.Op.HELLO
+_FREE, _PING, _HOLD = wire.Op.FREE, wire.Op.PING, wire.Op.HOLD
+_REPORT, _INVENTORY, _COPY = wire.Op.REPORT, wire.Op.INVENTORY, wire.Op.COPY
 _EVICTIONS = wire.Op.EVICTIONS
 
 
-class TcpLink:
-    """Requests to storage nodes over TCP. Connections open lazily, one per node address, and are
-    shared by every coroutine on the event loop that first used them."""
-
-    def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, credential: Credential | None = None,
-                 tls: ssl.SSLContext | None = None):
-        self.connect_timeout = connect_timeout
-        self.credential = credential  # proved to each node as a connection opens (kvpool/security/auth.py)
-        self.tls = tls  # a client context: connections are TLS (kvpool/security/tls_socket.py), nodes checked against it
-        self._connections: dict[str, Connection] = {}
-        self._connecting: dict[str, asyncio.Future] = {}
-        self._closed = False
-
-    async def _connection(self, address: str) -> Connection:
-        connection = self._connections.get(address)
-        if connection is not None:
-            return connection
-        if self._closed:
-            raise UnavailableError("transport is closed")
-        # Concurrent first calls to a node share one connect attempt.
-        opening = self._connecting.get(address)
-        if opening is None:
-            opening = asyncio.ensure_future(self._open(address))
-            self._connecting[address] = opening
-            opening.add_done_callback(functools.partial(self._opened, address))
-        return await asyncio.shield(opening)
-
-    async def _open(self, address: str) -> Connection:
-        try:
-            host, port = parse_hostport(address)
-        except ValueError as exc:
-            raise UnavailableError(f"bad node address {address!r}: {exc}") from None
-        sock = None
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                sock = await open_socket(host, port)
-                if self.tls is not None:
-                    sock = TlsSocket(sock, self.tls, server_side=False, server_hostname=host)
-                    await tls_handshake(sock)
-                await handshake(sock, self.credential, f"node {address}")
-        except BaseException as exc:  # refused, unreachable: a node that is down fails fast
-            if sock is not None:
-                sock.close()
-            failure = connect_failure(exc, f"node {address}", UnavailableError, self.connect_timeout)
-            if failure is None:
-                raise
-            raise failure from None
-        if self._closed:
-            sock.close()
-            raise UnavailableError("transport is closed")
-        connection = Connection(self, address, sock)
-        self._connections[address] = connection
-        return connection
-
-    def _opened(self, address: str, opening: asyncio.Future) -> None:
-        if self._connecting.get(address) is opening:
-            del self._connecting[address]
-
-    def forget(self, connection: Connection) -> None:
-        """A connection that closed: the next request to its node opens a new one."""
-        if self._connections.get(connection.address) is connection:
-            del self._connections[connection.address]
-
-    async def write(self, address, key, generation, data, checksum, options=None, term=0) -> None:
-        connection = await self._connection(address)
-        await connection.request(_WRITE, key, generation, term, len(data), checksum, payload=data, options=options)
+class TcpLink(NodeConnections):
+    """A member's requests to storage nodes, on connections of its own."""
 
     async def free(self, address, key, generation) -> bool:
         connection = await self._connection(address)
@@ -128,35 +56,7 @@ class TcpLink:
         request on the connection meanwhile, so use a TcpLink that sends nothing else."""
         return await self._json(address, _EVICTIONS, dict, term)
 
-    async def _json(self, address: str, op: int, kind: type, arg: int = 0):
-        connection = await self._connection(address)
-        body = await connection.request(op, b"", 0, arg, 0)
-        try:
-            value = json.loads(body)
-        except ValueError as exc:
-            raise ProtocolError(f"node {address}: {wire.Op(op).name} reply is not JSON: {exc}") from None
-        if not isinstance(value, kind):
-            raise ProtocolError(f"node {address}: {wire.Op(op).name} reply is a JSON {type(value).__name__}, "
-                                f"expected {kind.__name__}")
-        return value
-
-    async def hello(self, address: str) -> dict:
-        """The node's id, instance, host id and the transports it offers (wire.Op.HELLO)."""
-        return await self._json(address, _HELLO, dict)
-
-    async def connection(self, address: str) -> Connection:
-        """The open connection to a node (other transports send their control messages on it)."""
-        return await self._connection(address)
-
     async def ping(self, address: str) -> str:
+        """The node's id: a liveness check (served to any peer, sent by operators' tools and tests)."""
         connection = await self._connection(address)
         return await connection.request(_PING, b"", 0, 0, 0)
-
-    async def close(self) -> None:
-        self._closed = True
-        for opening in list(self._connecting.values()):
-            opening.cancel()
-        connections = list(self._connections.values())
-        for connection in connections:
-            connection.fail("transport closed")
-        await asyncio.gather(*(c.reader for c in connections), return_exceptions=True)

@@ -1,9 +1,11 @@
 """What every kvpool server process does around its asyncio main: logging to stderr, Ctrl-C as a clean exit."""
 
 import asyncio
+import errno
 import gc
 import logging
 import os
+import socket
 import sys
 
 # KVPOOL_EVENT_LOOP=asyncio runs a server that asks for uvloop on the standard loop instead.
@@ -36,3 +38,37 @@ def run_server(main_coro, fast_loop: bool = False) -> int:
             return runner.run(main_coro)
     except KeyboardInterrupt:
         return 0
+
+
+# -- the last line of a server that cannot start: what failed, why, and what to do about it
+
+
+def cannot_listen(program: str, host: str, port: int, flag: str, exc: BaseException | None = None) -> str:
+    """A server could not listen on host:port; `flag` chooses the port. The reason is the OS's (from
+    `exc`, else asked again with a plain bind: gRPC does not say why)."""
+    code = exc.errno if isinstance(exc, OSError) and exc.errno else _bind_errno(host, port)
+    reason = os.strerror(code) if code else "refused"
+    if code == errno.EADDRINUSE:
+        fix = f"stop what listens there, or pass another {flag} (0: any free one)"
+    elif code == errno.EADDRNOTAVAIL:
+        fix = "pass a --host this machine has (0.0.0.0: all of them)"
+    else:
+        fix = f"check --host and {flag}"
+    return f"{program}: cannot listen on {host}:{port}: {reason}: {fix}"
+
+
+def _bind_errno(host: str, port: int) -> int:
+    """Why binding host:port fails now, as an errno (0: it does not, or it cannot be told)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no clash
+            probe.bind((host, port))
+    except OSError as exc:
+        return exc.errno or 0
+    return 0
+
+
+def cannot_reach_etcd(program: str, endpoint: str, exc: BaseException) -> str:
+    """A server could not reach (or register in) etcd at `endpoint` before its deadline."""
+    return (f"{program}: cannot reach etcd at {endpoint}: {str(exc).strip() or type(exc).__name__}: "
+            f"start etcd there, or pass --etcd HOST:PORT of a running one")

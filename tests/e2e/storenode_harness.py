@@ -197,13 +197,13 @@ def closed_by_node(sock: socket.socket) -> bool:
 
 
 def inventory_at(address: str) -> dict:
-    """key -> INVENTORY entry of the node serving at HOST:PORT, asked through the client's transport."""
+    """key -> INVENTORY entry of the node serving at HOST:PORT, asked as the master asks (a TcpLink)."""
     import asyncio
 
-    from kvpool.client.tcp import TcpTransport
+    from kvpool.net.tcp_link import TcpLink
 
     async def ask():
-        transport = TcpTransport(credential=member_credential())
+        transport = TcpLink(credential=member_credential())
         try:
             return await transport.inventory(address)
         finally:

@@ -44,7 +44,7 @@ def test_lookups_run_no_event_loop_and_see_the_clients_own_puts(cluster):
                 assert client.batch_exists(keys) == [k in keys[:i + 1] for k in keys]
                 assert client.exists(key)
             assert watch.entered == 0
-        with LoopWatch() as watch:  # a get still runs the loop (its READ waits there): the watch sees it
+        with LoopWatch() as watch:  # a get over shared memory still runs the loop: the watch sees it
             assert client.get(keys[0]) == bytes([0]) * 1000
         assert watch.entered > 0
         client.remove_prefix("lookups/")

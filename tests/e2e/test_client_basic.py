@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from kvpool import AsyncClient, Client
-from kvpool.client.tcp import TcpTransport
+from kvpool.net.tcp_link import TcpLink
+from kvpool.security.auth import client_credential
 from kvpool.errors import (
     BatchError, Code, InvalidArgumentError, InvalidKeyError, KeyExistsError, KeyNotFoundError,
     UnavailableError,
@@ -238,9 +239,9 @@ def test_dead_node_fails_fast_and_replicas_cover_it(cluster):
         assert len(caught.value.errors) == outcomes.count("unavailable")
 
 
-def test_tcp_transport_ping_and_refused(cluster):
+def test_tcp_link_ping_and_refused(cluster):
     async def scenario():
-        transport = TcpTransport(connect_timeout=PATIENT, credential=member_credential())
+        transport = TcpLink(connect_timeout=PATIENT, credential=member_credential())
         try:
             node = cluster.nodes[1].fields
             pings = await asyncio.gather(*(transport.ping(node["address"]) for _ in range(20)))
@@ -262,11 +263,11 @@ def test_tcp_transport_ping_and_refused(cluster):
     asyncio.run(scenario())
 
 
-def test_tcp_transport_fails_every_pending_request_when_the_node_dies(cluster):
+def test_node_connections_fail_every_pending_request_when_the_node_dies(cluster):
     victim = cluster.nodes[0]
 
     async def scenario():
-        transport = TcpTransport()
+        transport = TcpLink(credential=client_credential())  # PING: served to any peer
         try:
             address = victim.fields["address"]
             await transport.ping(address)  # connected
@@ -421,7 +422,7 @@ def test_object_its_node_no_longer_holds_is_not_found(cluster):
         writer.put("gone/z", TOKENS, compress=True)
 
         async def drop(keys):
-            transport = TcpTransport(connect_timeout=PATIENT, credential=member_credential())
+            transport = TcpLink(connect_timeout=PATIENT, credential=member_credential())
             try:
                 for key in keys:
                     info = master_object(cluster, key)

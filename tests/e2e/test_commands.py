@@ -1,11 +1,13 @@
 """Commands and options a deployment uses that `kvpool up` does not: `kvpool router`, `kvpool etcd-auth` and
 `kvpool tls` with `kvpool master` / `kvpool storenode` given `--tls-dir`, and `--advertise-host`, each run as
-its own process the way an operator runs it."""
+its own process the way an operator runs it; and what `kvpool up`, `kvpool master` and `kvpool storenode` say
+when they cannot start (a port taken, etcd unreachable): one last line naming the cause and the fix."""
 
 import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -179,3 +181,61 @@ def test_advertise_host_is_the_address_clients_are_given_and_use(own_cluster):
             host, port = _hostport(address)
             assert _connected_to(host, port), address
             assert not _connected_to("127.0.0.1", port), address
+
+
+def _held_port(reuse_port: bool) -> socket.socket:
+    """A listening socket on 127.0.0.1; with reuse_port it is bound as a gRPC server binds its port
+    (SO_REUSEPORT), so that only a server that refuses to share it notices it is taken."""
+    sock = socket.socket()
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    return sock
+
+
+def _last_stderr_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert lines, result
+    return lines[-1]
+
+
+@pytest.mark.parametrize("reuse_port", [False, True], ids=["plain", "shared-like-grpc"])
+def test_up_on_a_master_port_already_taken_fails_naming_the_port_and_the_flag(tmp_path, reuse_port):
+    with _held_port(reuse_port) as held:
+        port = held.getsockname()[1]
+        result = subprocess.run([*KVPOOL, "up", "--nodes", "1", "--dram-per-node", "32MiB", "--master-port", str(port),
+                                 "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode not in (0, None), result
+    assert "kvpool ready" not in result.stdout, result
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = _last_stderr_line(result)
+    assert line.startswith("kvpool up: "), result.stderr[-3000:]
+    for words in (f"127.0.0.1:{port}", "in use", "another --master-port"):
+        assert words in line, (words, line)
+
+
+def test_master_and_storenode_that_cannot_start_end_with_cause_and_fix(etcd, tmp_path):
+    def run(*args: str) -> str:
+        result = subprocess.run([*KVPOOL, *args], capture_output=True, text=True, timeout=120)
+        assert result.returncode not in (0, None), result
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
+        return _last_stderr_line(result)
+
+    with _held_port(reuse_port=True) as held:
+        port = str(held.getsockname()[1])
+        taken = {"master": run("master", "--etcd", etcd, "--host", "127.0.0.1", "--port", port),
+                 "storenode": run("storenode", "--etcd", etcd, "--host", "127.0.0.1", "--port", port, "--dram", "16MiB",
+                                  "--data-dir", str(tmp_path / "node"))}
+    for program, line in taken.items():
+        assert line.startswith(f"kvpool-{program}: cannot listen on 127.0.0.1:{port}: "), line
+        assert "in use" in line and "another --port" in line, line
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{gone.getsockname()[1]}"  # nothing listens there once closed
+    unreachable = {"master": run("master", "--etcd", dead, "--port", "0"),
+                   "storenode": run("storenode", "--etcd", dead, "--port", "0", "--dram", "16MiB",
+                                    "--data-dir", str(tmp_path / "node"))}
+    for program, line in unreachable.items():
+        assert line.startswith(f"kvpool-{program}: cannot reach etcd at {dead}"), line
+        assert "--etcd" in line, line

@@ -213,7 +213,7 @@ def test_a_hundred_thousand_objects_survive_a_leader_kill(own_cluster):
 
 
 def test_nodes_refuse_writes_placed_by_an_older_term(own_cluster):
-    from kvpool.client.tcp import TcpTransport
+    from kvpool.net.tcp_link import TcpLink
 
     from kvpool.protocol.checksum import checksum
 
@@ -222,7 +222,7 @@ def test_nodes_refuse_writes_placed_by_an_older_term(own_cluster):
     data = memoryview(b"fenced" * 100)
 
     async def scenario():
-        transport = TcpTransport(credential=member_credential())  # only a member may speak of terms
+        transport = TcpLink(credential=member_credential())  # only a member may speak of terms
         try:
             await transport.report(address, term=10**9)  # a leader of a (very) new term spoke
             with pytest.raises(NotLeaderError):

@@ -350,8 +350,9 @@ def test_connections_past_the_limit_are_turned_away_and_the_rest_served(etcd, tm
 
 
 def test_a_client_turned_away_gets_a_typed_error_naming_the_limit(etcd, tmp_path):
-    from kvpool.client.tcp import TcpTransport
     from kvpool.errors import UnavailableError
+    from kvpool.net.tcp_link import TcpLink
+    from kvpool.security.auth import client_credential
 
     node = start_node(etcd, tmp_path, args=("--max-connections", "2"))
     held = [node.connect(), node.connect()]
@@ -361,7 +362,7 @@ def test_a_client_turned_away_gets_a_typed_error_naming_the_limit(etcd, tmp_path
             assert read_reply(sock)[2] == Code.OK
 
         async def ping():
-            transport = TcpTransport()
+            transport = TcpLink(credential=client_credential())
             try:
                 await transport.ping(f"{node.host}:{node.port}")
             finally:

@@ -20,6 +20,7 @@ pytest.importorskip("ucxx")
 
 from kvpool.protocol.checksum import checksum  # noqa: E402
 from kvpool.client.tcp import TcpTransport  # noqa: E402
+from kvpool.net.tcp_link import TcpLink  # noqa: E402
 from kvpool.client.transport import ReadItem, WriteItem, WriteOptions  # noqa: E402
 from kvpool.client.ucx import UcxTransport  # noqa: E402
 from kvpool.errors import (ChecksumMismatchError, InvalidArgumentError, KeyNotFoundError,  # noqa: E402
@@ -87,7 +88,7 @@ def with_ucx(node, work, **options):
 
 async def holdings(address: str) -> dict:
     """key -> tiers holding it, from the node's INVENTORY (over TCP)."""
-    tcp = TcpTransport(credential=member_credential())
+    tcp = TcpLink(credential=member_credential())
     try:
         return {entry.key: entry.tier_names for entry in await tcp.inventory(address)}
     finally:
@@ -95,7 +96,7 @@ async def holdings(address: str) -> dict:
 
 
 async def free_all(address: str, keys) -> None:
-    tcp = TcpTransport(credential=member_credential())
+    tcp = TcpLink(credential=member_credential())
     try:
         for key, generation in keys:
             await tcp.free(address, key, generation)
@@ -171,7 +172,7 @@ def test_errors_are_typed_and_leave_the_connection_usable(node):
         huge = bytearray(200 * MiB)  # more than either tier: refused, and its payload swallowed unread
         with pytest.raises(ValueTooLargeError):
             await ucx.write(address, b"err/huge", 1, memoryview(huge), 0)
-        tcp = TcpTransport(credential=member_credential())
+        tcp = TcpLink(credential=member_credential())
         try:
             await tcp.report(address, term=50)  # a master of term 50 leads now
         finally:

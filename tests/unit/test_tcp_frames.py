@@ -1,4 +1,5 @@
-"""TcpTransport's frames, checked byte for byte by a small scripted peer on a real socket.
+"""The node connections' frames (the client's TcpTransport, the member's TcpLink), checked byte for byte by a
+small scripted peer on a real socket.
 
 The peer parses every request the way the wire contract describes it and answers
 from a dict, so these tests pin down what the client sends (options block, flags,
@@ -14,6 +15,8 @@ from kvpool.security import auth
 from kvpool.protocol import inventory, wire
 from kvpool.protocol.checksum import checksum
 from kvpool.client.tcp import TcpTransport
+from kvpool.net.node_connections import NodeConnections
+from kvpool.net.tcp_link import TcpLink
 from kvpool.client.transport import ReadItem, WriteItem, WriteOptions
 from kvpool.errors import Code, KeyNotFoundError, NoSpaceError, ProtocolError
 
@@ -92,11 +95,13 @@ class ScriptedNode:
         writer.write(handshake.answer(op, req_id, key_len, role, length, payload[key_len:])[1])
 
 
-def run(scenario, **node_options):
+def run(scenario, link=TcpTransport, **node_options):
+    """scenario(transport, address, node) against a scripted node, through a `link` (the client's
+    TcpTransport, or the member's TcpLink) holding the member credential."""
     async def main():
         node = ScriptedNode(**node_options)
         address = await node.start()
-        transport = TcpTransport(credential=auth.Credential.for_member(auth.read_token()))
+        transport = link(credential=auth.Credential.for_member(auth.read_token()))
         try:
             return await scenario(transport, address, node)
         finally:
@@ -161,7 +166,16 @@ def test_free_hold_inventory_report_ping():
         assert (await transport.report(address))["node_id"] == "peer"
         assert await transport.ping(address) == "peer"
 
-    run(scenario)
+    run(scenario, link=TcpLink)
+
+
+def test_the_client_transport_sends_no_member_request():
+    """FREE, HOLD, REPORT, INVENTORY, EVICTIONS, COPY and PING are a member's (kvpool/net/tcp_link.py),
+    out of the client's transport contract; the connections and WRITE are shared, written once."""
+    member_only = ("free", "hold", "report", "inventory", "evictions", "copy", "ping")
+    assert [name for name in member_only if hasattr(TcpTransport, name)] == []
+    assert all(callable(getattr(TcpLink, name)) for name in member_only)
+    assert TcpTransport._open is TcpLink._open and TcpLink.write is NodeConnections.write
 
 
 def test_unreadable_report_fails_that_call_only():
@@ -170,7 +184,7 @@ def test_unreadable_report_fails_that_call_only():
             await transport.report(address)
         assert await transport.ping(address) == "peer"  # the connection survived
 
-    run(scenario, report_body=b"{broken")
+    run(scenario, link=TcpLink, report_body=b"{broken")
 
 
 def test_error_reply_to_a_write_is_typed():

@@ -1,4 +1,5 @@
-"""One TCP data connection: its AUTH handshake, then its requests, strictly in order, as typed records.
+"""One peer's session on a node's TCP data port: its AUTH handshake, then its requests, strictly in order, as
+typed records.
 
 Each request's header and key are parsed into an ops.Request and handed to its op's handler: WRITE and
 READ here (a DRAM WRITE payload is received straight into its extent and a DRAM READ reply sent straight
@@ -6,8 +7,9 @@ from it; SSD payloads go through a small reusable buffer to pwrite, and SSD READ
 the member-only ops in tcp_members.py, the shared-memory ops in tcp_shm.py; what each op decides is
 storenode/ops.py's. A handler returns whether the connection stays usable, or, when it has to wait (for
 input, or for the socket to take a large reply), an awaitable of that: the requests of a pipelined
-batch that are staged whole are served without a coroutine each. A peer that proves only the client role gets FORBIDDEN, and its connection closed, for
-the ops only a master may send (the role check is ops.NodeOps.members).
+batch that are staged whole are served without a coroutine each. A peer that proves only the client
+role gets FORBIDDEN, and its connection closed, for the ops only a master may send (the role check is
+ops.NodeOps.members).
 """
 
 import asyncio
@@ -53,7 +55,7 @@ _OK = int(Code.OK)
 _clock = time.perf_counter
 
 
-class Connection(Framing):
+class TcpSession(Framing):
     """server: the node's DataServer (storenode/server.py), for its NodeOps, settings and offers."""
 
     def __init__(self, server, sock):
