@@ -12,6 +12,11 @@ a multiple of it, so the usable capacity is `capacity` rounded down.
 
 from bisect import bisect_left, insort
 
+# A free extent in the by-length list is one int, length << _SHIFT | offset: ints compare several
+# times faster than (length, offset) tuples, in the same order. Offsets stay below 2**_SHIFT (64 PiB).
+_SHIFT = 56
+_OFFSET = (1 << _SHIFT) - 1
+
 
 def align_up(length: int, alignment: int) -> int:
     """`length` rounded up to a multiple of `alignment` (a power of two)."""
@@ -32,7 +37,10 @@ class ExtentAllocator:
             raise ValueError(f"alignment must be a power of two, got {alignment}")
         if capacity < 0:
             raise ValueError(f"capacity must not be negative, got {capacity}")
+        if capacity > _OFFSET:
+            raise ValueError(f"capacity of {capacity} bytes is beyond what an allocator keeps ({_OFFSET})")
         self.alignment = alignment
+        self._mask = alignment - 1
         self.capacity = capacity - capacity % alignment
         self.reset()
 
@@ -44,33 +52,48 @@ class ExtentAllocator:
         """Offset of a new extent of at least `length` bytes, or None if none fits."""
         if length <= 0:
             raise ValueError(f"length must be positive, got {length}")
-        need = self.aligned(length)
-        i = bisect_left(self._by_size, (need, -1))
-        if i == len(self._by_size):
+        need = (length + self._mask) & ~self._mask
+        by_size = self._by_size
+        i = bisect_left(by_size, need << _SHIFT)
+        if i == len(by_size):
             return None
-        size, offset = self._by_size[i]
-        self._remove_free(offset)
-        if size > need:
-            self._add_free(offset + need, size - need)
+        entry = by_size[i]
+        size, offset = entry >> _SHIFT, entry & _OFFSET
+        del by_size[i]
+        sizes = self._sizes
+        del sizes[offset]
+        starts = self._starts
+        if size > need:  # the rest stays free, in the same place among the starts
+            starts[bisect_left(starts, offset)] = offset + need
+            sizes[offset + need] = size - need
+            insort(by_size, (size - need) << _SHIFT | (offset + need))
+        else:
+            del starts[bisect_left(starts, offset)]
         self._allocated[offset] = need
-        self._used += need
+        self.used += need
         return offset
 
     def free(self, offset: int) -> int:
         """Release the extent at `offset`; returns its aligned length. KeyError if not allocated."""
         length = self._allocated.pop(offset)
-        self._used -= length
+        self.used -= length
         start, end = offset, offset + length
-        i = bisect_left(self._starts, offset)
-        if i < len(self._starts) and self._starts[i] == end:  # right neighbour is free
-            end += self._sizes[end]
-            self._remove_free(self._starts[i])
-        if i > 0:
-            left = self._starts[i - 1]
-            if left + self._sizes[left] == start:  # left neighbour is free
-                start = left
-                self._remove_free(left)
-        self._add_free(start, end - start)
+        starts, sizes = self._starts, self._sizes
+        by_size = self._by_size
+        i = bisect_left(starts, offset)
+        if i < len(starts) and starts[i] == end:  # right neighbour is free: merged into this one
+            right = sizes.pop(end)
+            del by_size[bisect_left(by_size, right << _SHIFT | end)]
+            del starts[i]
+            end += right
+        if i > 0 and (left := starts[i - 1]) + sizes[left] == start:  # left neighbour is free: it grows
+            del by_size[bisect_left(by_size, sizes[left] << _SHIFT | left)]
+            sizes[left] = end - left
+            insort(by_size, (end - left) << _SHIFT | left)
+        else:  # a new free extent, at index i of the starts
+            starts.insert(i, start)
+            sizes[start] = end - start
+            insort(by_size, (end - start) << _SHIFT | start)
         return length
 
     def claim(self, offset: int, length: int) -> int:
@@ -92,30 +115,26 @@ class ExtentAllocator:
         if start + size > offset + need:
             self._add_free(offset + need, start + size - offset - need)
         self._allocated[offset] = need
-        self._used += need
+        self.used += need
         return need
 
     def reset(self) -> None:
         """Forget every allocation (also used when the segment behind it was replaced)."""
         self._starts: list[int] = []               # free extent offsets, ascending
         self._sizes: dict[int, int] = {}           # free extent offset -> length
-        self._by_size: list[tuple[int, int]] = []  # (length, offset), ascending
+        self._by_size: list[int] = []  # length << _SHIFT | offset: by length, then offset, ascending
         self._allocated: dict[int, int] = {}       # allocated offset -> aligned length
-        self._used = 0
+        self.used = 0  # bytes allocated (aligned)
         if self.capacity:
             self._add_free(0, self.capacity)
 
     @property
-    def used(self) -> int:
-        return self._used
-
-    @property
     def free_bytes(self) -> int:
-        return self.capacity - self._used
+        return self.capacity - self.used
 
     @property
     def largest_free(self) -> int:
-        return self._by_size[-1][0] if self._by_size else 0
+        return self._by_size[-1] >> _SHIFT if self._by_size else 0
 
     def free_extents(self) -> list[tuple[int, int]]:
         """(offset, length) of every free extent, ascending; for tests and debugging."""
@@ -127,9 +146,9 @@ class ExtentAllocator:
     def _add_free(self, offset: int, length: int) -> None:
         insort(self._starts, offset)
         self._sizes[offset] = length
-        insort(self._by_size, (length, offset))
+        insort(self._by_size, length << _SHIFT | offset)
 
     def _remove_free(self, offset: int) -> None:
         length = self._sizes.pop(offset)
         del self._starts[bisect_left(self._starts, offset)]
-        del self._by_size[bisect_left(self._by_size, (length, offset))]
+        del self._by_size[bisect_left(self._by_size, length << _SHIFT | offset)]

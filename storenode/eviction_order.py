@@ -13,6 +13,8 @@ from collections import OrderedDict
 
 from . import policy
 
+_ABSENT = object()
+
 
 class LruOrder:
     def __init__(self):
@@ -32,8 +34,9 @@ class LruOrder:
         self._order[rec] = None
         self._order.move_to_end(rec)
 
-    def discard(self, rec) -> None:
-        self._order.pop(rec, None)
+    def discard(self, rec) -> bool:
+        """Forget `rec`; whether it was a member."""
+        return self._order.pop(rec, _ABSENT) is not _ABSENT
 
     def touch(self, rec) -> None:
         """`rec` was just read: it becomes the most recent."""
@@ -62,14 +65,17 @@ class LfuOrder:
         self.discard(rec)
         self._put(rec, rec.hits)
 
-    def discard(self, rec) -> None:
+    def discard(self, rec) -> bool:
+        """Forget `rec`; whether it was a member."""
         count = self._count_of.pop(rec, None)
-        if count is not None:
-            bucket = self._buckets[count]
-            del bucket[rec]
-            if not bucket:
-                del self._buckets[count]
-                self._counts.remove(count)  # few distinct counts: a short list
+        if count is None:
+            return False
+        bucket = self._buckets[count]
+        del bucket[rec]
+        if not bucket:
+            del self._buckets[count]
+            self._counts.remove(count)  # few distinct counts: a short list
+        return True
 
     def touch(self, rec) -> None:
         """`rec` was just read (its hits already counted): it moves to its new count, as the most recent."""

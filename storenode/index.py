@@ -74,12 +74,19 @@ class ObjectIndex:
 
     def add(self, rec: ObjectRecord) -> ObjectRecord | None:
         """Index `rec`; returns the record it replaces (same key and generation), already unindexed."""
-        old = self.get(rec.key, rec.generation)
-        if old is not None:
+        key, generation = rec.key, rec.generation
+        by_key = self._by_key
+        generations = by_key.get(key)
+        old = None
+        if generations is not None and (old := generations.get(generation)) is not None:
             self.remove(old)
-        self._by_key.setdefault(rec.key, {})[rec.generation] = rec
+            generations = by_key.get(key)
+        if generations is None:
+            by_key[key] = {generation: rec}
+        else:
+            generations[generation] = rec
         self.count += 1
-        if rec.hard_pin:
+        if rec.flags & _HARD_PIN:
             self.hard_pinned_bytes += rec.size
         if rec.expires_at:
             self._seq += 1
@@ -95,7 +102,7 @@ class ObjectIndex:
         if not generations:
             del self._by_key[rec.key]
         self.count -= 1
-        if rec.hard_pin:
+        if rec.flags & _HARD_PIN:
             self.hard_pinned_bytes -= rec.size
         rec.live = False
         return True

@@ -29,6 +29,7 @@ MAX_EVICTED_LISTED = 100_000  # bound on the REPORT backlog if nobody polls
 ROOM_BATCH = 16  # victims taken from a tier's order at a time while making room
 # Plain ints: IntFlag arithmetic is slow on the per-request path.
 _HARD_PIN, _PREFER_SSD = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD)
+_new_reservation = tuple.__new__  # a NamedTuple from a tuple, without its Python-level constructor
 
 
 class Reservation(NamedTuple):
@@ -61,6 +62,11 @@ class ObjectStore:
     def reserve(self, key: bytes, size: int, flags: int, dram_only: bool = False) -> Reservation:
         """An extent for a new object: preferred tier, then the other, then after evicting; else NoSpaceError.
         dram_only: a writer that fills the extent through the shared mapping."""
+        dram = self.dram
+        if not flags & (_PREFER_SSD | _HARD_PIN):  # the everyday write: DRAM first, if it has room now
+            offset = dram.alloc.allocate(dram.segment.extent_length(len(key), size))
+            if offset is not None:
+                return _new_reservation(Reservation, (dram, offset, 0))
         if dram_only:
             order = [self.dram]
         else:
@@ -104,20 +110,25 @@ class ObjectStore:
     def new_record(self, key: bytes, generation: int, size: int, value_checksum: int, flags: int,
                    raw_size: int, ttl_ms: int, soft_pin_ms: int) -> ObjectRecord:
         now = self.clock()
+        # (positional: expires_at, soft_pin_until, hold_until, dram, ssd, last_access)
         return ObjectRecord(key, generation, size, value_checksum, flags, raw_size or size,
-                            expires_at=now + ttl_ms / 1000 if ttl_ms else 0.0,
-                            soft_pin_until=now + soft_pin_ms / 1000 if soft_pin_ms else 0.0,
-                            last_access=now)
+                            now + ttl_ms / 1000 if ttl_ms else 0.0, now + soft_pin_ms / 1000 if soft_pin_ms else 0.0,
+                            0.0, None, None, now)
 
     def commit(self, res: Reservation, rec: ObjectRecord) -> None:
         """Make a fully received object visible (an older copy of the same version is dropped)."""
-        self._reserved_hard -= res.hard_pinned
-        setattr(rec, res.tier.name, res.offset)
+        tier, offset, hard_pinned = res
+        if hard_pinned:
+            self._reserved_hard -= hard_pinned
+        if tier is self.dram:
+            rec.dram = offset
+        else:
+            rec.ssd = offset
         old = self.index.add(rec)
         if old is not None:
             self._unindexed(old, reason=None)
-        self.join_tier(res.tier, rec)
-        if res.tier.excess():
+        self.join_tier(tier, rec)
+        if tier.alloc.used > tier.high_bytes:  # above the high watermark (tier.excess() > 0), cheaply
             self.on_pressure()
 
     # -- READ and friends
@@ -127,7 +138,7 @@ class ObjectStore:
         rec = self.index.get(key, generation)
         if rec is None:
             return None, "stale" if self.index.has_key(key) else "missing"
-        if policy.expired(rec, self.clock()):
+        if rec.expires_at and policy.expired(rec, self.clock()):
             self.evict(rec, "expired")
             return None, "missing"
         return rec, None
@@ -137,9 +148,10 @@ class ObjectStore:
         now = self.clock()
         rec.last_access = now
         rec.hits += 1
-        for tier in self.tiers:
-            if getattr(rec, tier.name) is not None:
-                tier.members.touch(rec)
+        if rec.dram is not None:
+            self.dram.members.touch(rec)
+        if rec.ssd is not None:
+            self.ssd.members.touch(rec)
         if from_dram:
             self.dram.hits += 1
             return False
@@ -196,12 +208,12 @@ class ObjectStore:
 
     def release_from(self, tier: StorageTier, rec: ObjectRecord) -> None:
         """Make room in `tier` by one victim: keep it elsewhere if it has another copy, else evict it."""
-        if (rec.dram, rec.ssd).count(None) == 0:
+        if rec.dram is not None and rec.ssd is not None:
             self.drop_copy(rec, tier)
             if tier is self.dram:
                 tier.demotions += 1
         else:
-            self.evict(rec, f"{tier.name} full")
+            self.evict(rec, tier.full)
 
     def expire_due(self) -> int:
         due = self.index.due(self.clock())
@@ -290,8 +302,8 @@ class ObjectStore:
 
     def _unindexed(self, rec: ObjectRecord, reason: str | None) -> None:
         """After index.remove: leave the tiers now, free the bytes once no transfer uses them."""
-        for tier in self.tiers:
-            if getattr(rec, tier.name) is not None:
+        for tier, offset in ((self.dram, rec.dram), (self.ssd, rec.ssd)):
+            if offset is not None:
                 self._leave(tier, rec)
                 if reason:
                     tier.evictions += 1
@@ -302,11 +314,14 @@ class ObjectStore:
             self._free_extents(rec)
 
     def _free_extents(self, rec: ObjectRecord) -> None:
-        for tier in self.tiers:
-            offset = getattr(rec, tier.name)
-            if offset is not None:
-                setattr(rec, tier.name, None)
-                self.free_extent(tier, offset)
+        offset = rec.dram
+        if offset is not None:
+            rec.dram = None
+            self.dram.alloc.free(offset)
+        offset = rec.ssd
+        if offset is not None:
+            rec.ssd = None
+            self.free_extent(self.ssd, offset)
 
     def free_extent(self, tier: StorageTier, offset: int) -> None:
         if tier is self.ssd:
@@ -315,11 +330,9 @@ class ObjectStore:
 
     def join_tier(self, tier: StorageTier, rec: ObjectRecord) -> None:
         tier.members.add(rec)
-        if rec.hard_pin:
+        if rec.flags & _HARD_PIN:
             tier.pinned_bytes += rec.size
 
     def _leave(self, tier: StorageTier, rec: ObjectRecord) -> None:
-        if rec in tier.members:
-            tier.members.discard(rec)
-            if rec.hard_pin:
-                tier.pinned_bytes -= rec.size
+        if tier.members.discard(rec) and rec.flags & _HARD_PIN:
+            tier.pinned_bytes -= rec.size

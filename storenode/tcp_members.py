@@ -1,7 +1,7 @@
 """The member-only ops over a TCP data connection: the frames of FREE, HOLD, REPORT, INVENTORY, EVICTIONS
 and COPY. Each takes (connection, members, request), `members` being what NodeOps.members handed the
 connection once its peer's member role was checked (tcp_session.TcpSession._as_member); each returns
-whether the connection stays usable."""
+whether the connection stays usable (FREE and HOLD at once; the others, coroutines, once done)."""
 
 from kvpool.protocol import wire
 from kvpool.errors import KvpoolError
@@ -9,11 +9,11 @@ from kvpool.errors import KvpoolError
 from .ops import MemberOps, Request
 
 
-async def free(conn, members: MemberOps, req: Request) -> bool:
+def free(conn, members: MemberOps, req: Request) -> bool:
     return _acknowledge(conn, req, members.free)
 
 
-async def hold(conn, members: MemberOps, req: Request) -> bool:
+def hold(conn, members: MemberOps, req: Request) -> bool:
     return _acknowledge(conn, req, members.hold)
 
 

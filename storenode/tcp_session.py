@@ -5,8 +5,11 @@ Each request's header and key are parsed into an ops.Request and handed to its o
 READ here (a DRAM WRITE payload is received straight into its extent and a DRAM READ reply sent straight
 from it; SSD payloads go through a small reusable buffer to pwrite, and SSD READs leave with sendfile),
 the member-only ops in tcp_members.py, the shared-memory ops in tcp_shm.py; what each op decides is
-storenode/ops.py's. A peer that proves only the client role gets FORBIDDEN, and its connection closed, for
-the ops only a master may send (the role check is ops.NodeOps.members).
+storenode/ops.py's. A handler returns whether the connection stays usable, or, when it has to wait (for
+input, or for the socket to take a large reply), an awaitable of that: the requests of a pipelined
+batch that are staged whole are served without a coroutine each. A peer that proves only the client
+role gets FORBIDDEN, and its connection closed, for the ops only a master may send (the role check is
+ops.NodeOps.members).
 """
 
 import asyncio
@@ -47,6 +50,8 @@ _unpack_request = wire.REQUEST.unpack_from
 _unpack_options = wire.WRITE_OPTIONS.unpack_from
 _new_record = tuple.__new__  # a NamedTuple from a tuple, without the Python-level constructor
 _MAGIC, _VERSION = wire.MAGIC, wire.VERSION
+_pack_reply = wire.REPLY.pack
+_OK = int(Code.OK)
 _clock = time.perf_counter
 
 
@@ -63,6 +68,7 @@ class TcpSession(Framing):
         self.role = Role.CLIENT  # until the peer proves more
         self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
         self.shm = SharedMemoryRequests(self)
+        self._bytes_in, self._bytes_out = self.metrics.bytes_in, self.metrics.bytes_out
         member = self._as_member
         handlers = {wire.Op.WRITE: self._write, wire.Op.READ: self._read, wire.Op.PING: self._ping,
                     wire.Op.HELLO: self._hello,
@@ -80,8 +86,7 @@ class TcpSession(Framing):
         try:
             try:
                 if await self._tls_handshake() and await self._authenticate():
-                    while await self._serve_one():
-                        pass
+                    await self._serve()
             except _Disconnect:
                 pass
             await self.flush()  # requests before a bad frame still get their replies
@@ -146,67 +151,107 @@ class TcpSession(Framing):
     def _as_member(self, handler):
         """handler(connection, members, req), reached only by a peer that proved the member role:
         any other gets FORBIDDEN and loses its connection (a payload may follow that cannot be skipped)."""
-        async def checked(req: Request) -> bool:
+        def checked(req: Request):
             try:
                 members = self.node.members(self.role, req.op)
             except ForbiddenError as exc:
-                await self.fail(req.op, req.req_id, exc.code, str(exc))
-                return False
-            return await handler(self, members, req)
+                return self._fail_and_close(req, exc)
+            return handler(self, members, req)
         return checked
 
-    async def _serve_one(self) -> bool:
-        """Handle the next request; False when the connection must end."""
-        if self.end - self.start < _HEADER:  # (the awaits only when input is short: no coroutine per request)
-            await self.fill(_HEADER, between_requests=self.start == self.end)
-        start = self.start
-        magic, version, op, req_id, key_len, flags, generation, arg, length, value_checksum = \
-            _unpack_request(self.buf, start)
-        if magic != _MAGIC or version != _VERSION:
-            log.warning("closing a data connection: bad magic/version %r/%d", magic, version)
-            return False
-        if key_len > MAX_KEY_BYTES:
-            log.warning("closing a data connection: key_len %d > %d", key_len, MAX_KEY_BYTES)
-            return False
-        if self.end - start < _HEADER + key_len:
-            await self.fill(_HEADER + key_len)
-            start = self.start
-        key = bytes(self.view[start + _HEADER:start + _HEADER + key_len])
-        self.start = start + _HEADER + key_len
+    async def _fail_and_close(self, req: Request, exc: KvpoolError) -> bool:
+        await self.fail(req.op, req.req_id, exc.code, str(exc))
+        return False
 
-        serving = self._serving.get(op)  # not every wire.Op is a node's (the master's control ops)
-        if serving is None:
-            await self.fail(op, req_id, Code.PROTOCOL, f"unknown op {op}", "unknown")
-            return False
-        handler, stats = serving
-        began = _clock()
-        keep_open = await handler(_new_record(Request, (op, req_id, key, generation, flags, arg, length,
-                                                        value_checksum)))
-        stats.record(_clock() - began)
-        if len(self.out) > REPLY_BUFFER:  # a peer that pipelines reads and never takes the replies holds little
-            await self.flush()
-        return keep_open
+    async def _serve(self) -> None:
+        """Handle requests, in order, until the connection must end."""
+        serving = self._serving
+        while True:
+            if self.end - self.start < _HEADER:  # (the awaits only when input is short)
+                await self.fill(_HEADER, between_requests=self.start == self.end)
+            start = self.start
+            magic, version, op, req_id, key_len, flags, generation, arg, length, value_checksum = \
+                _unpack_request(self.buf, start)
+            if magic != _MAGIC or version != _VERSION:
+                log.warning("closing a data connection: bad magic/version %r/%d", magic, version)
+                return
+            if key_len > MAX_KEY_BYTES:
+                log.warning("closing a data connection: key_len %d > %d", key_len, MAX_KEY_BYTES)
+                return
+            if self.end - start < _HEADER + key_len:
+                await self.fill(_HEADER + key_len)
+                start = self.start
+            key = bytes(self.view[start + _HEADER:start + _HEADER + key_len])
+            self.start = start + _HEADER + key_len
+
+            serving_op = serving.get(op)  # not every wire.Op is a node's (the master's control ops)
+            if serving_op is None:
+                await self.fail(op, req_id, Code.PROTOCOL, f"unknown op {op}", "unknown")
+                return
+            handler, stats = serving_op
+            began = _clock()
+            keep_open = handler(_new_record(Request, (op, req_id, key, generation, flags, arg, length,
+                                                      value_checksum)))
+            if keep_open is not True and keep_open is not False:  # it has to wait: an awaitable
+                keep_open = await keep_open
+            stats.record(_clock() - began)
+            if len(self.out) > REPLY_BUFFER:  # a peer that pipelines reads and never takes the replies holds little
+                await self.flush()
+            if not keep_open:
+                return
 
     # -- WRITE and READ; each handler returns whether the connection stays usable
 
-    async def _write(self, req: Request) -> bool:
-        if self.end - self.start < _OPTIONS:  # (inline: no coroutine, no call when the options are staged)
-            await self.fill(_OPTIONS)
-        options = _new_record(StoredOptions, _unpack_options(self.buf, self.start))
-        self.start += _OPTIONS
+    def _write(self, req: Request):
+        """A WRITE whose options and payload are staged whole, into DRAM, is served here without
+        waiting; any other goes on in _write_waiting."""
+        start = self.start
         length = req.length
+        if self.end - start < _OPTIONS + length:
+            return self._write_waiting(req)
+        options = _new_record(StoredOptions, _unpack_options(self.buf, start))
+        self.start = start = start + _OPTIONS
         try:
             res = self.node.admit_write(req, options)
         except KvpoolError as exc:
-            # The payload that follows cannot be skipped safely: reply, then hang up.
-            await self.refuse(req.op, req.req_id, exc.code, str(exc), length)
-            return False
+            return self._refuse_write(req, exc)
+        if res.tier is not self.dram:
+            return self._write_admitted(req, options, res)
+        self.read_ahead = READ_AHEAD_AFTER_LARGE if length >= LARGE_WRITE else STAGING_BYTES
+        try:
+            target = self.dram.segment.view(res.offset, length)
+            target[:] = self.view[start:start + length]
+            digest = checksum(target)
+        except BaseException:
+            self.store.abort(res)
+            raise
+        self.start = start + length
+        self._commit_write(req, options, res, digest)
+        return True
+
+    async def _write_waiting(self, req: Request) -> bool:
+        if self.end - self.start < _OPTIONS:
+            await self.fill(_OPTIONS)
+        options = _new_record(StoredOptions, _unpack_options(self.buf, self.start))
+        self.start += _OPTIONS
+        try:
+            res = self.node.admit_write(req, options)
+        except KvpoolError as exc:
+            return await self._refuse_write(req, exc)
+        return await self._write_admitted(req, options, res)
+
+    async def _refuse_write(self, req: Request, exc: KvpoolError) -> bool:
+        # The payload that follows cannot be skipped safely: reply, then hang up.
+        await self.refuse(req.op, req.req_id, exc.code, str(exc), req.length)
+        return False
+
+    async def _write_admitted(self, req: Request, options: StoredOptions, res: Reservation) -> bool:
+        """Receive the payload of an admitted WRITE into its reservation, then commit it."""
+        length = req.length
         self.read_ahead = READ_AHEAD_AFTER_LARGE if length >= LARGE_WRITE else STAGING_BYTES
         received = False
         try:
-            if res.tier is self.dram and self.end - self.start >= length:  # all here: no waiting
-                digest = self._take_staged(res.offset, length)
-            elif res.tier is self.dram:
+            if res.tier is self.dram:
                 digest = await self._receive_to_dram(res.offset, length)
             else:
                 digest = await self._receive_to_ssd(res, req.key, length)
@@ -214,25 +259,21 @@ class TcpSession(Framing):
         finally:
             if not received:  # the peer left mid-payload: nothing was recorded
                 self.store.abort(res)
-        self.metrics.bytes_in.inc(length)
+        self._commit_write(req, options, res, digest)
+        return True
+
+    def _commit_write(self, req: Request, options: StoredOptions, res: Reservation, digest: int) -> None:
+        """The payload is in its extent: check it, record it, reply."""
+        self._bytes_in.inc(req.length)
         try:
             rec = self.node.checked_record(res, req, options, digest)
         except KvpoolError as exc:
             self.error(req.op, req.req_id, exc.code, str(exc))
-            return True
+            return
         if res.tier is not self.dram:
             res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
         self.store.commit(res, rec)
-        self.reply_ok(req.op, req.req_id)
-        return True
-
-    def _take_staged(self, offset: int, length: int) -> int:
-        """Copy a payload that is all in the staging buffer into DRAM; its digest."""
-        start = self.start
-        target = self.dram.segment.view(offset, length)
-        target[:] = self.view[start:start + length]
-        self.start = start + length
-        return checksum(target)
+        self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, 0, 0)
 
     async def _receive_to_dram(self, offset: int, length: int) -> int:
         target = self.dram.segment.view(offset, length)
@@ -291,14 +332,19 @@ class TcpSession(Framing):
                 await asyncio.wait([writing])
         return digest.intdigest()
 
-    async def _read(self, req: Request) -> bool:
+    def _read(self, req: Request):
         try:
             rec = self.node.readable(req)
         except KvpoolError as exc:
             self.error(req.op, req.req_id, exc.code, str(exc))
             return True
-        await self.send_object(req, rec)
-        return True
+        if rec.dram is not None and rec.size <= SMALL_READ:  # a reply buffered whole: no waiting
+            self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, rec.size, rec.checksum)
+            self.node.note_read(rec)
+            self.out += self.dram.segment.view(rec.dram, rec.size)
+            self._bytes_out.inc(rec.size)
+            return True
+        return self.send_object(req, rec)
 
     def readable(self, req: Request) -> ObjectRecord | None:
         """The record a READ or LOCATE asks for; None after replying why not."""
@@ -308,14 +354,15 @@ class TcpSession(Framing):
             self.error(req.op, req.req_id, exc.code, str(exc))
             return None
 
-    async def send_object(self, req: Request, rec: ObjectRecord) -> None:
-        self.out += wire.pack_reply(req.op, req.req_id, Code.OK, rec.size, rec.checksum)
+    async def send_object(self, req: Request, rec: ObjectRecord) -> bool:
+        self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, rec.size, rec.checksum)
         self.node.note_read(rec)
         if rec.dram is not None:
             await self._send_from_dram(rec)
         else:
             await self._send_from_ssd(rec)
-        self.metrics.bytes_out.inc(rec.size)
+        self._bytes_out.inc(rec.size)
+        return True
 
     async def _send_from_dram(self, rec: ObjectRecord) -> None:
         data = self.dram.segment.view(rec.dram, rec.size)

@@ -19,6 +19,8 @@ class StorageTier:
         self.name = segment.name
         self.alloc = ExtentAllocator(segment.capacity, segment.alignment)
         self.high, self.low = high, low
+        self.high_bytes = high * self.alloc.capacity  # used above this: excess() > 0 (checked per write)
+        self.full = f"{self.name} full"  # why its victims go (store.release_from)
         self.members = eviction_order.LruOrder()
         self.pinned_bytes = 0  # hard-pinned objects with a copy here
         self.hits = self.misses = 0
