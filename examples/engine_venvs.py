@@ -9,7 +9,7 @@ With uv (the `uv` package, in kvpool's test extra) the venv is built by `uv venv
 steps and packages, resolved and downloaded in parallel, unpacked once into uv's cache and linked from there into
 every venv that uses them (torch alone is ~800 MB in each), and not byte-compiled up front. That makes a build
 several times faster than pip's; without uv, pip builds it as before. uv does not read pip's configuration, so the
-local wheel directories pip is told about in $PIP_FIND_LINKS (where the CPU build of torch lies) are passed on.
+local wheel directories pip is told about (where the CPU build of torch lies) are passed on.
 
     python3 examples/engine_venvs.py vllm        # -> /path/to/checkout/.venv-vllm/bin/python
 """
@@ -60,7 +60,7 @@ def ensure(engine: str, quiet: bool = True) -> Path:
     uv = find_uv()
     if uv:
         subprocess.run([uv, "venv", "-q", "--clear", "--python", sys.executable, str(root)], check=True)
-        find_links = [f"--find-links={where}" for where in os.environ.get("PIP_FIND_LINKS", "").split()]
+        find_links = [f"--find-links={where}" for where in pip_find_links()]
         pip = [uv, "pip", "install", "--python", str(python), *find_links]
     else:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
@@ -77,6 +77,16 @@ def find_uv() -> str | None:
     """uv beside this python (a venv that was not activated has its bin/ off PATH), else on PATH."""
     beside = Path(sys.executable).parent / "uv"
     return str(beside) if beside.exists() else shutil.which("uv")
+
+
+def pip_find_links() -> list[str]:
+    """The local wheel directories pip is told about: $PIP_FIND_LINKS, else pip's configuration files."""
+    given = os.environ.get("PIP_FIND_LINKS")
+    if given is None:
+        asked = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        given = asked.stdout if asked.returncode == 0 else ""
+    return given.split()
 
 
 def main(argv=None) -> int:
