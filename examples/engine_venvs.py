@@ -7,7 +7,8 @@ A venv whose recipe has not changed since it was built is reused (a stamp file h
 
 With uv (the `uv` package, in kvpool's test extra) the venv is built by `uv venv` and `uv pip install`: the same
 steps and packages, resolved and downloaded in parallel, unpacked once into uv's cache and linked from there into
-every venv that uses them (torch alone is ~800 MB in each), and not byte-compiled up front. That makes a build
+every venv that uses them (torch alone is ~800 MB in each), byte-compiled there in parallel (so an engine's first
+import in a test does not compile it against the test's deadline). That makes a build
 several times faster than pip's; without uv, pip builds it as before. uv does not read pip's configuration, so the
 local wheel directories pip is told about (where the CPU build of torch lies) are passed on.
 
@@ -66,8 +67,10 @@ def ensure(engine: str, quiet: bool = True) -> Path:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
         pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
     pip += ["-q"] if quiet else []
+    # uv compiles the whole venv when asked, so only with its last step.
+    last = ["--compile-bytecode"] if uv else []
     for step in ([TORCH], ["--no-deps", *ENGINES[engine]], [TORCH, "-r", str(REQUIREMENTS / f"{engine}.txt")],
-                 [TORCH, "-e", f"{REPO}[test]"]):
+                 [*last, TORCH, "-e", f"{REPO}[test]"]):
         subprocess.run(pip + step, check=True, stdout=sys.stderr if quiet else None)
     stamp.write_text(digest)
     return python
