@@ -135,7 +135,7 @@ def main() -> int:
     parser.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent (> 1)")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--max-blocks", type=int, default=400, help="blocks read per throughput phase")
-    parser.add_argument("--settle", type=float, default=0.5, help="seconds between replay and measuring")
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds between replay and measuring")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -146,8 +146,10 @@ def main() -> int:
     try:
         with Client(args.master) as client:
             report = {"workload": replay(client, args, rng)}
+            # Let the nodes' sweeps finish the replay's demotions and evictions and the master poll their
+            # reports (every --report-interval, 0.5 s by default) before the tiers are read.
+            time.sleep(args.settle)
             report["tiers_after_replay"] = tier_counters(client)
-            time.sleep(args.settle)  # let the nodes' sweeps finish the replay's demotions and evictions
             by_tier = blocks_by_tier(client, cluster.secret if cluster is not None else auth.read_token())
             report["get_from_dram"] = tier_throughput(client, args, by_tier["dram"])
             report["get_from_ssd"] = tier_throughput(client, args, by_tier["ssd"])
