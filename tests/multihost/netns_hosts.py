@@ -4,8 +4,9 @@ Each host is a network namespace with one interface ("eth0") and an address of a
 link is a veth pair whose other end is a port of a Linux bridge, and the bridge lives in a namespace of its
 own, so nothing of this touches the machine's own namespace: no interface, route or address is added there,
 and two runs (each with its own namespaces) can coexist. A process of a host runs in that host's network
-namespace and in new UTS and mount namespaces: its own hostname and its own /dev/shm (a fresh tmpfs), as on a
-machine of its own.
+namespace and in new UTS and mount namespaces: the host's name as hostname, and as /dev/shm the host's own
+directory (SHM_ROOT/<namespace>, on the machine's /dev/shm tmpfs, bound over /dev/shm): the processes of one host
+share it, those of other hosts do not see it, as on machines of their own.
 
 A partition takes the host's port on the bridge down: from then on the bridge forwards nothing to or from
 it, and nobody is told (no reset, no refusal; packets vanish), as when a switch port or a cable fails.
@@ -26,8 +27,10 @@ _OURS = re.compile(rf"^{PREFIX}(\d+)-")
 BRIDGE = "br0"
 IP_TIMEOUT = 20.0  # seconds one `ip` command may take (they answer in milliseconds unless the box is stuck)
 
-# What a host's process runs behind: hostname and /dev/shm of its own, then the command ("$@").
-_HOST_SHELL = 'hostname "$0" && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$@"'
+SHM_ROOT = "/dev/shm"
+
+# What a host's process runs behind ($0: hostname, $1: its /dev/shm), then the command.
+_HOST_SHELL = 'hostname "$0" && mount --bind "$1" /dev/shm && shift && exec "$@"'
 
 
 def ip(*args: str, ns: str | None = None) -> str:
@@ -84,6 +87,10 @@ def remove_leftovers() -> list[str]:
         if match and not _pid_alive(int(match.group(1))):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=IP_TIMEOUT)
             removed.append(name)
+    for entry in os.scandir(SHM_ROOT):
+        match = _OURS.match(entry.name)
+        if match and entry.is_dir(follow_symlinks=False) and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(entry.path, ignore_errors=True)
     return removed
 
 
@@ -112,10 +119,14 @@ class Host:
     address: str
     port: str
 
+    @property
+    def shm_dir(self) -> str:
+        return os.path.join(SHM_ROOT, self.namespace)
+
     def command(self, argv) -> list:
         """`argv` run as a process of this host (its namespace, hostname and /dev/shm)."""
         return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "--mount", "sh", "-c", _HOST_SHELL,
-                self.name, *map(str, argv)]
+                self.name, self.shm_dir, *map(str, argv)]
 
     def prefix(self) -> tuple:
         """What a command is run behind to be a process of this host (for kvpool.launch's prefix options)."""
@@ -170,6 +181,8 @@ class Network:
         address = str(self.subnet.network_address + len(self.hosts) + 1)
         host = Host(name, f"{self.tag}-{name}", address, f"p{len(self.hosts)}")
         self._add_namespace(host.namespace)
+        os.mkdir(host.shm_dir)
+        os.chmod(host.shm_dir, 0o1777)
         # The pair is made in the bridge's namespace and one end moved to the host: nothing passes through ours.
         ip("link", "add", host.port, "type", "veth", "peer", "name", "eth0", ns=self.bridge_ns)
         ip("link", "set", "eth0", "netns", host.namespace, ns=self.bridge_ns)
@@ -195,5 +208,6 @@ class Network:
         them. A process still running in one keeps its network alive but the name is gone: stop them first."""
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=IP_TIMEOUT)
+            shutil.rmtree(os.path.join(SHM_ROOT, name), ignore_errors=True)
         self._made.clear()
         self.hosts.clear()

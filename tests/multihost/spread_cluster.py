@@ -50,13 +50,13 @@ class Agent:
                                f"(log: {self.log_path})")
         return json.loads(line)
 
-    def call(self, op: str, timeout: float = 30.0, **args) -> dict:
-        """The agent's answer; {"error": ...} when its call raised. An agent that outlives `timeout` is
-        stopped (it may be stuck in the call) and TimeoutError raised."""
+    def call(self, op: str, deadline: float = 30.0, **args) -> dict:
+        """The agent's answer; {"error": ...} when its call raised. An agent that has not answered within
+        `deadline` seconds is stopped (it may be stuck in the call) and TimeoutError raised."""
         self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
         self.proc.stdin.flush()
         try:
-            return self._read(timeout)
+            return self._read(deadline)
         except TimeoutError:
             self.close()
             raise
