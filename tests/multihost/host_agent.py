@@ -132,7 +132,7 @@ def _stopped(spec: dict) -> bool:
     return os.path.exists(spec["stop"]) or time.monotonic() > spec["deadline"]
 
 
-def _writer(spec: dict, record, index: int) -> None:
+def _writer(spec: dict, record, index: int, inflight: dict) -> None:
     client = make_client(spec["client"])
     keys = spec["keys"][index::spec["threads"]]
     versions = dict.fromkeys(keys, 0)
@@ -141,7 +141,9 @@ def _writer(spec: dict, record, index: int) -> None:
         while not _stopped(spec):
             for key in keys:
                 versions[key] += 1
+                inflight[index] = {"op": "put", "key": key, "version": versions[key], "t0": time.monotonic()}
                 record(timed_put(client, key, versions[key], spec["size"], spec.get("replicas", 1)))
+                del inflight[index]
                 time.sleep(pause)  # pacing, not waiting for anything
                 if _stopped(spec):
                     break
@@ -149,37 +151,46 @@ def _writer(spec: dict, record, index: int) -> None:
         client.close()
 
 
-def _reader(spec: dict, record, index: int) -> None:
+def _reader(spec: dict, record, index: int, inflight: dict) -> None:
     client = make_client(spec["client"])
     chooser = random.Random(index)
     pause = 1.0 / spec["rate"]
     try:
         while not _stopped(spec):
-            record(timed_get(client, chooser.choice(spec["keys"])))
+            key = chooser.choice(spec["keys"])
+            inflight[index] = {"op": "get", "key": key, "t0": time.monotonic()}
+            record(timed_get(client, key))
+            del inflight[index]
             time.sleep(pause)
     finally:
         client.close()
 
 
 def work(spec: dict) -> None:
-    """spec: role ("writer"/"reader"), client, keys, size, replicas, threads, rate (calls/s per thread),
-    out (events file), stop (file whose existence ends the work), seconds (an upper bound all the same)."""
+    """spec: name (tags its events "who"), role ("writer"/"reader"), client, keys, size, replicas, threads,
+    rate (calls/s per thread), out (events file), stop (file whose existence ends the work), seconds (an upper
+    bound all the same), grace (seconds a call may still run after the stop)."""
     spec["deadline"] = time.monotonic() + spec["seconds"]
     lock = threading.Lock()
+    inflight: dict = {}  # thread index -> the call it is in
     with open(spec["out"], "a") as out:
         def record(event: dict) -> None:
             with lock:
-                out.write(json.dumps(event) + "\n")
+                out.write(json.dumps({**event, "who": spec["name"]}) + "\n")
                 out.flush()
 
         target = _writer if spec["role"] == "writer" else _reader
-        threads = [threading.Thread(target=target, args=(spec, record, i), daemon=True)
+        threads = [threading.Thread(target=target, args=(spec, record, i, inflight), daemon=True)
                    for i in range(spec["threads"])]
         for thread in threads:
             thread.start()
-        record({"op": "started", "t0": time.monotonic()})
-        for thread in threads:  # a call stuck past the deadline is the finding: leave it, report the rest
-            thread.join(max(0.0, spec["deadline"] + 60 - time.monotonic()))
+        while not _stopped(spec):
+            time.sleep(0.1)
+        grace_end = time.monotonic() + spec.get("grace", 30)
+        for thread in threads:  # a call stuck past the grace is a finding: recorded as such below, not awaited
+            thread.join(max(0.0, grace_end - time.monotonic()))
+        for call in dict(inflight).values():  # dict() copies it in one step (the threads may still change it)
+            record({**call, "t1": time.monotonic(), "ok": False, "error": "still blocked at the end"})
 
 
 def watch(spec: dict) -> None:

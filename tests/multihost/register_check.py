@@ -60,7 +60,7 @@ def acknowledged_before(acks: dict, key: str, moment: float) -> int:
     return versions[i - 1] if i else 0
 
 
-def _first_ok_after(events: list, op: str, moment: float | None) -> float | None:
+def first_ok_after(events: list, op: str, moment: float | None) -> float | None:
     """Seconds from `moment` until the first `op` started after it succeeded (None: none did)."""
     if moment is None:
         return None
@@ -101,6 +101,9 @@ def summarize(events: list, final: dict, cut: float | None = None, heal: float |
         "wrong_bytes": sum(bool(e.get("wrong")) for e in events),
         "stale_reads": len(stale),
         "stale_examples": stale[:3],
-        "first_put_after_cut_s": _first_ok_after(events, "put", cut),
-        "first_put_after_heal_s": _first_ok_after(events, "put", heal),
+        "first_put_after_cut_s": first_ok_after(events, "put", cut),
+        "first_put_after_heal_s": first_ok_after(events, "put", heal),
+        "first_put_after_cut_s_by_writer": {
+            who: first_ok_after([e for e in events if e.get("who") == who], "put", cut)
+            for who in sorted({e["who"] for e in events if e["op"] == "put" and "who" in e})},
     }

@@ -173,15 +173,15 @@ class SpreadCluster(LocalCluster):
         super().stop()
 
 
-def wait_for_exit(procs: list, timeout: float) -> None:
-    """Until every process in `procs` has exited; those still running then are stopped and named."""
+def wait_for_exit(procs: list, timeout: float) -> int:
+    """Until every process in `procs` has exited; those still running after `timeout` seconds are stopped.
+    Returns how many had to be."""
     deadline = time.monotonic() + timeout
-    stuck = []
+    stopped = 0
     for proc in procs:
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            stuck.append(proc.args[-2] if len(proc.args) > 2 else proc.args)
             stop_process(proc, timeout=5)
-    if stuck:
-        raise TimeoutError(f"{len(stuck)} worker(s) still running after {timeout:.0f} s")
+            stopped += 1
+    return stopped
