@@ -1,6 +1,6 @@
 """A register check over kvpool keys: writers overwrite each key with increasing versions, readers record what
 they read, and the record says whether any acknowledged put was lost, any read got wrong bytes or a version
-older than one acknowledged before the read began.
+older than one acknowledged before the read began (stale), or no value at all (missing).
 
 A value carries its key, its version and a digest of the whole, so a reader checks it without knowing what
 was written: the bytes are right if the digest matches and the key is the one asked for.
@@ -68,19 +68,29 @@ def first_ok_after(events: list, op: str, moment: float | None) -> float | None:
     return round(min(ends) - moment, 3) if ends else None
 
 
+def longest_put_gap(events: list, since: float | None = None) -> dict | None:
+    """The longest time with no put returning successfully (from `since`, relative to it): {"s", "from"}."""
+    ends = sorted(e["t1"] for e in events if e["op"] == "put" and e["ok"])
+    if len(ends) < 2:
+        return None
+    gap, start = max((b - a, a) for a, b in zip(ends, ends[1:]))
+    return {"s": round(gap, 3), "from": round(start - (since or 0.0), 3)}
+
+
 def summarize(events: list, final: dict, cut: float | None = None, heal: float | None = None) -> dict:
     """The figures of one run. `final`: key -> version read after everything settled (None: absent or
     unreadable), from a fresh client; an acknowledged put is lost if its key ends below its version."""
     acks = _acks(events)
-    stale = []
+    stale, missing = [], []  # reads of an older version; "no such key" after a put of it had returned
     for e in events:
         if e["op"] != "get" or e.get("wrong"):
             continue
         if e["ok"] or e.get("error") == "KeyNotFoundError":
             expected = acknowledged_before(acks, e["key"], e["t0"])
             if (e.get("version") or 0) < expected:
-                stale.append({"key": e["key"], "read": e.get("version"), "acknowledged": expected,
-                              "at": round(e["t0"] - cut, 3) if cut is not None else e["t0"]})
+                (stale if e["ok"] else missing).append({
+                    "key": e["key"], "read": e.get("version"), "acknowledged": expected,
+                    "at": round(e["t0"] - cut, 3) if cut is not None else e["t0"]})
     last_ack = {key: versions[-1] for key, (_, versions) in acks.items()}
     lost = {key: (final.get(key), version) for key, version in last_ack.items() if (final.get(key) or 0) < version}
     calls = [e for e in events if e["op"] in ("put", "get")]
@@ -101,8 +111,11 @@ def summarize(events: list, final: dict, cut: float | None = None, heal: float |
         "wrong_bytes": sum(bool(e.get("wrong")) for e in events),
         "stale_reads": len(stale),
         "stale_examples": stale[:3],
+        "missing_reads": len(missing),
+        "missing_examples": missing[:3],
         "first_put_after_cut_s": first_ok_after(events, "put", cut),
         "first_put_after_heal_s": first_ok_after(events, "put", heal),
+        "longest_put_gap": longest_put_gap(events, cut),
         "first_put_after_cut_s_by_writer": {
             who: first_ok_after([e for e in events if e.get("who") == who], "put", cut)
             for who in sorted({e["who"] for e in events if e["op"] == "put" and "who" in e})},

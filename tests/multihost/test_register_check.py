@@ -26,15 +26,16 @@ def test_a_read_is_stale_only_below_a_version_acknowledged_before_it_began():
     events = [_put("k", 1, 0.0, 1.0), _put("k", 2, 2.0, 3.0),
               _get("k", 1, 2.5),                      # version 2 not yet acknowledged: fine
               _get("k", 1, 3.5),                      # 2 acknowledged at 3.0: stale
-              _get("k", None, 4.0, error="KeyNotFoundError"),  # gone after an ack: stale too
+              _get("k", None, 4.0, error="KeyNotFoundError"),  # gone after an ack: missing
               _get("k", 2, 4.5)]
     acks = {"k": ([1.0, 3.0], [1, 2])}
     assert acknowledged_before(acks, "k", 2.9) == 1 and acknowledged_before(acks, "k", 3.1) == 2
     figures = summarize(events, final={"k": 2}, cut=2.0, heal=4.0)
-    assert figures["stale_reads"] == 2
+    assert figures["stale_reads"] == 1 and figures["missing_reads"] == 1
     assert figures["acknowledged_puts_lost"] == 0 and figures["failed_calls"] == 0
     assert figures["longest_call_s"] == 1.0
     assert figures["first_put_after_cut_s"] == 1.0 and figures["first_put_after_heal_s"] is None
+    assert figures["longest_put_gap"] == {"s": 2.0, "from": -1.0}  # no put returned from 1.0 to 3.0
 
 
 def test_an_acknowledged_put_is_lost_when_the_key_ends_below_it_and_failures_are_counted():
