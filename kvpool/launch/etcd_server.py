@@ -28,9 +28,11 @@ class EtcdServer:
 
     def __init__(self, data_dir: str | os.PathLike, host: str = "127.0.0.1", client_port: int = 0,
                  peer_port: int = 0, log_path: str | os.PathLike | None = None, name: str = "kvpool-etcd",
-                 tls=None):
-        """tls: kvpool/security/tls.py TlsFiles: clients reach it over TLS (its peers, on this host, do not)."""
+                 tls=None, prefix: tuple = ()):
+        """tls: kvpool/security/tls.py TlsFiles: clients reach it over TLS (its peers, on this host, do not).
+        prefix: what its command runs behind, e.g. ("ip", "netns", "exec", NS) for another network namespace."""
         self.name = name
+        self.prefix = tuple(prefix)
         self.tls = tls
         self.initial_cluster = ""  # name=peer-url,... of every member; empty: just this one
         self.data_dir = Path(data_dir)
@@ -64,7 +66,7 @@ class EtcdServer:
         tls = ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key)] if self.tls else []
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
+            [*self.prefix, etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
              "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
              "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
              "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}", "--log-level", "warn",

@@ -44,6 +44,7 @@ class Child:
     proc: subprocess.Popen | None = None
     info: dict = field(default_factory=dict)  # fields of the ready line: address=..., node_id=...
     metrics_port: int = 0  # its Prometheus endpoint, when the cluster runs with metrics
+    host: str = "127.0.0.1"  # the address it serves on
 
     @property
     def out_path(self) -> Path:
@@ -196,14 +197,24 @@ class LocalCluster:
     def etcd_endpoint(self) -> str:
         return self.etcd.endpoint
 
-    def _child(self, name: str, argv: list) -> Child:
+    def _placement(self, name: str) -> tuple[str, tuple]:
+        """(address to serve on, command prefix) of component `name`: all on self.host here; a cluster
+        spread over network namespaces (tests/multihost) gives each its own."""
+        return self.host, ()
+
+    def _free_port(self, host: str) -> int:
+        return free_port(host)
+
+    def _child(self, name: str, argv: list, host: str | None = None) -> Child:
         """A component's Child, with a Prometheus port of its own when metrics are on."""
-        port = free_port(self.host) if self.metrics else 0
-        return Child(name, argv + (["--metrics-port", str(port)] if port else []), self.log_dir, metrics_port=port)
+        host = host or self.host
+        port = self._free_port(host) if self.metrics else 0
+        return Child(name, argv + (["--metrics-port", str(port)] if port else []), self.log_dir, metrics_port=port,
+                     host=host)
 
     @property
     def metrics_urls(self) -> dict:
-        return {c.name: f"http://{self.host}:{c.metrics_port}/metrics"
+        return {c.name: f"http://{c.host}:{c.metrics_port}/metrics"
                 for c in [*self.masters, *self.nodes] if c is not None and c.metrics_port}
 
     def start(self, timeout: float = 60.0) -> "LocalCluster":
@@ -212,15 +223,9 @@ class LocalCluster:
         if self.tls:
             self._make_tls()
         try:
-            if self.etcd_members > 1:
-                self.etcd_servers = etcd_cluster(self.data_dir / "etcd", self.etcd_members, self.host, timeout)
-                self.etcd = self.etcd_servers[0]  # every component talks to this member
-            else:
-                self.etcd = EtcdServer(self.data_dir / "etcd", host=self.host,
-                                       log_path=self.log_dir / "etcd.log", tls=self.tls_files).start(timeout)
-                self.etcd_servers = [self.etcd]
+            self._start_etcd(timeout)
             if self.secret:  # members log in as one etcd user, clients (read only) as another
-                enable_auth(self.etcd.endpoint, self.secret, tls=self.tls_files)
+                self._enable_etcd_auth()
             self.master = self._start_master(0, timeout)
             self.masters = [self.master]
             for index in range(1, self.master_count):
@@ -233,6 +238,18 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _start_etcd(self, timeout: float) -> None:
+        if self.etcd_members > 1:
+            self.etcd_servers = etcd_cluster(self.data_dir / "etcd", self.etcd_members, self.host, timeout)
+            self.etcd = self.etcd_servers[0]  # every component talks to this member
+        else:
+            self.etcd = EtcdServer(self.data_dir / "etcd", host=self.host,
+                                   log_path=self.log_dir / "etcd.log", tls=self.tls_files).start(timeout)
+            self.etcd_servers = [self.etcd]
+
+    def _enable_etcd_auth(self) -> None:
+        enable_auth(self.etcd.endpoint, self.secret, tls=self.tls_files)
 
     @staticmethod
     def _given(flag: str, value) -> list:
@@ -250,12 +267,13 @@ class LocalCluster:
                     raise
 
     def _master_child(self, index: int = 0) -> Child:
-        port = self.master_port if index == 0 and self.master_port else free_port(self.host)
         name = "master" if index == 0 else f"master-{index}"
-        argv = [sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", self.host,
+        host, prefix = self._placement(name)
+        port = self.master_port if index == 0 and self.master_port else self._free_port(host)
+        argv = [*prefix, sys.executable, "-m", "kvpool.master", "--etcd", self.etcd_endpoint, "--host", host,
                 "--port", str(port), "--cluster", self.cluster, "--master-id", name,
                 *self._given("--put-timeout", self.put_timeout), *self._security_args(), *self.master_args]
-        return self._child(name, argv)
+        return self._child(name, argv, host)
 
     def restart_master(self, index: int, timeout: float = 30.0) -> Child:
         """Start master `index` again (after a stop or kill) on a new port."""
@@ -267,12 +285,14 @@ class LocalCluster:
 
     def _node_child(self, index: int, host: str | None = None, prefix: tuple = ()) -> Child:
         node_id = f"node-{index}"
+        if host is None:
+            host, prefix = self._placement(node_id)
         argv = [*prefix, sys.executable, "-m", "kvpool.storenode", "--etcd", self.etcd_endpoint,
-                "--host", host or self.host,
+                "--host", host,
                 "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
                 "--data-dir", str(self.data_dir / node_id), *self._given("--lease-ttl", self.lease_ttl),
                 "--ssd", str(self.ssd_per_node), *self._security_args(), *self.node_args]
-        return self._child(node_id, argv)
+        return self._child(node_id, argv, host)
 
     def add_node(self, host: str, prefix: tuple = (), timeout: float = 30.0) -> Child:
         """Start one more storage node serving on `host`, its command run behind `prefix`
@@ -289,25 +309,8 @@ class LocalCluster:
 
     def master_stats(self):
         """The leading master's Stats reply (a blocking gRPC call, for waiting and tests)."""
-        import grpc
-
-        from ..proto import kvpool_pb2, kvpool_pb2_grpc
-
-        from ..security.grpc_auth import blocking_channel
-
         alive = [m for m in self.masters if m.alive] or [self.master]
-        stats = None
-        for child in alive:
-            with blocking_channel(child.info["address"], self.client_credential, tls=self.tls_files) as channel:
-                try:
-                    stats = kvpool_pb2_grpc.MasterStub(channel).Stats(kvpool_pb2.StatsRequest(), timeout=5)
-                except grpc.RpcError:
-                    continue
-            if stats.leader in ("", child.info["address"]):
-                return stats
-        if stats is None:
-            raise ConnectionError("no master answered Stats")
-        return stats
+        return leading_master_stats([m.info["address"] for m in alive], self.client_credential, self.tls_files)
 
     def wait_for_nodes(self, count: int, timeout: float = 30.0) -> None:
         """Until the master's membership lists exactly `count` storage nodes."""
@@ -339,6 +342,28 @@ class LocalCluster:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def leading_master_stats(addresses: list, credential=None, tls=None):
+    """The Stats reply of the master among `addresses` that says it leads (else the last one that answered);
+    ConnectionError if none answers. A blocking gRPC call, for waiting and tests."""
+    import grpc
+
+    from ..proto import kvpool_pb2, kvpool_pb2_grpc
+    from ..security.grpc_auth import blocking_channel
+
+    stats = None
+    for address in addresses:
+        with blocking_channel(address, credential, tls=tls) as channel:
+            try:
+                stats = kvpool_pb2_grpc.MasterStub(channel).Stats(kvpool_pb2.StatsRequest(), timeout=5)
+            except grpc.RpcError:
+                continue
+        if stats.leader in ("", address):
+            return stats
+    if stats is None:
+        raise ConnectionError("no master answered Stats")
+    return stats
 
 
 def wait_for_signal() -> int:
