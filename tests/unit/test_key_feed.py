@@ -145,6 +145,8 @@ def test_a_leader_follows_the_table_only_once_a_subscriber_opened_its_feed():
         table = table_with_nodes()
         feed = KeyFeed(table, size=100, poll_interval=0.005)
         leadership = _Leadership(term=7)
+        polls, poll = [0], feed.poll
+        feed.poll = lambda: (polls.__setitem__(0, polls[0] + 1), poll())[1]  # counts the feed's turns
         runner = asyncio.create_task(feed.run(leadership))
         await _until(lambda: feed.open_for_subscriber() != "")
         put(table, "a")
@@ -152,6 +154,8 @@ def test_a_leader_follows_the_table_only_once_a_subscriber_opened_its_feed():
         assert feed.id.startswith("7-")
         leadership.term = 8  # a new term: that feed ends; the next subscriber opens one of its own
         await _until(lambda: not feed.id)
+        turns = polls[0]
+        await _until(lambda: polls[0] >= turns + 3)  # the feed went round a few times in the new term
         put(table, "b")
         assert not table.has_changes  # nobody subscribed this term: nothing tracked
         assert feed.open_for_subscriber().startswith("8-")
