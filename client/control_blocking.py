@@ -18,6 +18,7 @@ import socket
 import time
 
 from kvpool.security.auth import handshake_blocking
+from kvpool.protocol import control
 from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import UnavailableError
 from kvpool.net.netutil import ConnectAttempt
@@ -69,17 +70,17 @@ class BlockingControlConnection:
     def post(self, method: str, request, deadline: float, callback) -> None:
         """Send Master.<method> and return; callback(response or error) runs when a later call or
         drain() reads its answer, or the connection ends. Raises NotSent if the frame did not leave."""
-        self._send(method, request, callback, deadline)
+        self._send(method, request, callback, deadline, control.POSTED)
 
     def drain(self, deadline: float) -> None:
         """Read the answers of every posted call (each to its callback)."""
         waiting = self._calls.waiting
         self._read_until(lambda: next(iter(waiting), None), "posted calls", deadline)
 
-    def _send(self, method: str, request, waiter, deadline: float) -> int:
+    def _send(self, method: str, request, waiter, deadline: float, flags: int = 0) -> int:
         if not self.closed and self._peer_left():
             self.close("closed by the master")
-        req_id, frame = self._calls.start(method, request, waiter)
+        req_id, frame = self._calls.start(method, request, waiter, flags)
         sock = self._sock
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))

@@ -67,12 +67,13 @@ class ControlCalls:
         self._next_id = 0
         self._rest = bytearray()  # the start of a reply not whole yet
 
-    def start(self, method: str, request, waiter) -> tuple[int, bytes]:
-        """(req_id, frame) of a new call; raises NotSent when the connection already ended."""
+    def start(self, method: str, request, waiter, flags: int = 0) -> tuple[int, bytes]:
+        """(req_id, frame) of a new call; raises NotSent when the connection already ended.
+        flags: control.POSTED for a call whose caller does not wait for the answer."""
         if self.closed:
             raise NotSent(f"master control port {self.address}: connection closed")
         req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        frame = _pack_call(_OPS[method], req_id, request.SerializeToString())
+        frame = _pack_call(_OPS[method], req_id, request.SerializeToString(), flags)
         self.waiting[req_id] = (method, waiter)
         return req_id, frame
 

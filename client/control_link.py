@@ -15,6 +15,7 @@ import functools
 import socket
 
 from kvpool.security.auth import PeerHandshake, handshake
+from kvpool.protocol import control
 from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
 from kvpool.net.netutil import ConnectAttempt, open_socket
@@ -124,19 +125,19 @@ class ControlConnection(asyncio.Protocol):
     def post(self, method: str, request, timeout: float, callback) -> None:
         """Send Master.<method> without waiting: callback(response or error) runs when it is answered
         (or fails as call would). Raises NotSent if the connection is closed."""
-        _, future = self._send(method, request, timeout)
+        _, future = self._send(method, request, timeout, control.POSTED)
         future.add_done_callback(lambda done: callback(
             UnavailableError(f"master {self.address} {method}: cancelled") if done.cancelled()
             else done.exception() or done.result()))
 
-    def _send(self, method: str, request, timeout: float) -> tuple[int, asyncio.Future]:
+    def _send(self, method: str, request, timeout: float, flags: int = 0) -> tuple[int, asyncio.Future]:
         calls = self._calls
         idle = not calls.waiting
         if idle and not calls.closed and self._peer_left():
             self.close("closed by the master")
         future = self.loop.create_future()
         deadline = self.loop.time() + timeout
-        req_id, frame = calls.start(method, request, _Call(method, future, deadline))
+        req_id, frame = calls.start(method, request, _Call(method, future, deadline), flags)
         if self._watchdog is None or deadline < self._watch_at:
             self._watch(deadline)
         if idle:

@@ -9,7 +9,9 @@ A connection may carry many requests at once. Each complete frame is decoded
 and dispatched as it arrives, in arrival order: a handler changes the table
 before its first await, so arrival order is the order of effects. Replies go
 out as calls finish, matched by req_id, and replies ready together leave in one
-write. A peer cannot hurt anyone else: a bad magic or version closes its
+write; the answer to a call its caller posted (control.POSTED: it does not wait
+for it) is held back to leave with the next reply, or after control.HOLD_POSTED,
+so it costs the caller no wake-up of its own. A peer cannot hurt anyone else: a bad magic or version closes its
 connection; a body over MAX_BODY is refused (TOO_LARGE) and the connection
 closed; a frame that stalls half-received for frame_timeout seconds closes it;
 an undecodable body is answered INVALID_ARGUMENT; an unknown op PROTOCOL.
@@ -39,6 +41,7 @@ MAX_IN_FLIGHT = 1024  # calls served at once per connection; reading pauses beyo
 _HEADER = wire.REQUEST.size
 _unpack_header = wire.REQUEST.unpack_from
 _OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
+_POSTED = control.POSTED
 _COROUTINE = types.CoroutineType  # what MasterService.serve_now returns for a call still to finish
 
 
@@ -125,6 +128,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.out: list[bytes] = []  # replies not written yet
+        self.held: list[bytes] = []  # answers to posted calls, to leave with the next reply (control.POSTED)
+        self.held_timer: asyncio.TimerHandle | None = None
         self.flushing = False
         self.receiving = False
         self.calls: set[asyncio.Task] = set()
@@ -151,7 +156,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        for timer in (self.stall_timer, self.auth_timer):
+        for timer in (self.stall_timer, self.auth_timer, self.held_timer):
             if timer is not None:
                 timer.cancel()
         if self in self.port._connections:
@@ -232,7 +237,7 @@ class _Connection(asyncio.Protocol):
                 self.port.refused.labels("protocol").inc()
                 self._reply(control.pack_error(op, req_id, Code.PROTOCOL, "control frames carry no key"))
                 continue
-            self._call(op, req_id, body)
+            self._call(op, req_id, body, _flags)
             if self.closed:
                 return
         if buf is self.buf:
@@ -242,7 +247,7 @@ class _Connection(asyncio.Protocol):
             self.buf += memoryview(buf)[start:]
         self._watch_stall(bool(self.buf))
 
-    def _call(self, op: int, req_id: int, body: bytes) -> None:
+    def _call(self, op: int, req_id: int, body: bytes, flags: int = 0) -> None:
         entry = self.port.entries.get(op)
         if entry is None:
             self.port.refused.labels("protocol").inc()
@@ -262,7 +267,11 @@ class _Connection(asyncio.Protocol):
             self._reply(_error_frame(op, req_id, name, exc))
             return
         if type(response) is not _COROUTINE:  # most calls finish here: no task, no further turn of the loop
-            self._reply(control.pack_answer(op, req_id, _OK, response.SerializeToString()))
+            frame = control.pack_answer(op, req_id, _OK, response.SerializeToString())
+            if flags & _POSTED:
+                self._hold(frame)
+            else:
+                self._reply(frame)
             return
         call = self._serve(op, req_id, name, response)
         try:
@@ -301,9 +310,24 @@ class _Connection(asyncio.Protocol):
             self.flushing = True
             self.loop.call_soon(self._flush)
 
+    def _hold(self, frame: bytes) -> None:
+        self.held.append(frame)
+        if self.held_timer is None:
+            self.held_timer = self.loop.call_later(control.HOLD_POSTED, self._release)
+
+    def _release(self) -> None:
+        """Let the held answers go even with no reply to ride with."""
+        self.held_timer = None
+        self.out[:0], self.held = self.held, []
+        self._flush()
+
     def _flush(self) -> None:
         self.flushing = False
         if self.out and not self.closed:
+            if self.held:  # the posted calls' answers ride along
+                self.out[:0], self.held = self.held, []
+                self.held_timer.cancel()
+                self.held_timer = None
             out, self.out = self.out, []
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
@@ -313,6 +337,7 @@ class _Connection(asyncio.Protocol):
         """End a connection whose stream cannot be trusted (after the replies already due)."""
         log.warning("control port: closing a connection from %s: %s", self._peer(), what)
         self.port.refused.labels(reason).inc()
+        self.out[:0], self.held = self.held, []
         self._flush()
         self.closed = True
         self.transport.close()  # flushes what was written

@@ -12,8 +12,10 @@ A subscriber resumes with (feed id, last sequence seen). While that sequence is
 still in the log it goes on from there; otherwise (another feed, i.e. another
 term or master, or it fell more than `size` changes behind) it starts again from
 a snapshot of the present keys, which is consistent with the sequence it is
-taken at. The feed lives for one term: it opens, with a fresh id, when its
-master starts serving as leader, and closes when it stops.
+taken at. The feed lives for one term at most: it opens, with a fresh id, when
+the first subscriber of the term comes (until then no change is tracked: a
+cluster with no router pays nothing for it), and closes when its master stops
+leading.
 """
 
 import asyncio
@@ -45,6 +47,7 @@ class KeyFeed:
         self.sequence = 0  # the last sequence handed out
         self._log: list = []  # ring of (kind, key): sequence s at index s % size
         self._advanced = asyncio.Event()  # set and replaced whenever the sequence moves or the feed closes
+        self._leading_term = 0  # the term this master serves as leader in (0: it does not lead)
 
     # ----- life -----
 
@@ -71,19 +74,26 @@ class KeyFeed:
     def is_open(self) -> bool:
         return bool(self.id)
 
+    def open_for_subscriber(self) -> str:
+        """The feed's id, opening it for the term this master leads in if it is not open yet; "" when
+        this master does not lead."""
+        if not self.id and self._leading_term:
+            self.open(self._leading_term)
+        return self.id
+
     async def run(self, election: LeadershipState) -> None:
-        """Follow the table while `election` says this master serves as leader (open for each term)."""
+        """Follow the table, once a subscriber opened the feed, while `election` says this master
+        serves as leader (a feed belongs to one term)."""
         try:
             while True:
-                term = election.term if election.serving and election.is_leader else 0
-                if not term:
+                term = self._leading_term = election.term if election.serving and election.is_leader else 0
+                if self.id and not self.id.startswith(f"{term}-"):
                     self.close()
-                elif not self.id.startswith(f"{term}-"):
-                    self.open(term)
                 else:
                     self.poll()
                 await asyncio.sleep(self._poll_interval)
         finally:
+            self._leading_term = 0
             self.close()
 
     # ----- the log -----

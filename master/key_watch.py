@@ -63,7 +63,7 @@ class KeyWatch:
 
     async def _stream(self, request: pb.WatchKeysRequest, prefix: str, context) -> None:
         feed = self.feed
-        feed_id = feed.id
+        feed_id = feed.open_for_subscriber()
         if not feed_id:
             raise FeedClosed("this master does not lead")
         cursor: int | None = None

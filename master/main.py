@@ -149,7 +149,7 @@ async def serve(args) -> int:
         election = Election(etcd, args.cluster, master_id, address, args.election_ttl, service.control_address)
         service.leadership = election
         leadership = Leadership(args, etcd, election, table, node_io, adopter)
-        feed = KeyFeed(table, args.key_feed_size)  # open while this master leads (key_feed.py)
+        feed = KeyFeed(table, args.key_feed_size)  # opened by a term's first subscriber (key_feed.py)
         service.key_watch = KeyWatch(feed)
         kvpool_pb2_grpc.add_MasterServicer_to_server(service, server)
         health = MasterHealth(server, election, metrics)

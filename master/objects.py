@@ -17,8 +17,17 @@ state and the steps that keep it consistent: ledger.py):
 Whatever releases a replica (overwrite, remove, revoke, reclaim, expiry, a
 rejected inventory entry) queues a FreeOrder; the owner drains them with
 take_frees() and tells the nodes.
+
+Ends that wait: a BatchPutEnd is usually followed at once by its client's next
+lookup. end_later takes a batch whose every end is plain (a new key, its put
+pending and in time: nothing to release, free or refuse) and keeps it to fold
+into the table later; exists_many reads through the kept ends, and every other
+method folds them first (_folds_first), so no reader and no change ever sees
+the table without them. The owner folds them soon after (fold_ends).
 """
 
+import functools
+import logging
 import time
 from collections.abc import Callable
 
@@ -35,6 +44,8 @@ from .placement import PlacementPolicy
 from .replication import Replication
 from .versions import NO_OPTIONS, ObjectVersion, PutOptions
 
+log = logging.getLogger(__name__)
+
 
 class ObjectTable:
     def __init__(self, *, placement: PlacementPolicy | None = None, put_timeout: float = 30.0,
@@ -45,6 +56,8 @@ class ObjectTable:
         self._node_events = NodeEvents(ledger, self._puts)
         self._inventory = InventoryMatch(ledger, self._puts)
         self._replication = Replication(ledger)
+        self._waiting_ends: list[tuple[list, list, float]] = []  # (keys, generations, arrived at), in order
+        self._waiting_keys: set[str] = set()  # every key of _waiting_ends
 
     def reset(self) -> None:
         """Forget every node, object and pending put (a deposed leader's table may be stale; the next
@@ -136,6 +149,33 @@ class ObjectTable:
     def put_end_many(self, keys, generations) -> list:
         return self._puts.end_many(keys, generations)
 
+    def end_later(self, keys, generations) -> bool:
+        """If every one of these ends is plain (PendingPuts.endable: each would commit a new key and
+        free or refuse nothing), keep them to fold later (fold_ends) and return True: each is as good
+        as done. Else False, and nothing changes."""
+        now = self._ledger.clock()
+        if not self._puts.endable(keys, generations, now):
+            return False
+        keys = list(keys)
+        self._waiting_ends.append((keys, list(generations), now))
+        self._waiting_keys.update(keys)
+        return True
+
+    @property
+    def ends_waiting(self) -> bool:
+        return bool(self._waiting_ends)
+
+    def fold_ends(self) -> None:
+        """Commit the ends end_later kept, in the order they came, each judged at the moment it came
+        (as it was answered)."""
+        if self._waiting_ends:
+            waiting, self._waiting_ends = self._waiting_ends, []
+            self._waiting_keys = set()
+            for keys, generations, arrived in waiting:
+                refused = [exc for exc in self._puts.end_many(keys, generations, arrived) if exc is not None]
+                if refused:  # cannot happen (end_later took only plain ends, and nothing ran between)
+                    log.error("%d ends answered OK were refused when folded, e.g. %s", len(refused), refused[0])
+
     def put_revoke(self, key: str, generation: int) -> None:
         self._puts.revoke(key, generation)
 
@@ -171,13 +211,18 @@ class ObjectTable:
         return key in committed
 
     def exists_many(self, keys: list[str]) -> list[bool]:
-        """exists() of each key, in order."""
+        """exists() of each key, in order; a key of an end still waiting is there (it is new)."""
         ledger = self._ledger
         committed = ledger.committed
         if committed.expiring:
+            self.fold_ends()
             for key in keys:
                 ledger.expire_if_due(key)
-        return committed.contains_many(keys)
+        found = committed.contains_many(keys)
+        waiting = self._waiting_keys
+        if waiting:
+            return [there or key in waiting for key, there in zip(keys, found)]
+        return found
 
     def remove(self, key: str) -> None:
         """Drop the committed version of `key` (a pending put of it is left alone)."""
@@ -267,3 +312,33 @@ class ObjectTable:
 
     def settle_drain(self, key: str) -> None:
         self._replication.settle_drain(key)
+
+
+# What may run with ends still waiting: exists_many reads through them, end_later adds to them (a key
+# it takes is new and pending, so one waiting end cannot change another's verdict), take_frees gets
+# nothing from them (a plain end frees nothing), fold_ends and ends_waiting are about them.
+_READ_THROUGH = {"end_later", "exists_many", "take_frees", "fold_ends", "ends_waiting"}
+
+
+def _folding(method):
+    @functools.wraps(method)
+    def folded_first(table, *args, **kwargs):
+        if table._waiting_ends:
+            table.fold_ends()
+        return method(table, *args, **kwargs)
+    return folded_first
+
+
+def _folds_first(cls):
+    """Every public method and property of cls not in _READ_THROUGH folds the waiting ends first."""
+    for name, attr in list(vars(cls).items()):
+        if name.startswith("_") or name in _READ_THROUGH:
+            continue
+        if isinstance(attr, property):
+            setattr(cls, name, property(_folding(attr.fget), attr.fset, attr.fdel, attr.__doc__))
+        elif callable(attr):
+            setattr(cls, name, _folding(attr))
+    return cls
+
+
+_folds_first(ObjectTable)

@@ -171,15 +171,30 @@ class PendingPuts:
         ledger.counters.puts += 1
         return version
 
-    def end_many(self, keys, generations) -> list:
+    def endable(self, keys, generations, now: float) -> bool:
+        """Whether end_many(keys, generations, now) would end every one of these puts on its common
+        path, committing a version where none was (so it would release nothing, free nothing and
+        refuse nothing): the test ObjectTable makes before it lets such a batch wait to be folded."""
+        open_ = self._open
+        for key, generation in zip(keys, generations):
+            pending = open_.get(key)
+            if pending is None or pending.deadline <= now:
+                return False
+            version = pending.version
+            if version.generation != generation or version.size <= 0 or not version.replicas:
+                return False
+        return not any(self._ledger.committed.contains_many(keys))
+
+    def end_many(self, keys, generations, now: float | None = None) -> list:
         """end() of each (key, generation) with every copy written: None for each that ended,
         else the KvpoolError that refused it. The common case, a put still pending and in time with
-        copies left, is committed here as end() would, without its general steps (every lookup of
-        the trace replay follows a posted BatchPutEnd: the master applies it first)."""
+        copies left, is committed here as end() would, without its general steps. now: the moment
+        the ends arrived (default: the clock's now), against which each put's deadline is judged."""
         results = []
         ledger, open_ = self._ledger, self._open
         nodes = ledger.nodes
-        now = ledger.clock()  # one batch, one moment
+        if now is None:
+            now = ledger.clock()  # one batch, one moment
         ending, versions = [], []  # committed together (Ledger.commit_many)
         for key, generation in zip(keys, generations):
             pending = open_.get(key)

@@ -9,6 +9,7 @@ released replicas), or, for an Exists asking for a hold, before a fresh read of
 the table.
 """
 
+import asyncio
 import functools
 import logging
 import time
@@ -96,6 +97,9 @@ def _in_request_order(count: int, bad: dict, results: list) -> list:
 
 
 MAX_BATCH = 65536  # default --max-batch: keys one batch call may name
+# Seconds a BatchPutEnd's plain ends may wait to be folded into the table: long enough for the lookup its
+# client sends next to be answered first, short next to the reads that follow (which fold them anyway).
+FOLD_AFTER = 0.001
 # How many keys each batch request names (its repeated fields of one key each).
 _BATCH_SIZE = {"BatchPutStart": lambda r: len(r.items) + len(r.keys),
                "BatchPutEnd": lambda r: len(r.items) + len(r.keys), "BatchPutRevoke": lambda r: len(r.items),
@@ -155,6 +159,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     leadership: LeadershipState | None = None  # None: serve unconditionally (a lone master without etcd)
     control_address = ""  # HOST:PORT of this master's control port (master/control_port.py)
     key_watch: KeyWatch | None = None  # serves WatchKeys from the leader's key feed
+    _fold_timer: asyncio.TimerHandle | None = None  # folds the ends a BatchPutEnd let wait
 
     @property
     def term(self) -> int:
@@ -351,11 +356,23 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             message = f"{len(keys)} keys but {len(generations)} generations"
             response.items.extend([pb.StatusResponse(status=pb.INVALID_ARGUMENT, message=message)] * len(keys))
             return response
+        if not request.items and self._table.end_later(keys, generations):
+            # Every end plain (its keys valid: they were placed): OK each, folded in a moment.
+            if self._fold_timer is None:
+                self._fold_timer = asyncio.get_running_loop().call_later(FOLD_AFTER, self._fold_ends)
+            convert.fill_statuses(response, [None] * len(keys))
+            return response
         bad = _invalid_keys(keys)
         ended = _in_request_order(len(keys), bad, self._table.put_end_many(_valid_only(keys, bad),
                                                                            _valid_only(generations, bad)))
         convert.fill_statuses(response, ended)
         return response
+
+    def _fold_ends(self) -> None:
+        """Fold the ends a BatchPutEnd let wait (ObjectTable.put_end_many), once the lookups sent right
+        after them had their turn; anything else that reads the table folds them sooner."""
+        self._fold_timer = None
+        self._table.fold_ends()
 
     @_rpc
     def BatchPutRevoke(self, request):

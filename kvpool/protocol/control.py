@@ -28,13 +28,19 @@ _METHODS = pb.DESCRIPTOR.services_by_name["Master"].methods_by_name
 MESSAGES = {name: (getattr(pb, _METHODS[name].input_type.name), getattr(pb, _METHODS[name].output_type.name))
             for name in OP_BY_RPC}
 
+# A request's flags. POSTED: the caller does not wait for this answer (a put's end it posted), so the
+# master may hold it back to leave with its next reply on the connection, within HOLD_POSTED seconds,
+# instead of waking the caller for it alone.
+POSTED = 1
+HOLD_POSTED = 0.001
+
 _pack_request = REQUEST.pack
 _pack_reply = REPLY.pack
 
 
-def pack_call(op: int, req_id: int, body: bytes) -> bytes:
+def pack_call(op: int, req_id: int, body: bytes, flags: int = 0) -> bytes:
     """One request frame: header and body."""
-    return _pack_request(MAGIC, VERSION, op, req_id, 0, 0, 0, 0, len(body), 0) + body
+    return _pack_request(MAGIC, VERSION, op, req_id, 0, flags, 0, 0, len(body), 0) + body
 
 
 def pack_answer(op: int, req_id: int, status: int, body: bytes) -> bytes:

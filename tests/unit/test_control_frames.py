@@ -101,3 +101,18 @@ def test_a_connection_that_ended_fails_its_calls_and_sends_no_more():
     assert calls.closed and calls.waiting == {}
     with pytest.raises(NotSent):
         calls.start("Exists", pb.ExistsRequest(key="k"), "c")
+
+
+# A posted call: "KV", version 2, op 36 (BATCH_PUT_END), req_id 1, no key, flags 1 (POSTED), generation 0,
+# arg 0, body length 6, checksum 0; then BatchPutEndRequest(keys=["a"], generations=[7]).
+POSTED_CALL = bytes.fromhex("4b560224010000000000010000000000000000000000000000000000060000000000000000000000"
+                            "000000001201611a0107")
+
+
+def test_a_posted_call_carries_the_posted_flag_in_the_golden_bytes():
+    from kvpool.protocol import control
+    calls = ControlCalls("m:1")
+    _, frame = calls.start("BatchPutEnd", pb.BatchPutEndRequest(keys=["a"], generations=[7]), "w", control.POSTED)
+    assert frame == POSTED_CALL
+    _, plain = calls.start("BatchPutEnd", pb.BatchPutEndRequest(keys=["a"], generations=[7]), "w")
+    assert plain[10] == 0 and POSTED_CALL[10] == control.POSTED == 1

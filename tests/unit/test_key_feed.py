@@ -120,3 +120,54 @@ def test_a_closed_feed_stops_following_the_table():
     with pytest.raises(FeedClosed):
         feed.snapshot("")
     assert not feed.can_resume("", 0)
+
+
+class _Leadership:
+    """What KeyFeed.run reads of master/election.py's LeadershipState."""
+
+    def __init__(self, term: int):
+        self.term, self.serving, self.is_leader = term, True, True
+
+
+async def _until(condition, seconds: float = 5.0) -> None:
+    import asyncio
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def test_a_leader_follows_the_table_only_once_a_subscriber_opened_its_feed():
+    import asyncio
+
+    async def scenario():
+        table = table_with_nodes()
+        feed = KeyFeed(table, size=100, poll_interval=0.005)
+        leadership = _Leadership(term=7)
+        polls, poll = [0], feed.poll
+        feed.poll = lambda: (polls.__setitem__(0, polls[0] + 1), poll())[1]  # counts the feed's turns
+        runner = asyncio.create_task(feed.run(leadership))
+        await _until(lambda: feed.open_for_subscriber() != "")
+        put(table, "a")
+        await _until(lambda: feed.sequence == 1)  # followed once opened
+        assert feed.id.startswith("7-")
+        leadership.term = 8  # a new term: that feed ends; the next subscriber opens one of its own
+        await _until(lambda: not feed.id)
+        turns = polls[0]
+        await _until(lambda: polls[0] >= turns + 3)  # the feed went round a few times in the new term
+        put(table, "b")
+        assert not table.has_changes  # nobody subscribed this term: nothing tracked
+        assert feed.open_for_subscriber().startswith("8-")
+        leadership.is_leader = False
+        await _until(lambda: not feed.id)
+        assert feed.open_for_subscriber() == ""  # a follower has no feed to give
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+
+    table = table_with_nodes()
+    feed = KeyFeed(table, size=100)
+    put(table, "before")
+    assert feed.open_for_subscriber() == "" and not table.has_changes  # not leading yet: nothing opened
+    asyncio.run(scenario())
