@@ -108,8 +108,7 @@ async def batch_put(core: Core, keys, values, overwrite: bool = False, *, tier: 
         options = [choices.write_options(False, 0)] * len(keys)  # one immutable WriteOptions for all
     request = convert.batch_put_start_request(keys, [len(view) for view in views], digests, overwrite, count,
                                               needed, choices, compressed, raw_sizes)
-    await _batch_put(core, request, keys, raws, views, digests, packed, raw_sizes, options, needed,
-                               overwrite)
+    await _batch_put(core, request, keys, raws, views, digests, packed, raw_sizes, options, needed, overwrite)
 
 
 async def _write_replicas(core: Core, raw: bytes, info, data: memoryview, digest: int, options) -> dict:
@@ -142,7 +141,8 @@ def _check_enough_written(info, failed: dict, needed: int) -> None:
         raise next(iter(failed.values()))
 
 
-async def _write_started(core: Core, started: Started, raws, views, digests, options, needed: int) -> tuple[dict, dict]:
+async def _write_started(core: Core, started: Started, raws, views, digests, options,
+                         needed: int) -> tuple[dict, dict]:
     """Write every replica of the started puts, one pipelined stream per node.
 
     Returns (index -> first error of puts with too few copies written, index -> {node id: error}
@@ -186,7 +186,7 @@ async def _write_started(core: Core, started: Started, raws, views, digests, opt
 
 
 async def _batch_put(core: Core, request, keys: list, raws: list, views: list, digests: list, packed: list,
-                    raw_sizes: list, options: list, needed: int, overwrite: bool) -> None:
+                     raw_sizes: list, options: list, needed: int, overwrite: bool) -> None:
     """The puts of AsyncClient.batch_put once its values are checksummed (and compressed: `packed`
     holds each compressed value or None) and its BatchPutStart `request` made; raises BatchError
     naming the keys that failed."""
@@ -221,7 +221,7 @@ async def _batch_put(core: Core, request, keys: list, raws: list, views: list, d
 
 
 def _remember_batch(core: Core, started: Started, keys, written, ended, partial, views, digests, packed,
-             raw_sizes) -> None:
+                    raw_sizes) -> None:
     """Cache where each put that ended lives (nearest replicas first, as reads want them)."""
     blobs = started.serialized_placements()
     cache = core.cache
