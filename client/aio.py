@@ -2,7 +2,7 @@
 
 Control goes to the master over its binary control port, or gRPC (master_link.py); value bytes go
 straight between the caller's buffers and the storage nodes (the Transport). A put is
-PutStart -> write every replica -> PutEnd (writes.py); a get is a placement lookup (cached, else
+PutStart -> write every replica -> PutEnd (writes.py, batches too); a get is a placement lookup (cached, else
 one GetReplicaList) -> read one replica -> verify the checksum (reads.py: a get is a batch of one).
 Batches use one RPC per phase for all keys and pipeline the transfers per node, all nodes at once.
 This module is the API only: each method checks its arguments and hands them to the machinery.
@@ -43,7 +43,7 @@ class AsyncClient:
     checked against it (default $KVPOOL_TLS_CA; none: plain TCP).
     confirm_puts: a put of a new key returns once its copies are written and the frame that ends it
     has left for the master, which every later call of this client reaches after it; True waits for
-    the master's answer too, as overwrites always do (client/commits.py). flush() waits for and
+    the master's answer too, as overwrites always do (client/writes.py). flush() waits for and
     reports those answers.
     """
 
@@ -96,8 +96,8 @@ class AsyncClient:
         replicas: copies on distinct nodes (default: the client's). min_replicas: the put succeeds once
         this many are written (the master copies the rest later); default all of them.
         """
-        await writes.put(self._core, key, value, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
-                         min_replicas)
+        await writes.put(self._core, key, value, overwrite, tier=tier, pin=pin, pin_ttl=pin_ttl, ttl=ttl,
+                         compress=compress, replicas=replicas, min_replicas=min_replicas)
 
     async def batch_put(self, keys, values, overwrite: bool = False, *, tier: str | None = None,
                         pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
@@ -105,8 +105,8 @@ class AsyncClient:
                         min_replicas: int | None = None) -> None:
         """Put every pair (options as put, for every key); raises BatchError naming the keys
         that failed after finishing the rest."""
-        await writes.batch_put(self._core, keys, values, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
-                               min_replicas)
+        await writes.batch_put(self._core, keys, values, overwrite, tier=tier, pin=pin, pin_ttl=pin_ttl, ttl=ttl,
+                               compress=compress, replicas=replicas, min_replicas=min_replicas)
 
     # -- get
 

@@ -5,7 +5,7 @@ caller at a time. Waiting for a control answer through that loop costs several
 turns of it per call (a task, the selector, a future's callbacks), more than
 the round trip itself. Here a call sends its frame and reads the socket itself,
 with the call's deadline as the socket timeout; frames, replies and the NotSent
-contract are control_frames.py's, as for the asyncio connection. Calls that
+contract are kvpool/protocol/control.py's, as for the asyncio connection. Calls that
 share a turn of the loop (a gather) simply take turns. A call that runs out of
 time closes the connection (the next one opens a new one).
 
@@ -22,8 +22,7 @@ from kvpool.protocol import control
 from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import UnavailableError
 from kvpool.net.netutil import ConnectAttempt
-
-from .control_frames import ControlCalls, NotSent
+from kvpool.protocol.control import ControlCalls, NotSent
 
 _READ_SIZE = 64 * 1024
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state

@@ -1,5 +1,5 @@
 """The client's side of the master's control port over asyncio (master/control_port.py; frames and
-their meaning: control_frames.py).
+their meaning: kvpool/protocol/control.py).
 
 One persistent connection per master, shared by every caller on the event loop.
 A call takes a req_id and, on an idle connection, writes its frame at once;
@@ -19,8 +19,8 @@ from kvpool.protocol import control
 from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
 from kvpool.net.netutil import ConnectAttempt, open_socket
+from kvpool.protocol.control import ControlCalls, NotSent
 
-from .control_frames import ControlCalls, LeaderHint, NotSent  # noqa: F401 - LeaderHint: for master_link
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
 _ESTABLISHED = 1
 

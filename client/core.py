@@ -2,7 +2,7 @@
 
 The options of AsyncClient / Client checked once, and the parts they build: the
 link to the master, the data transport, the placement cache, the ends of puts
-(commits.py), and how every wait is done (io.py, chosen by which client it is).
+(writes.Commits), and how every wait is done (io.py, chosen by which client it is).
 """
 
 import os
@@ -14,14 +14,13 @@ from kvpool.errors import InvalidArgumentError, KvpoolError
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 from kvpool.security.tls import client_files
 
-from . import compression, convert
-from .commits import Commits
+from . import compression
 from .io import LOOP_IO, LoopIO
 from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink
 from .placement_cache import DEFAULT_CAPACITY, PlacementCache
-from .replica_order import nearest_first
 from .selector import TransportSelector
 from .transport import Transport
+from .writes import Commits
 
 DEFAULT_READ_TIMEOUT = 5.0
 CLOSE_FLUSH_TIMEOUT = 2.0  # how long close() waits for the master's answers to posted put ends
@@ -65,23 +64,6 @@ class Core:
     def read_deadline(self, nbytes: int) -> float:
         """Seconds a replica may take to deliver `nbytes` before the read moves on."""
         return self.read_timeout + nbytes / 100e6
-
-    def remember(self, key: str, info, size: int, digest: int, compressed: bool, raw_size: int) -> None:
-        """Cache where a put this client ended lives; it knows what it committed first-hand
-        (don't depend on the master's echo)."""
-        info.key, info.size, info.checksum = key, size, digest
-        info.compressed, info.raw_size = compressed, raw_size
-        nearest_first(info)
-        self.cache.put(key, info)
-
-    async def revoke(self, puts: list) -> None:
-        """Best effort: a put the master never hears about again is reclaimed after --put-timeout."""
-        if not puts:
-            return
-        try:
-            await self.master.call(*convert.revoke_call(puts))
-        except KvpoolError:
-            pass
 
     async def close(self) -> None:
         try:

@@ -27,7 +27,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, master_key, parse_hostport
-from kvpool.protocol.control import OP_BY_RPC
+from kvpool.protocol.control import OP_BY_RPC, LeaderHint, NotSent
 from kvpool.security.grpc_auth import client_interceptors
 from kvpool.errors import (
     ForbiddenError,
@@ -37,7 +37,6 @@ from kvpool.errors import (
     UnavailableError,
 )
 
-from .control_frames import LeaderHint, NotSent
 from .io import LOOP_IO, LoopIO
 
 DEFAULT_RPC_TIMEOUT = 10.0

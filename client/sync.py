@@ -1,19 +1,20 @@
 """Client: the blocking kvpool API, for callers without an event loop.
 
-It runs on the same machinery as AsyncClient with the blocking io (io.py): a
-call's coroutine runs in the calling thread with its master calls and node
-requests answered on their sockets, so puts and gets over TCP run no event
-loop; a private event loop runs in this thread only for what needs one (a first
-connection, finding a leader, TLS, shared memory, UCX). Lookups (exists,
-batch_exists) skip even the coroutine: the request is built, sent on the
-leader's control connection and its answer read in the caller's thread, the
-loop taking over only to find or follow a leader. Handing each call to a
-separate loop thread instead would cost two thread wake-ups per call (about
-100 us here, half of a 64 KiB get). Threads sharing a Client take turns; a
-thread that wants many transfers in flight uses the batch calls, or an
-AsyncClient. A thread that is itself running an event loop cannot run a second
-one, so its calls are driven from a helper thread instead (and block that loop,
-as any blocking call does).
+It runs on the same machinery as AsyncClient with the blocking io (io.py): the
+coroutine of AsyncClient's method (or, where that method only hands its
+arguments on, the machinery's own: a put is writes.put) runs in the calling
+thread with its master calls and node requests answered on their sockets, so
+puts and gets over TCP run no event loop; a private event loop runs in this
+thread only for what needs one (a first connection, finding a leader, TLS,
+shared memory, UCX). Lookups (exists, batch_exists) skip even the coroutine:
+the request is built, sent on the leader's control connection and its answer
+read in the caller's thread, the loop taking over only to find or follow a
+leader. Handing each call to a separate loop thread instead would cost two
+thread wake-ups per call (about 100 us here, half of a 64 KiB get). Threads
+sharing a Client take turns; a thread that wants many transfers in flight uses
+the batch calls, or an AsyncClient. A thread that is itself running an event
+loop cannot run a second one, so its calls are driven from a helper thread
+instead (and block that loop, as any blocking call does).
 """
 
 import asyncio
@@ -23,18 +24,29 @@ import threading
 
 from kvpool.errors import UnavailableError
 
-from . import convert
+from . import convert, writes
 from .aio import AsyncClient
 from .core import Core
 from .io import BlockingIO
 
 
 def _blocking(async_method):
-    """A method that runs AsyncClient.<method> on the client's loop and waits for it."""
+    """A method that runs AsyncClient.<method> (io.py's run) and returns its result."""
 
     @functools.wraps(async_method)
     def method(self, *args, **kwargs):
         return self._run(async_method(self._client, *args, **kwargs))
+
+    return method
+
+
+def _forwarded(operation, async_method):
+    """AsyncClient.<method> where it only hands its arguments to `operation` of the machinery: the
+    operation itself is run, with the client's parts (the same arguments, documentation and errors)."""
+
+    @functools.wraps(async_method)
+    def method(self, *args, **kwargs):
+        return self._run(operation(self._core, *args, **kwargs))
 
     return method
 
@@ -81,13 +93,13 @@ class Client:
                 raise UnavailableError("client is closed")
             return self._core.master.call_now(method, request)
 
-    put = _blocking(AsyncClient.put)
+    put = _forwarded(writes.put, AsyncClient.put)
     get = _blocking(AsyncClient.get)
     get_into = _blocking(AsyncClient.get_into)
-    batch_put = _blocking(AsyncClient.batch_put)
+    batch_put = _forwarded(writes.batch_put, AsyncClient.batch_put)
     batch_get = _blocking(AsyncClient.batch_get)
     batch_get_into = _blocking(AsyncClient.batch_get_into)
-    put_from = _blocking(AsyncClient.put_from)
+    put_from = _forwarded(writes.put, AsyncClient.put_from)
     batch_put_from = _blocking(AsyncClient.batch_put_from)
     put_parts = _blocking(AsyncClient.put_parts)
     get_into_parts = _blocking(AsyncClient.get_into_parts)

@@ -3,27 +3,57 @@
 A value is checksummed (and lz4-compressed first when asked or large enough:
 it is then stored, checksummed and moved as its compressed bytes). The master
 places it; every copy is written straight from the caller's buffer; the end is
-posted or awaited (commits.py); the placement is cached, so a get right after
-needs no lookup. A batch shares one BatchPutStart, one pipelined WRITE stream
-per node and one BatchPutEnd (batch_put.py).
+posted or awaited (Commits, below); the placement is cached, so a get right
+after needs no lookup.
+
+A batch shares one BatchPutStart, one pipelined WRITE stream per node and one
+BatchPutEnd. The master answers the keys column in columns (a generation per key
+and an index into the few distinct placements, see BatchPutStartResponse in
+kvpool.proto), so no message is made per key on either side: the WRITEs are
+grouped by placement, and the placement cache keeps each key as its placement's
+serialized replicas plus the key's own fields.
+
+Ending a put: by the time it ends, every copy is on its nodes under the put's
+generation, and the nodes list it in the INVENTORY a new leader adopts from:
+what is left is to tell the master. By default that frame is posted: it leaves
+on the client's ordered connection to the leader and the put returns without
+waiting for the answer, which saves a round trip per put. Every later call of
+this client reaches the master after it, so the client reads its own writes.
+An answer that reports a failure (rare: the copies were evicted before the end
+arrived, or the put outlived --put-timeout) drops the key from the placement
+cache and is kept for flush(), which raises it; an answer lost with its
+connection (the leader died) is asked again of whoever leads now, which finds
+the version it adopted. `confirm=True` waits for every answer instead. An
+overwrite always waits: the master frees the version it replaces before it
+answers, so once the put returns no reader, whatever placement it cached, gets
+the old bytes.
 """
 
-import asyncio
+from __future__ import annotations  # Core is named for the reader only: core.py imports this module
 
-from kvpool.errors import InvalidArgumentError
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from kvpool.errors import BatchError, InvalidArgumentError, KvpoolError, NotLeaderError, UnavailableError, error_for
 from kvpool.protocol.keys import validate_key
 
-from . import batch_put as batch_puts
 from . import compression, convert, put_options
-from .core import Core
-from .convert import check
-from .replica_order import drop_replicas
+from .convert import Started, batch_end_errors, check
+from .master_link import MasterLink
+from .replica_order import drop_replicas, nearest_first
 from .transport import WriteItem
 from .values import checksum_of, readable_view
 
+if TYPE_CHECKING:
+    from .core import Core
 
-async def put(core: Core, key: str, value, overwrite: bool, tier, pin, pin_ttl, ttl, compress, replicas,
-              min_replicas) -> None:
+log = logging.getLogger(__name__)
+
+
+async def put(core: Core, key: str, value, overwrite: bool = False, *, tier: str | None = None,
+              pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
+              compress: bool | None = None, replicas: int | None = None, min_replicas: int | None = None) -> None:
     """AsyncClient.put."""
     raw = validate_key(key)
     choices = put_options.resolve(tier, pin, pin_ttl, ttl)
@@ -44,15 +74,17 @@ async def put(core: Core, key: str, value, overwrite: bool, tier, pin, pin_ttl, 
             failed = await _write_replicas(core, raw, info, data, digest, options)
             _check_enough_written(info, failed, needed)
         except BaseException:
-            await core.revoke([(key, info.generation)])
+            await revoke(core, [(key, info.generation)])
             raise
     await core.commits.end(key, convert.put_end_request(key, info.generation, failed), overwrite)
     drop_replicas(info, failed)
-    core.remember(key, info, len(data), digest, packed is not None, raw_size)
+    remember(core, key, info, len(data), digest, packed is not None, raw_size)
 
 
-async def batch_put(core: Core, keys, values, overwrite: bool, tier, pin, pin_ttl, ttl, compress, replicas,
-                    min_replicas) -> None:
+async def batch_put(core: Core, keys, values, overwrite: bool = False, *, tier: str | None = None,
+                    pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
+                    compress: bool | None = None, replicas: int | None = None,
+                    min_replicas: int | None = None) -> None:
     """AsyncClient.batch_put."""
     count, needed = put_options.replica_counts(replicas, min_replicas, core.replicas)
     keys = list(keys)
@@ -76,8 +108,7 @@ async def batch_put(core: Core, keys, values, overwrite: bool, tier, pin, pin_tt
         options = [choices.write_options(False, 0)] * len(keys)  # one immutable WriteOptions for all
     request = convert.batch_put_start_request(keys, [len(view) for view in views], digests, overwrite, count,
                                               needed, choices, compressed, raw_sizes)
-    await batch_puts.batch_put(core, request, keys, raws, views, digests, packed, raw_sizes, options, needed,
-                               overwrite)
+    await _batch_put(core, request, keys, raws, views, digests, packed, raw_sizes, options, needed, overwrite)
 
 
 async def _write_replicas(core: Core, raw: bytes, info, data: memoryview, digest: int, options) -> dict:
@@ -108,3 +139,194 @@ def _check_enough_written(info, failed: dict, needed: int) -> None:
     """Raise the first write error when fewer copies than `needed` (0 = all) were written."""
     if failed and len(info.replicas) - len(failed) < (needed or len(info.replicas)):
         raise next(iter(failed.values()))
+
+
+async def _write_started(core: Core, started: Started, raws, views, digests, options,
+                         needed: int) -> tuple[dict, dict]:
+    """Write every replica of the started puts, one pipelined stream per node.
+
+    Returns (index -> first error of puts with too few copies written, index -> {node id: error}
+    of puts that succeeded with some copies missing)."""
+    by_placement: dict[int, list[int]] = {}
+    for i in started.indices:
+        by_placement.setdefault(started.placement[i], []).append(i)
+    groups: dict[str, tuple[list, list]] = {}  # node address -> ([(index, node id)], [WriteItem])
+    for where, indices in by_placement.items():
+        placement = started.placements[where]
+        term, generation = placement.term, started.generation
+        for replica in placement.replicas:
+            group = groups.get(replica.address)
+            if group is None:
+                group = groups[replica.address] = ([], [])
+            node_id = replica.node_id
+            group[0].extend((i, node_id) for i in indices)
+            group[1].extend(WriteItem(raws[i], generation[i], views[i], digests[i], options[i], term) for i in indices)
+    if not groups:
+        return {}, {}
+    transport = core.transport
+    addresses = list(groups)
+    if len(addresses) == 1:  # one node: no task for a gather to wait on
+        outcomes = [await transport.write_many(addresses[0], groups[addresses[0]][1])]
+    else:
+        outcomes = await core.io.gather(*(transport.write_many(address, groups[address][1])
+                                          for address in addresses))
+    missing: dict[int, dict] = {}
+    for address, results in zip(addresses, outcomes):
+        for (i, node_id), result in zip(groups[address][0], results):
+            if result is not None:
+                missing.setdefault(i, {})[node_id] = result
+    failed, partial = {}, {}
+    for i, errors in missing.items():
+        copies = len(started.placements[started.placement[i]].replicas)
+        if copies - len(errors) < (needed or copies):
+            failed[i] = next(iter(errors.values()))
+        else:
+            partial[i] = errors
+    return failed, partial
+
+
+async def _batch_put(core: Core, request, keys: list, raws: list, views: list, digests: list, packed: list,
+                     raw_sizes: list, options: list, needed: int, overwrite: bool) -> None:
+    """The puts of AsyncClient.batch_put once its values are checksummed (and compressed: `packed`
+    holds each compressed value or None) and its BatchPutStart `request` made; raises BatchError
+    naming the keys that failed."""
+    started = Started(await core.master.call("BatchPutStart", request), len(keys))
+    errors = {keys[i]: error for i, error in started.refused.items()}
+    generation = started.generation
+    try:
+        failed, partial = await _write_started(core, started, raws, views, digests, options, needed)
+    except BaseException:
+        await revoke(core, [(keys[i], generation[i]) for i in started.indices])
+        raise
+    if failed:
+        await revoke(core, [(keys[i], generation[i]) for i in started.indices if i in failed])
+        for i, exc in failed.items():
+            errors[keys[i]] = exc
+    # Puts with a copy missing go as items (they name the nodes), the rest as two lists.
+    partly = [i for i in started.indices if i in partial]
+    whole = [i for i in started.indices if i not in failed and i not in partial] if failed or partial \
+        else started.indices
+    written = partly + whole
+    if written:
+        end = convert.batch_put_end_request([(keys[i], generation[i], partial[i]) for i in partly],
+                                            [(keys[i], generation[i]) for i in whole])
+        ended = await core.commits.end_batch([keys[i] for i in written], end, overwrite) or {}
+        _remember_batch(core, started, keys, written, ended, partial, views, digests, packed, raw_sizes)
+        for n, i in enumerate(written):
+            if n in ended:
+                errors[keys[i]] = ended[n]
+    if errors:
+        first_key, first = next(iter(errors.items()))
+        raise BatchError(f"{len(errors)} of {len(keys)} puts failed (first: {first_key!r}: {first})", errors)
+
+
+def _remember_batch(core: Core, started: Started, keys, written, ended, partial, views, digests, packed,
+                    raw_sizes) -> None:
+    """Cache where each put that ended lives (nearest replicas first, as reads want them)."""
+    blobs = started.serialized_placements()
+    cache = core.cache
+    for n, i in enumerate(written):
+        if n in ended:
+            continue
+        compressed = packed[i] is not None
+        if i in partial:
+            info = started.info(i)
+            drop_replicas(info, partial[i])
+            remember(core, keys[i], info, len(views[i]), digests[i], compressed, raw_sizes[i])
+        else:
+            cache.put_placed(keys[i], blobs[started.placement[i]], started.generation[i], len(views[i]),
+                             digests[i], compressed, raw_sizes[i])
+
+
+def remember(core: Core, key: str, info, size: int, digest: int, compressed: bool, raw_size: int) -> None:
+    """Cache where a put this client ended lives; it knows what it committed first-hand
+    (don't depend on the master's echo)."""
+    info.key, info.size, info.checksum = key, size, digest
+    info.compressed, info.raw_size = compressed, raw_size
+    nearest_first(info)
+    core.cache.put(key, info)
+
+
+async def revoke(core: Core, puts: list) -> None:
+    """Best effort: a put the master never hears about again is reclaimed after --put-timeout."""
+    if not puts:
+        return
+    try:
+        await core.master.call(*convert.revoke_call(puts))
+    except KvpoolError:
+        pass
+
+
+class Commits:
+    """The ends of one client's puts: posted or awaited, and the answers flush() reports."""
+
+    def __init__(self, master: MasterLink, forget, confirm: bool = False):
+        self._master = master
+        self._forget = forget  # forget(key): drop a key whose put did not end from the placement cache
+        self.confirm = confirm
+        self._failed: dict = {}  # key -> error of posted ends that failed since the last flush
+        self._retries: set = set()
+
+    async def end(self, key: str, request, overwrite: bool) -> None:
+        """PutEnd; raises its error only when waited for."""
+        if self.confirm or overwrite or not self._master.post(
+                "PutEnd", request, lambda r: self._answered("PutEnd", request, [key], r)):
+            check(await self._master.call("PutEnd", request))
+
+    async def end_batch(self, keys: list, request, overwrite: bool) -> dict | None:
+        """BatchPutEnd of `keys` (in the request's order: items, then the keys column). Returns
+        index -> error of the puts that failed when it waited for the answer; None when posted."""
+        if not (self.confirm or overwrite) and self._master.post(
+                "BatchPutEnd", request, lambda r: self._answered("BatchPutEnd", request, keys, r)):
+            return None
+        response = await self._master.call("BatchPutEnd", request)
+        return batch_end_errors(response, len(keys))
+
+    def _answered(self, method: str, request, keys: list, result) -> None:
+        if isinstance(result, (NotLeaderError, UnavailableError)):
+            # Whether the master it reached applied it is unknown: ask again, wherever the lead is now.
+            retry = self._master.io.spawn(self._master.call(method, request))
+            self._retries.add(retry)
+            retry.add_done_callback(lambda done: self._retried(done, method, keys))
+            return
+        self._note(method, keys, result)
+
+    def _retried(self, retry: asyncio.Future, method: str, keys: list) -> None:
+        self._retries.discard(retry)
+        if retry.cancelled():
+            result = UnavailableError(f"{method} cancelled")
+        else:
+            result = retry.exception() or retry.result()
+        self._note(method, keys, result)
+
+    def _note(self, method: str, keys: list, result) -> None:
+        if isinstance(result, BaseException):
+            errors = dict.fromkeys(range(len(keys)), result)
+        elif method == "PutEnd":
+            errors = {0: error_for(result.status, result.message)} if result.status else {}
+        else:
+            errors = batch_end_errors(result, len(keys))
+        for i, exc in errors.items():
+            self._forget(keys[i])
+            self._failed[keys[i]] = exc
+            log.warning("put of %r did not end: %s", keys[i], exc)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait for the answer to every posted end (for up to `timeout` seconds, then give up on the
+        rest: the master reclaims a put it never hears the end of); raise BatchError naming the puts
+        whose end failed since the last flush (those values are not stored)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        await self._master.drain(timeout)
+        while self._retries:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                for retry in self._retries:
+                    retry.cancel()
+                await asyncio.wait(list(self._retries))
+                break
+            await asyncio.wait(list(self._retries), timeout=left)
+        failed, self._failed = self._failed, {}
+        if failed:
+            first_key, first = next(iter(failed.items()))
+            raise BatchError(f"{len(failed)} puts did not end (first: {first_key!r}: {first})", failed)

@@ -1,13 +1,14 @@
 """Put options, hold values and lz4 compression as the client resolves them, before any RPC."""
 
 import asyncio
+import inspect
 
 import numpy as np
 import pytest
 
 from kvpool import AsyncClient, Client
 from kvpool.protocol.checksum import checksum
-from kvpool.client import compression, put_options
+from kvpool.client import compression, put_options, writes
 from kvpool.client.reads import decoded as _decoded, landing as _landing
 from kvpool.errors import ChecksumMismatchError, InvalidArgumentError
 from kvpool.proto import kvpool_pb2 as pb
@@ -183,3 +184,14 @@ def test_clients_refuse_bad_options_before_contacting_the_master():
                 await client.put("k", b"v", ttl=0)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("api, operation", [(AsyncClient.put, writes.put), (AsyncClient.batch_put, writes.batch_put)])
+def test_the_blocking_client_runs_the_put_asyncclient_hands_on_with_the_same_parameters(api, operation):
+    """Client.put runs writes.put itself (AsyncClient.put only forwards to it): both must take the same
+    arguments, so an option added to the API reaches the blocking Client too."""
+    def parameters(function):
+        return [(p.name, p.kind, p.default) for p in list(inspect.signature(function).parameters.values())[1:]]
+
+    assert parameters(operation) == parameters(api)
+    assert inspect.signature(getattr(Client, api.__name__)) == inspect.signature(api)

@@ -1,9 +1,9 @@
-"""The client's control-port frames without I/O (client/control_frames.py): golden bytes of a call and of
+"""The client's control-port frames without I/O (kvpool/protocol/control.py): golden bytes of a call and of
 replies, replies matched by req_id however they arrive, and what each reply means."""
 
 import pytest
 
-from kvpool.client.control_frames import ControlCalls, LeaderHint, NotSent
+from kvpool.protocol.control import ControlCalls, LeaderHint, NotSent
 from kvpool.errors import InvalidKeyError, KeyNotFoundError, ProtocolError, UnavailableError
 from kvpool.proto import kvpool_pb2 as pb
 
