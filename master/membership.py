@@ -148,6 +148,8 @@ class Membership:
                     self._unregistered.pop(node_id, None)
                     self._drop_instance(node_id, instance, f"{why} and does not answer ({type(exc).__name__})")
                     return
+                if self._etcd_in_doubt(0.0):  # etcd silent to this master too: the wait counts from its return
+                    deadline = max(deadline, loop.time() + self.grace)
                 if loop.time() >= deadline:
                     self._unregistered.pop(node_id, None)
                     self._drop_instance(node_id, instance, f"{why} and not registered again within {self.grace:g}s")

@@ -15,6 +15,11 @@ log = logging.getLogger(__name__)
 
 ATTEMPT_TIMEOUT = 1.0  # longest wait for one etcd call while the lease is kept: a silent etcd is found by the clock
 RETRY_DELAY = 0.2  # pause between attempts once one failed (etcd may be back any moment)
+# A connection of its own for each client (gRPC shares one between channels to the same address, so a new
+# channel would inherit the dead one, or its reconnection back-off), and each connect attempt given up
+# after a second so one made while etcd was unreachable does not outlast its return.
+_CHANNEL_OPTIONS = {"grpc.use_local_subchannel_pool": 1, "grpc.initial_reconnect_backoff_ms": 200,
+                    "grpc.min_reconnect_backoff_ms": 1000, "grpc.max_reconnect_backoff_ms": 1000}
 
 
 class NodeRegistration:
@@ -57,7 +62,8 @@ class NodeRegistration:
         self._keepalive = asyncio.create_task(self._keep_alive(), name="etcd-keepalive")
 
     def _new_client(self) -> aetcd.Client:
-        return EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl, tls=self.tls)
+        return EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl, tls=self.tls,
+                          options=dict(_CHANNEL_OPTIONS))
 
     def in_etcd(self) -> bool:
         """Registered, and the lease refreshed within its ttl (so the master still counts this node)."""
