@@ -9,17 +9,12 @@ import aetcd
 
 from kvpool.protocol.cluster_layout import NodeRecord, node_key, parse_hostport
 from kvpool.errors import UnavailableError
-from kvpool.cluster.etcd_client import EtcdClient
+from kvpool.cluster.etcd_client import OWN_CONNECTION, EtcdClient, reconnect
 
 log = logging.getLogger(__name__)
 
 ATTEMPT_TIMEOUT = 1.0  # longest wait for one etcd call while the lease is kept: a silent etcd is found by the clock
 RETRY_DELAY = 0.2  # pause between attempts once one failed (etcd may be back any moment)
-# A connection of its own for each client (gRPC shares one between channels to the same address, so a new
-# channel would inherit the dead one, or its reconnection back-off), and each connect attempt given up
-# after a second so one made while etcd was unreachable does not outlast its return.
-_CHANNEL_OPTIONS = {"grpc.use_local_subchannel_pool": 1, "grpc.initial_reconnect_backoff_ms": 200,
-                    "grpc.min_reconnect_backoff_ms": 1000, "grpc.max_reconnect_backoff_ms": 1000}
 
 
 class NodeRegistration:
@@ -48,7 +43,8 @@ class NodeRegistration:
     async def start(self, timeout: float = 30.0) -> None:
         """Register, retrying while etcd is unreachable; UnavailableError after `timeout` s."""
         # A per-call deadline keeps a stalled etcd from outliving the lease unnoticed.
-        self._client = self._new_client()
+        self._client = EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl, tls=self.tls,
+                                  options=dict(OWN_CONNECTION))
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -60,10 +56,6 @@ class NodeRegistration:
                 log.warning("etcd at %s:%d not usable yet (%s); retrying", self.etcd_host, self.etcd_port, exc)
                 await asyncio.sleep(0.5)
         self._keepalive = asyncio.create_task(self._keep_alive(), name="etcd-keepalive")
-
-    def _new_client(self) -> aetcd.Client:
-        return EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl, tls=self.tls,
-                          options=dict(_CHANNEL_OPTIONS))
 
     def in_etcd(self) -> bool:
         """Registered, and the lease refreshed within its ttl (so the master still counts this node)."""
@@ -105,7 +97,7 @@ class NodeRegistration:
                     log.warning("etcd keepalive failed (%s: %s); retrying on a new connection",
                                 type(exc).__name__, exc)
                 failing = True
-                await self._reconnect()
+                await reconnect(self._client, ATTEMPT_TIMEOUT)
 
     async def _refresh(self) -> None:
         reply = await asyncio.wait_for(self._client.refresh_lease(self.lease_id), ATTEMPT_TIMEOUT)
@@ -116,9 +108,3 @@ class NodeRegistration:
         else:
             self.refreshed = time.monotonic()
 
-    async def _reconnect(self) -> None:
-        old, self._client = self._client, self._new_client()
-        try:
-            await asyncio.wait_for(old.close(), ATTEMPT_TIMEOUT)
-        except Exception as exc:  # noqa: BLE001 - the old connection is dropped either way
-            log.debug("closing the old etcd connection failed: %s", exc)
