@@ -20,7 +20,7 @@ from kvpool.proto import kvpool_pb2_grpc
 from kvpool.security import auth, tls
 from kvpool.protocol import cluster_layout
 from kvpool.runtime import config
-from kvpool.cluster.etcd_client import OWN_CONNECTION, EtcdClient
+from kvpool.cluster.etcd_client import EtcdClient
 from kvpool.security.grpc_auth import ServerAuth
 from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, run_server
 from kvpool.protocol.units import parse_size
@@ -28,7 +28,6 @@ from kvpool.protocol.units import parse_size
 from .adoption import Adopter
 from .control_port import FRAME_TIMEOUT, ControlPort
 from .election import Election
-from .etcd_watchdog import reconnect_while_silent
 from .health_service import MasterHealth
 from .key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
 from .key_feed import KeyFeed
@@ -111,8 +110,7 @@ async def serve(args) -> int:
                      tls=args.tls.client_context() if args.tls else None)
     adopter = Adopter(table, node_io)
     metrics = MasterMetrics(table)
-    async with EtcdClient(etcd_host, etcd_port, node_io.credential, tls=args.tls,
-                          options=dict(OWN_CONNECTION)) as etcd:
+    async with EtcdClient(etcd_host, etcd_port, node_io.credential, tls=args.tls) as etcd:
         try:
             await asyncio.wait_for(etcd.status(), ETCD_CONNECT_TIMEOUT)
         except Exception as exc:  # noqa: BLE001
@@ -157,11 +155,9 @@ async def serve(args) -> int:
         health = MasterHealth(server, election, metrics)
         health_task = loop.create_task(health.run(), name="health")
         feed_task = loop.create_task(feed.run(election), name="key-feed")
-        watchdog = None
         try:
             node_io.start()
             await election.start()
-            watchdog = loop.create_task(reconnect_while_silent(etcd, election), name="etcd-watchdog")
             await server.start()  # followers serve too: Stats, and NOT_LEADER naming the leader
             await control.start()
             if args.metrics_port:
@@ -176,10 +172,9 @@ async def serve(args) -> int:
         finally:
             health.stopping = True
             await leadership.stop_campaign()
-            tasks = [t for t in (feed_task, health_task, watchdog) if t is not None]
-            for task in tasks:
+            for task in (feed_task, health_task):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(feed_task, health_task, return_exceptions=True)
             await election.resign()
             await server.stop(grace=1.0)
             await control.stop()

@@ -177,10 +177,11 @@ class EtcdClient(aetcd.Client):
 
 
 async def reconnect(etcd: aetcd.Client, timeout: float = 1.0) -> None:
-    """Move `etcd` to a new connection: calls from now on use it, and the calls and watches still on the old
-    one end with an error (their owners retry). For a connection that may be dead without knowing it (etcd
-    cut off silently): TCP's retransmission back-off would find etcd again many seconds after it returned.
-    Give the client OWN_CONNECTION's options, or the new channel shares the old connection."""
+    """Move `etcd` to a new connection: calls from now on use it. For a connection that may be dead without
+    knowing it (etcd cut off silently): TCP's retransmission back-off would find etcd again many seconds
+    after it returned. Give the client OWN_CONNECTION's options, or the new channel shares the old
+    connection. Calls still waiting on the old one are cancelled (grpc.aio raises CancelledError in them):
+    only for a client whose callers bound their calls themselves and have given up on them."""
     old_channel, old_watcher = etcd.channel, etcd._watcher
     etcd._connected.clear()
     await etcd.connect()

@@ -21,13 +21,14 @@ from kvpool.net.netutil import wait_until
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from partition import final_versions, read_events, served  # noqa: E402
 
-CUT = 10.0         # seconds etcd is cut off: twice the leases (5 s, the product's default)
+CUT = 15.0         # seconds etcd is cut off: three times the leases (5 s, the product's default)
 AFTER = 10.0       # seconds of load after the heal
 DEADLINE = 3.0     # the clients' rpc_timeout: every master call's deadline
 CALL_MARGIN = 2.0  # a put is two master calls and a node write; a busy shared machine
-# The aim is 3 s; the masters' own etcd connections are found dead by TCP's retransmission back-off (no gRPC
-# keepalive on them yet), which can take a few seconds more after a 10 s cut.
-PUT_AFTER_HEAL = 3.0 + 6.0
+# The aim is 3 s (the nodes register again within about a second of the heal); the margin is for the masters'
+# own etcd connection, found dead only by TCP's retransmission back-off (up to ~12 s after a 15 s cut) until
+# the masters' etcd channels get keepalives and per-call deadlines.
+PUT_AFTER_HEAL = 3.0 + 12.0
 
 
 @pytest.fixture
@@ -75,6 +76,7 @@ def test_etcd_cut_off_longer_than_the_leases_loses_nothing_and_puts_return_soon_
     assert figures["acknowledged_puts_lost"] == 0, figures
     assert figures["wrong_bytes"] == 0, figures
     assert figures["missing_reads"] == 0, figures  # no "no such key" for a key whose put had returned
+    assert "NoSpaceError" not in figures["errors"], figures  # no put refused by a table without its nodes
     assert figures["longest_call_s"] <= 2 * DEADLINE + CALL_MARGIN, figures
     assert figures["first_put_after_heal_s"] is not None, figures
     assert figures["first_put_after_heal_s"] <= PUT_AFTER_HEAL, figures
