@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from partition import final_versions, read_events, served  # noqa: E402
 
 CUT = 15.0         # seconds etcd is cut off: three times the leases (5 s, the product's default)
-AFTER = 10.0       # seconds of load after the heal
+AFTER = 20.0       # seconds of load after the heal (past PUT_AFTER_HEAL)
 DEADLINE = 3.0     # the clients' rpc_timeout: every master call's deadline
 CALL_MARGIN = 2.0  # a put is two master calls and a node write; a busy shared machine
 # The aim is 3 s (the nodes register again within about a second of the heal); the margin is for the masters'
