@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-from netns_hosts import Network, unavailable
 from register_check import summarize
 from spread_cluster import SpreadCluster, wait_for_exit
 
@@ -29,15 +27,6 @@ CALL_MARGIN = 2.0  # a put is two master calls and a node write; a busy shared m
 # own etcd connection, found dead only by TCP's retransmission back-off (up to ~12 s after a 15 s cut) until
 # the masters' etcd channels get keepalives and per-call deadlines.
 PUT_AFTER_HEAL = 3.0 + 12.0
-
-
-@pytest.fixture
-def network():
-    why = unavailable()
-    if why:
-        pytest.skip(f"hosts made of network namespaces are not available here: {why}")
-    with Network() as net:
-        yield net
 
 
 def test_etcd_cut_off_longer_than_the_leases_loses_nothing_and_puts_return_soon_after_the_heal(network, tmp_path):
