@@ -54,6 +54,7 @@ class Membership:
         self._etcd_in_doubt = etcd_in_doubt
         self.grace = grace
         self._unregistered: dict[str, asyncio.Task] = {}  # node id -> its wait to register again
+        self._closed = False
 
     async def run(self) -> None:
         try:
@@ -124,7 +125,7 @@ class Membership:
     def _vanished(self, node_id: str, why: str) -> None:
         """A node's record is gone: dropped at once, unless etcd is in doubt (then it is asked)."""
         node = self._table.nodes.get(node_id)
-        if node is None or node_id in self._unregistered:
+        if node is None or node_id in self._unregistered or self._closed:
             return
         if not self._etcd_in_doubt(self.grace):
             self._drop(node_id, why)
@@ -134,33 +135,38 @@ class Membership:
 
     async def _until_registered(self, node_id: str, instance: str, address: str, why: str) -> None:
         """Keep a node whose record vanished while etcd was in doubt for as long as it answers,
-        up to `grace` seconds; drop it when it does not answer or that time is up (a record put
-        meanwhile cancels this)."""
+        up to `grace` seconds; drop it when it does not answer or that time is up. Ends without
+        a word once no longer in charge (a record put meanwhile, or the term ended: close())."""
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         deadline, told = loop.time() + self.grace, False
-        try:
-            while True:
-                try:
-                    await self._node_io.report(address, PROBE_TIMEOUT)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - no answer: it is gone indeed
-                    self._unregistered.pop(node_id, None)
-                    self._drop_instance(node_id, instance, f"{why} and does not answer ({type(exc).__name__})")
-                    return
-                if self._etcd_in_doubt(0.0):  # etcd silent to this master too: the wait counts from its return
-                    deadline = max(deadline, loop.time() + self.grace)
-                if loop.time() >= deadline:
-                    self._unregistered.pop(node_id, None)
-                    self._drop_instance(node_id, instance, f"{why} and not registered again within {self.grace:g}s")
-                    return
-                if not told:
-                    told = True
-                    log.warning("node %s %s while etcd was in doubt; it answers, so it keeps its objects "
-                                "while it registers again (up to %gs)", node_id, why, self.grace)
+        while self._unregistered.get(node_id) is me:
+            try:
+                await self._node_io.report(address, PROBE_TIMEOUT)
+            except asyncio.CancelledError:
+                return
+            except Exception as exc:  # noqa: BLE001 - no answer: it is gone indeed
+                self._give_up(node_id, instance, me, f"{why} and does not answer ({type(exc).__name__})")
+                return
+            if self._etcd_in_doubt(0.0):  # etcd silent to this master too: the wait counts from its return
+                deadline = max(deadline, loop.time() + self.grace)
+            if loop.time() >= deadline:
+                self._give_up(node_id, instance, me, f"{why} and not registered again within {self.grace:g}s")
+                return
+            if not told and self._unregistered.get(node_id) is me:
+                told = True
+                log.warning("node %s %s while etcd was in doubt; it answers, so it keeps its objects "
+                            "while it registers again (up to %gs)", node_id, why, self.grace)
+            try:
                 await asyncio.sleep(PROBE_INTERVAL)
-        except asyncio.CancelledError:
-            return
+            except asyncio.CancelledError:
+                return
+
+    def _give_up(self, node_id: str, instance: str, waiter: asyncio.Task, why: str) -> None:
+        if self._unregistered.get(node_id) is not waiter:
+            return  # registered again, or the term ended, meanwhile
+        del self._unregistered[node_id]
+        self._drop_instance(node_id, instance, why)
 
     def _drop_instance(self, node_id: str, instance: str, why: str) -> None:
         node = self._table.nodes.get(node_id)
@@ -169,6 +175,7 @@ class Membership:
 
     def close(self) -> None:
         """Stop the waits of nodes that have not registered again (the term ends)."""
+        self._closed = True
         for task in self._unregistered.values():
             task.cancel()
         self._unregistered.clear()

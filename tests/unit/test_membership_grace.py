@@ -100,3 +100,16 @@ def test_the_grace_counts_from_etcds_return_to_the_master():
         assert "n1" in table.nodes
         membership.close()
     asyncio.run(scenario())
+
+
+def test_a_wait_ends_with_the_term_and_drops_nothing_after_it():
+    async def scenario():
+        membership, table, nodes = _membership(in_doubt=True, grace=0.1)
+        membership._apply(EventKind.DELETE, _key(), b"")
+        await _until(lambda: nodes.asked >= 1)
+        membership.close()  # the term ended; the table is the next term's now
+        await asyncio.sleep(0.8)  # several graces: nothing may be dropped by the old wait
+        assert "n1" in table.nodes
+        membership._apply(EventKind.DELETE, _key(), b"")  # a closed membership starts no new wait
+        assert not membership._unregistered
+    asyncio.run(scenario())
