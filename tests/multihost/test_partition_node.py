@@ -89,8 +89,9 @@ def test_a_silently_cut_node_stalls_no_call_past_its_deadline_and_serves_again_s
             network.partition(cut_node)
             try:
                 # A put on all three nodes that needs two: the silent one fails by the write deadline, the
-                # put returns (the master told which node failed) and reads back later.
-                partial = probe.call("put", client="p", key="cut/partial", version=1, size=SIZE, replicas=3,
+                # put returns (the master told which node failed) and reads back later. Small enough that its
+                # WRITE leaves whole: the probe's connection to the cut node is left waiting for an answer.
+                partial = probe.call("put", client="p", key="cut/partial", version=1, size=1024, replicas=3,
                                      min_replicas=2)
                 cluster.wait_for_nodes(2, timeout=CUT_S + 20)  # its lease expired: the master dropped it
                 time.sleep(max(0.0, cut + CUT_S - time.monotonic()))  # the partition's length: the experiment
