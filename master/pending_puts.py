@@ -30,6 +30,7 @@ class PendingPut:
     version: ObjectVersion
     deadline: float
     min_replicas: int = 0  # copies PutEnd needs written (0 = every target)
+    gone: tuple = ()  # ids of targets taken off because their node left (PutEnd may still name them failed)
 
 
 class PendingPuts:
@@ -238,8 +239,7 @@ class PendingPuts:
         if pending is None or pending.version.generation != generation:
             return  # _take names the problem
         targets = {r.node_id for r in pending.version.replicas}
-        # A target whose node is gone was taken off the put already (revoke_on): naming it is no error.
-        unknown = {node_id for node_id in failed - targets if node_id in self._ledger.nodes}
+        unknown = failed - targets - set(pending.gone)  # a target whose node left (revoke_on) may be named
         if unknown:
             raise InvalidArgumentError(f"failed_nodes {sorted(unknown)} are not targets of this put")
         needed = pending.min_replicas or len(targets)
@@ -303,6 +303,7 @@ class PendingPuts:
                 left = tuple(r for r in version.replicas if r.node_id != node.node_id)
                 if pending.min_replicas and len(left) >= pending.min_replicas:
                     pending.version = version._replace(replicas=left)
+                    pending.gone += (node.node_id,)
                     continue
                 del self._open[key]
                 revoked.append(key)
