@@ -84,7 +84,7 @@ def test_ucx_raw_times_ucx_and_tcp_against_the_same_node():
 
 def test_zipf_prefix_fills_both_tiers_and_reads_each():
     report = _run("zipf_prefix.py", "--dram", "8MiB", "--ssd", "32MiB", "--data-factor", "3", "--block", "64KiB",
-                  "--requests", "200", "--max-blocks", "40", "--settle", "1.0")
+                  "--requests", "200", "--max-blocks", "40")
     workload = report["workload"]
     assert workload["requests"] == 200 and 0 < workload["block_hit_rate"] <= 1
     assert workload["unique_MiB"] > 8  # more than DRAM holds: the SSD tier is used
