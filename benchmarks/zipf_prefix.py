@@ -68,7 +68,7 @@ def replay(client, args, rng) -> dict:
         if hit < len(keys):
             client.batch_put(keys[hit:], [payload] * (len(keys) - hit), overwrite=True)
     return {"requests": int(args.requests), "prefixes": prefixes, "unique_MiB": round(unique_bytes / 2**20),
-            "block_hit_rate": round(found / requested, 3), "replay_s": round(time.perf_counter() - started, 1)}
+            "blocks_found": found, "block_hit_rate": round(found / requested, 3), "replay_s": round(time.perf_counter() - started, 1)}
 
 
 def blocks_by_tier(client, secret: str | None) -> dict:
