@@ -112,6 +112,7 @@ def test_chaos_loses_nothing_committed_over_a_node_and_a_leader_kill():
     report = _run("chaos.py", "--clients", "1", "--phase-seconds", "1")
     assert report["node_kill"]["dropped_after_s"] is not None and report["node_kill"]["repaired_after_s"] is not None
     assert report["leader_kill"]["new_leader_after_s"] is not None
+    assert report["clients_up_after_s"] is not None and report["leader_kill"]["puts_served_after_s"] is not None
     assert report["committed"] > 0 and report["lost"] == 0
     assert report["phases"]["after_leader_kill"]["puts"] > 0  # served again after the failover
     assert all(phase["wrong"] == 0 for phase in report["phases"].values())
