@@ -6,8 +6,10 @@ replica, grouped per node and pipelined, all nodes at once; the bytes must match
 the object's checksum (a mismatch is a failed replica). A key whose replica
 failed moves to its next replica; when none is left, and the failure may mean
 the placement moved on (STALE, NOT_FOUND, an unreachable node) and it came from
-the cache or went stale, the master is asked once more. A fresh placement whose
-nodes no longer hold the object means it was evicted: it is missing. A
+the cache or its nodes no longer hold it, the master is asked once more: an
+overwrite that ended between the lookup and the read frees the version looked
+up. A placement asked afresh whose nodes still do not hold it means it was
+evicted: it is missing. A
 transport that fails a transfer is set aside and the transfer retried on TCP by
 the transport itself (selector.py).
 
@@ -103,7 +105,7 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
                 if r + 1 < len(info.replicas):
                     todo.append((i, r + 1))
                 elif (isinstance(error, _REFETCH) and not refetched[i]
-                      and (cached[i] or isinstance(error, StaleReplicaError))):
+                      and (cached[i] or isinstance(error, _GONE))):
                     refetch.append(i)
         if refetch:
             for i in refetch:
