@@ -149,7 +149,8 @@ class Election:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd away: a leader that cannot refresh steps down
                 log.warning("refreshing the master lease failed (%s: %s)", type(exc).__name__, exc)
-                pause = RETRY_DELAY  # try again soon: the lease runs out meanwhile
+                if self.is_leader:
+                    pause = RETRY_DELAY  # try again soon: the lease runs out meanwhile
             if self.is_leader and time.monotonic() - self._refreshed > self.ttl:
                 self._lease_expired()
 
