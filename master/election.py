@@ -129,34 +129,43 @@ class Election:
         self.members = sorted(set(members) | {self.address})
 
     async def _keep_alive(self) -> None:
+        """Refresh the lease every ttl/3. Each refresh (and the members' read) is bounded by the clock:
+        a silent etcd never answers, and this master steps down by its own clock, not etcd's."""
+        pause = self.ttl / 3
         while True:
-            await asyncio.sleep(self.ttl / 3)
+            await asyncio.sleep(pause)
+            pause = self.ttl / 3
             try:
                 asked = time.monotonic()  # etcd counts the ttl from no earlier than this
-                reply = await self._etcd.refresh_lease(self._lease.id)
+                reply = await asyncio.wait_for(self._etcd.refresh_lease(self._lease.id), self.ttl / 3)
                 if reply is None or reply.TTL <= 0:
                     self._etcd_back = time.monotonic()
                     self._lease_expired()
                     if not self.is_leader and not self.lost.is_set():
                         # A follower just registers again; it had nothing to lose.
-                        self._lease = await self._etcd.lease(self.ttl)
-                        await self._etcd.put(self._member_key, self._value, lease=self._lease)
+                        self._lease = await asyncio.wait_for(self._etcd.lease(self.ttl), self.ttl)
+                        await asyncio.wait_for(self._etcd.put(self._member_key, self._value, lease=self._lease),
+                                               self.ttl)
                 else:
                     if asked - self._refreshed > self.ttl / 2:
                         self._etcd_back = time.monotonic()
                     self._refreshed = asked
-                await self._read_members()
+                await asyncio.wait_for(self._read_members(), self.ttl / 3)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd away: a leader that cannot refresh steps down
-                log.warning("refreshing the master lease failed: %s", exc)
+                log.warning("refreshing the master lease failed (%s: %s)", type(exc).__name__, exc)
+                if self.is_leader:
+                    pause = RETRY_DELAY  # try again soon: the lease runs out meanwhile
             if self.is_leader and time.monotonic() - self._refreshed > self.ttl:
                 self._lease_expired()
 
     def holds_lease(self) -> bool:
-        """Whether this master leads with a lease etcd cannot have expired yet. Checked on every
-        request: a leader that hangs past its ttl must not answer once a successor may lead, since
-        the successor rebuilds its table from the nodes at that moment."""
+        """Whether this master leads with a lease etcd cannot have expired yet, by this master's own
+        clock (LEASE_MARGIN of the ttl before it could have). Checked on every request and by the
+        health service: a leader that cannot refresh (etcd silent, or its host cut off) stops
+        answering and claiming leadership before a successor may lead, since the successor rebuilds
+        its table from the nodes at that moment."""
         return self.is_leader and time.monotonic() < self._refreshed + self.ttl * (1 - LEASE_MARGIN)
 
     def etcd_in_doubt(self, window: float) -> bool:
