@@ -22,23 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from partition import final_versions, read_events, served  # noqa: E402
 
 CUT = 15.0         # seconds etcd is cut off: three times the leases (5 s, the product's default)
-AFTER = 22.0       # seconds of load after the heal (past PUT_AFTER_HEAL)
+AFTER = 12.0       # seconds of load after the heal
 DEADLINE = 3.0     # the clients' rpc_timeout: every master call's deadline
 CALL_MARGIN = 2.0  # a put is two master calls and a node write; a busy shared machine
-# The aim is 3 s (the nodes register again within about a second of the heal); the margin is for the masters'
-# own etcd connection, found dead only by TCP's retransmission back-off (12-15 s after a 15 s cut here) until
-# the masters' etcd channels get keepalives and per-call deadlines.
-PUT_AFTER_HEAL = 3.0 + 15.0
-
-
-def missing_apart_from_puts(events: list) -> list:
-    """Gets told "no such key" after a put of the key had returned, with no put of that key in flight meanwhile:
-    the key unknown to the table that answered. (A get that overlaps an overwrite of its key can be told so for
-    another reason, etcd or not: see the report of this change.)"""
-    puts = [e for e in events if e["op"] == "put"]
-    return [g for g in events if g["op"] == "get" and g.get("error") == "KeyNotFoundError"
-            and any(p["key"] == g["key"] and p["ok"] and p["t1"] < g["t0"] for p in puts)
-            and not any(p["key"] == g["key"] and p["t0"] <= g["t1"] and p["t1"] >= g["t0"] for p in puts)]
+PUT_AFTER_HEAL = 3.0 + 2.0  # the aim, and a margin for a shared machine under load
 
 
 def objects_counted_lost(log_dir: Path, since: float, until: float) -> list:
@@ -93,7 +80,7 @@ def test_etcd_cut_off_longer_than_the_leases_loses_nothing_and_puts_return_soon_
     assert counted_lost == [], counted_lost
     assert figures["acknowledged_puts_lost"] == 0, figures
     assert figures["wrong_bytes"] == 0, figures
-    assert missing_apart_from_puts(events) == [], figures  # no "no such key" for a key whose put had returned
+    assert figures["missing_reads"] == 0, figures  # no "no such key" for a key whose put had returned
     assert "NoSpaceError" not in figures["errors"], figures  # no put refused by a table without its nodes
     assert figures["longest_call_s"] <= 2 * DEADLINE + CALL_MARGIN, figures
     assert figures["first_put_after_heal_s"] is not None, figures
