@@ -11,8 +11,6 @@ kvpool_master_leader gauge is watched from its own host, where the cut leader is
 import json
 import time
 
-import pytest
-from netns_hosts import Network, unavailable
 from register_check import summarize
 from spread_cluster import SpreadCluster, wait_for_exit
 
@@ -25,15 +23,6 @@ KEYS = {writer: [f"lead/{writer}/{i}" for i in range(10)] for writer in ("a", "b
 # The issue's bound from the cut to each client's first put: the 5 s lease runs out, the standby takes over,
 # and a client that left the silent leader after its attempt timeout (2 s) finds it.
 FIRST_PUT_S = 8.0
-
-
-@pytest.fixture
-def network():
-    why = unavailable()
-    if why:
-        pytest.skip(f"hosts made of network namespaces are not available here: {why}")
-    with Network() as net:
-        yield net
 
 
 def _events(paths) -> list:
