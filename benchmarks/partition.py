@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "multihost"))
 
 from netns_hosts import Network, unavailable  # noqa: E402
-from register_check import summarize  # noqa: E402
+from register_check import read_events, served, summarize  # noqa: E402
 from spread_cluster import SpreadCluster, wait_for_exit  # noqa: E402
 
 from kvpool.net.netutil import wait_until  # noqa: E402
@@ -40,19 +40,6 @@ from kvpool.protocol.units import parse_size  # noqa: E402
 
 SCENARIOS = {"node": "node-0", "leader": "master", "etcd": "etcd"}  # scenario -> the component cut off
 
-
-def read_events(paths) -> list:
-    events = []
-    for path in paths:
-        if Path(path).exists():
-            with open(path) as f:
-                events.extend(json.loads(line) for line in f if line.strip())
-    return events
-
-
-def served(path: Path, op: str) -> bool:
-    """Whether the worker writing `path` has had a call of `op` succeed."""
-    return any(e["op"] == op and e["ok"] for e in read_events([path]))
 
 
 def final_versions(cluster: SpreadCluster, keys: list) -> dict:

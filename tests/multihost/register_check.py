@@ -13,12 +13,29 @@ namespace they run in.
 
 import bisect
 import hashlib
+import json
 import os
 import struct
+from pathlib import Path
 
 _HEADER = struct.Struct("!4sQH")  # magic, version, key length; then the key, the payload, the digest
 _MAGIC = b"REG1"
 _DIGEST = 16
+
+
+def read_events(paths) -> list:
+    """Every event the workers wrote to `paths` so far (a file not there yet has none)."""
+    events = []
+    for path in paths:
+        if Path(path).exists():
+            with open(path) as f:
+                events.extend(json.loads(line) for line in f if line.strip())
+    return events
+
+
+def served(path, op: str) -> bool:
+    """Whether the worker writing `path` has had a call of `op` succeed."""
+    return any(e["op"] == op and e["ok"] for e in read_events([path]))
 
 
 def make_value(key: str, version: int, size: int) -> bytes:

@@ -11,7 +11,7 @@ kvpool_master_leader gauge is watched from its own host, where the cut leader is
 import json
 import time
 
-from register_check import summarize
+from register_check import read_events, served, summarize
 from spread_cluster import SpreadCluster, wait_for_exit
 
 from kvpool.net.netutil import wait_until
@@ -23,18 +23,6 @@ KEYS = {writer: [f"lead/{writer}/{i}" for i in range(10)] for writer in ("a", "b
 # The issue's bound from the cut to each client's first put: the 5 s lease runs out, the standby takes over,
 # and a client that left the silent leader after its attempt timeout (2 s) finds it.
 FIRST_PUT_S = 8.0
-
-
-def _events(paths) -> list:
-    events = []
-    for path in paths:
-        if path.exists():
-            events.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return events
-
-
-def _served(path, op: str) -> bool:
-    return any(e["op"] == op and e["ok"] for e in _events([path]))
 
 
 def test_a_silently_cut_leader_is_replaced_truthfully_and_clients_find_the_new_one_fast(network, tmp_path):
@@ -63,8 +51,8 @@ def test_a_silently_cut_leader_is_replaced_truthfully_and_clients_find_the_new_o
             procs.append(cluster.run(cluster.host_of(child.name), "watch", spec, f"watch-{role}"))
         cut_host = cluster.host_of(old.name)
         try:
-            wait_until(lambda: all(_served(out, "put" if out.name.startswith("writer") else "get") for out in outs)
-                       and _events([watches["old"]]) and _events([watches["new"]]),
+            wait_until(lambda: all(served(out, "put" if out.name.startswith("writer") else "get") for out in outs)
+                       and read_events([watches["old"]]) and read_events([watches["new"]]),
                        60, interval=0.2, what="every writer and reader to be served, and both gauges watched")
             cut = time.monotonic()
             network.partition(cut_host)
@@ -77,7 +65,7 @@ def test_a_silently_cut_leader_is_replaced_truthfully_and_clients_find_the_new_o
         finally:
             stop.touch()
             killed = wait_for_exit(procs, timeout=60)
-        events = _events(outs)
+        events = read_events(outs)
         probe = cluster.probe
         assert probe.call("open", name="final", spec=clients["masters"]) == {}
         final = {}
@@ -85,7 +73,7 @@ def test_a_silently_cut_leader_is_replaced_truthfully_and_clients_find_the_new_o
             got = probe.call("get", client="final", key=key)
             final[key] = got["version"] if got["ok"] else None
         result = summarize(events, final, cut, heal)
-        gauges = {role: _events([path]) for role, path in watches.items()}
+        gauges = {role: read_events([path]) for role, path in watches.items()}
         new_leads = next((w["t"] for w in gauges["new"] if w["t"] >= cut and w["leader"] == 1), None)
         old_stops = next((w["t"] for w in gauges["old"] if w["t"] >= cut and w["leader"] == 0), None)
         old_claims = [w["t"] for w in gauges["old"] if w["t"] >= cut and w["leader"] == 1]

@@ -10,7 +10,7 @@ asserted here.
 import json
 import time
 
-from register_check import summarize
+from register_check import read_events, served, summarize
 from spread_cluster import SpreadCluster, wait_for_exit
 
 from kvpool.net.netutil import wait_until
@@ -28,18 +28,6 @@ DEADLINE_S = 5.0  # a node request's deadline: the client's read_timeout and wri
 CALL_MARGIN_S = 3.0
 SERVING_AGAIN_S = 5.0  # the bound from the heal to the node taking writes again ...
 SERVING_MARGIN_S = 3.0  # ... and what load on two shared cores adds to it
-
-
-def _events(paths) -> list:
-    events = []
-    for path in paths:
-        if path.exists():
-            events.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return events
-
-
-def _served(path, op: str) -> bool:
-    return any(e["op"] == op and e["ok"] for e in _events([path]))
 
 
 def test_a_silently_cut_node_stalls_no_call_past_its_deadline_and_serves_again_soon_after_the_heal(
@@ -71,7 +59,7 @@ def test_a_silently_cut_node_stalls_no_call_past_its_deadline_and_serves_again_s
 
         cut_node = cluster.host_of("node-0")
         try:
-            wait_until(lambda: all(_served(out, "put" if out.name.startswith("writer") else "get") for out in outs),
+            wait_until(lambda: all(served(out, "put" if out.name.startswith("writer") else "get") for out in outs),
                        60, interval=0.2, what="the writer and the reader to be served")
             assert put_on_every_node()
             cut = time.monotonic()
@@ -93,7 +81,7 @@ def test_a_silently_cut_node_stalls_no_call_past_its_deadline_and_serves_again_s
         finally:
             stop.touch()
             killed = wait_for_exit(procs, timeout=60)
-        events = _events(outs)
+        events = read_events(outs)
         assert probe.call("open", name="final", spec=client) == {}
         final = {}
         for key in KEYS:
