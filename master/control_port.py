@@ -317,17 +317,21 @@ class _Connection(asyncio.Protocol):
 
     def _release(self) -> None:
         """Let the held answers go even with no reply to ride with."""
-        self.held_timer = None
-        self.out[:0], self.held = self.held, []
+        self._take_held()
         self._flush()
+
+    def _take_held(self) -> None:
+        """Put the held answers ahead of the replies due (their calls came first); their timer is done."""
+        if self.held_timer is not None:
+            self.held_timer.cancel()
+            self.held_timer = None
+        self.out[:0], self.held = self.held, []
 
     def _flush(self) -> None:
         self.flushing = False
         if self.out and not self.closed:
             if self.held:  # the posted calls' answers ride along
-                self.out[:0], self.held = self.held, []
-                self.held_timer.cancel()
-                self.held_timer = None
+                self._take_held()
             out, self.out = self.out, []
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
@@ -337,7 +341,7 @@ class _Connection(asyncio.Protocol):
         """End a connection whose stream cannot be trusted (after the replies already due)."""
         log.warning("control port: closing a connection from %s: %s", self._peer(), what)
         self.port.refused.labels(reason).inc()
-        self.out[:0], self.held = self.held, []
+        self._take_held()
         self._flush()
         self.closed = True
         self.transport.close()  # flushes what was written

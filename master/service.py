@@ -369,7 +369,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         return response
 
     def _fold_ends(self) -> None:
-        """Fold the ends a BatchPutEnd let wait (ObjectTable.put_end_many), once the lookups sent right
+        """Fold the ends a BatchPutEnd let wait (ObjectTable.end_later), once the lookups sent right
         after them had their turn; anything else that reads the table folds them sooner."""
         self._fold_timer = None
         self._table.fold_ends()
