@@ -6,6 +6,7 @@ from kvpool.master.key_feed import REMOVED, STORED, FeedClosed, KeyFeed
 from kvpool.master.objects import ObjectTable
 
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
+from async_wait import until
 
 
 def table_with_nodes() -> ObjectTable:
@@ -129,15 +130,6 @@ class _Leadership:
         self.term, self.serving, self.is_leader = term, True, True
 
 
-async def _until(condition, seconds: float = 5.0) -> None:
-    import asyncio
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
-
-
 def test_a_leader_follows_the_table_only_once_a_subscriber_opened_its_feed():
     import asyncio
 
@@ -148,19 +140,19 @@ def test_a_leader_follows_the_table_only_once_a_subscriber_opened_its_feed():
         polls, poll = [0], feed.poll
         feed.poll = lambda: (polls.__setitem__(0, polls[0] + 1), poll())[1]  # counts the feed's turns
         runner = asyncio.create_task(feed.run(leadership))
-        await _until(lambda: feed.open_for_subscriber() != "")
+        await until(lambda: feed.open_for_subscriber() != "")
         put(table, "a")
-        await _until(lambda: feed.sequence == 1)  # followed once opened
+        await until(lambda: feed.sequence == 1)  # followed once opened
         assert feed.id.startswith("7-")
         leadership.term = 8  # a new term: that feed ends; the next subscriber opens one of its own
-        await _until(lambda: not feed.id)
+        await until(lambda: not feed.id)
         turns = polls[0]
-        await _until(lambda: polls[0] >= turns + 3)  # the feed went round a few times in the new term
+        await until(lambda: polls[0] >= turns + 3)  # the feed went round a few times in the new term
         put(table, "b")
         assert not table.has_changes  # nobody subscribed this term: nothing tracked
         assert feed.open_for_subscriber().startswith("8-")
         leadership.is_leader = False
-        await _until(lambda: not feed.id)
+        await until(lambda: not feed.id)
         assert feed.open_for_subscriber() == ""  # a follower has no feed to give
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):

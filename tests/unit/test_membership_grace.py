@@ -9,6 +9,7 @@ from kvpool.master.membership import Membership
 from kvpool.master.objects import ObjectTable
 from kvpool.protocol import cluster_layout
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
+from async_wait import until
 
 CLUSTER = "c"
 
@@ -54,14 +55,6 @@ def _membership(in_doubt: bool, grace=0.3, silent_now=False):
     return membership, table, nodes
 
 
-async def _until(condition, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 def test_a_vanished_registration_drops_the_node_at_once_while_etcd_is_fine():
     async def scenario():
         membership, table, nodes = _membership(in_doubt=False)
@@ -74,7 +67,7 @@ def test_after_etcd_was_silent_a_node_that_answers_is_kept_until_it_registers_ag
     async def scenario():
         membership, table, nodes = _membership(in_doubt=True, grace=5.0)
         membership._apply(EventKind.DELETE, _key(), b"")
-        await _until(lambda: nodes.asked >= 2)
+        await until(lambda: nodes.asked >= 2, interval=0.01)
         assert "n1" in table.nodes  # it answers: kept
         membership._apply(EventKind.PUT, _key(), _record().to_json())  # registered again (same instance)
         assert "n1" in table.nodes and not membership._unregistered
@@ -87,13 +80,13 @@ def test_after_etcd_was_silent_a_node_is_dropped_when_it_does_not_answer_or_its_
         membership, table, nodes = _membership(in_doubt=True, grace=5.0)
         nodes.answering = False
         membership._apply(EventKind.DELETE, _key(), b"")
-        await _until(lambda: "n1" not in table.nodes)
+        await until(lambda: "n1" not in table.nodes, interval=0.01)
 
         membership, table, nodes = _membership(in_doubt=True, grace=0.3)  # answers, never registers again
         membership._apply(EventKind.DELETE, _key(), b"")
         await asyncio.sleep(0)
         assert "n1" in table.nodes
-        await _until(lambda: "n1" not in table.nodes)
+        await until(lambda: "n1" not in table.nodes, interval=0.01)
         assert nodes.asked >= 1
     asyncio.run(scenario())
 
@@ -102,7 +95,7 @@ def test_the_grace_counts_from_etcds_return_to_the_master():
     async def scenario():
         membership, table, nodes = _membership(in_doubt=True, grace=0.2, silent_now=True)
         membership._apply(EventKind.DELETE, _key(), b"")
-        await _until(lambda: nodes.asked >= 3)  # well past the grace: etcd is still silent to the master
+        await until(lambda: nodes.asked >= 3, interval=0.01)  # well past the grace: etcd is still silent to the master
         assert "n1" in table.nodes
         membership.close()
     asyncio.run(scenario())
@@ -113,7 +106,7 @@ def test_a_wait_ends_with_the_term_and_drops_nothing_after_it():
         membership, table, nodes = _membership(in_doubt=True, grace=0.1)
         nodes.answer_despite_cancel = True
         membership._apply(EventKind.DELETE, _key(), b"")
-        await _until(lambda: nodes.asked >= 1)
+        await until(lambda: nodes.asked >= 1, interval=0.01)
         membership.close()  # the term ended; the table is the next term's now
         await asyncio.sleep(0.8)  # several graces: nothing may be dropped by the old wait
         assert "n1" in table.nodes

@@ -12,6 +12,7 @@ from kvpool.master.service import MasterService
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.protocol import control, wire
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
+from async_wait import until
 
 
 class _Recorded(asyncio.Transport):
@@ -45,14 +46,6 @@ def _req_ids(data: bytes) -> list[int]:
     return ids
 
 
-async def _until(condition, seconds: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.0005)
-
-
 def _call(method: str, req_id: int, request, flags: int = 0) -> bytes:
     return control.pack_call(control.OP_BY_RPC[method], req_id, request.SerializeToString(), flags)
 
@@ -78,7 +71,7 @@ def test_a_posted_answer_rides_with_the_next_reply_or_leaves_on_its_own_soon_aft
         connection.data_received(_call("BatchPutEnd", 3, pb.BatchPutEndRequest(
             keys=["b"], generations=[started[1].generation]), control.POSTED))
         assert transport.writes == []
-        await _until(lambda: transport.writes)  # nothing to ride with: it leaves after HOLD_POSTED
+        await until(lambda: transport.writes, interval=0.0005)  # nothing to ride with: it leaves after HOLD_POSTED
         assert _req_ids(b"".join(transport.writes)) == [3]
         transport.writes.clear()
 
