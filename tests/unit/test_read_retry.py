@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 from kvpool.proto import kvpool_pb2 as pb
 
-from client import reads
-from client.io import LOOP_IO
-from client.placement_cache import PlacementCache
+from kvpool.client import reads
+from kvpool.client.io import LOOP_IO
+from kvpool.client.placement_cache import PlacementCache
 from kvpool.errors import KeyNotFoundError
 
 CHECKSUM = 7
