@@ -69,10 +69,9 @@ class ReadGrants:
         """When the node at `address` surely stops serving reads (this clock), for a FREE sent at
         `freed_at` that it did not confirm."""
         answered = self._answered.get(address)
+        period = self.period * RATE_MARGIN + SLACK
         if answered is None:  # never reported by this leader: its grant is an older leader's
-            end = freed_at + self.period
-        elif address in self._unanswered:
-            end = min(answered + 2 * self.period, freed_at + self.period)
-        else:
-            end = answered + self.period
-        return freed_at + (end - freed_at) * RATE_MARGIN + SLACK
+            return freed_at + period
+        if address in self._unanswered:
+            return min(answered + 2 * period, freed_at + period)
+        return answered + period
