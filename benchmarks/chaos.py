@@ -30,8 +30,9 @@ def value_for(key: str) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def load(masters: str, index: int, stop, marks, results) -> None:
-    """Client process: put and get until `stop`; failures are tallied per phase mark."""
+def load(masters: str, index: int, stop, marks, served, results) -> None:
+    """Client process: put and get until `stop`; failures are tallied per phase mark, and puts served
+    are counted in the shared `served` (one slot per phase) as they happen, for the parent to wait on."""
     from kvpool import Client
     from kvpool.errors import KvpoolError
 
@@ -50,6 +51,8 @@ def load(masters: str, index: int, stop, marks, results) -> None:
                     client.put(key, value_for(key), replicas=2)
                     committed.append(key)
                     row["puts"] += 1
+                    with served.get_lock():
+                        served[int(phase)] += 1
                 except KvpoolError as exc:
                     row["put_failed"] += 1
                     name = f"put {type(exc).__name__}"
@@ -89,12 +92,15 @@ def main() -> int:
     report = {}
     try:
         ctx = multiprocessing.get_context("spawn")
-        stop, marks, results = ctx.Event(), ctx.Value("i", 0), ctx.Queue()
+        stop, marks, served, results = ctx.Event(), ctx.Value("i", 0), ctx.Array("i", 3), ctx.Queue()
         masters = cluster.master_addresses
-        procs = [ctx.Process(target=load, args=(masters, i, stop, marks, results)) for i in range(args.clients)]
+        procs = [ctx.Process(target=load, args=(masters, i, stop, marks, served, results))
+                 for i in range(args.clients)]
         for p in procs:
             p.start()
-        time.sleep(args.phase_seconds)  # phase 0: steady load
+        # Phase 0, steady load: the window starts once the clients (spawned, so slow to start) are putting.
+        report["clients_up_after_s"] = _round(wait_for(lambda: served[0] >= args.clients, 120))
+        time.sleep(args.phase_seconds)
 
         marks.value = 1
         victim = cluster.nodes[0]
@@ -110,8 +116,13 @@ def main() -> int:
         marks.value = 2
         old_leader = cluster.leader_address()
         next(m for m in cluster.masters if m.info["address"] == old_leader).kill()
+        leader_killed_at = time.monotonic()
         failover = wait_for(lambda: cluster.leader_address() not in ("", old_leader), 30)
-        report["leader_kill"] = {"new_leader_after_s": _round(failover)}
+        # The window after the failover starts once the new leader served the clients a put.
+        served_again = wait_for(lambda: served[2] > 0, 30)
+        report["leader_kill"] = {"new_leader_after_s": _round(failover),
+                                 "puts_served_after_s": _round(None if served_again is None else
+                                                               time.monotonic() - leader_killed_at)}
         time.sleep(args.phase_seconds)
 
         stop.set()

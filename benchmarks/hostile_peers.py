@@ -17,6 +17,7 @@ are taken, and reports the nodes' memory before and after. Exit status 1 if any 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -36,6 +37,7 @@ from kvpool.protocol.control import OP_BY_RPC, pack_call
 from kvpool.errors import Code
 from kvpool.security.grpc_auth import blocking_channel
 from kvpool.launch.local_cluster import LocalCluster
+from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 
 FRAME_TIMEOUT = 2.0  # the nodes' and master's --frame-timeout for this run: stalls end quickly
@@ -276,9 +278,16 @@ def stalls(cluster: LocalCluster, credential) -> dict:
     return {"stalled_requests": len(held), "closed_by_server": closed}
 
 
-def unread_replies(address: str, credential, key: str, size: int, generation: int) -> dict:
+STALLED_READER = "closing a data connection: the peer took nothing"  # what a node logs on giving one up
+
+
+def unread_replies(node, credential, key: str, size: int, generation: int) -> dict:
     """Pipelined READs of a stored object whose replies are never read."""
-    sock = connect(address, credential)
+    def given_up() -> int:
+        return node.log_path.read_text(errors="replace").count(STALLED_READER)
+
+    earlier = given_up()
+    sock = connect(node.info["address"], credential)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     frame = wire.pack_request(wire.Op.READ, 1, key.encode(), generation, 0, size)
     sent = 0
@@ -289,7 +298,10 @@ def unread_replies(address: str, credential, key: str, size: int, generation: in
             sent += 1
     except OSError:
         pass
-    time.sleep(FRAME_TIMEOUT * 2)  # not reading: the node's replies stall for longer than its --frame-timeout
+    # Not reading: the node's replies stall, and after its --frame-timeout it gives the connection up.
+    with contextlib.suppress(TimeoutError):  # if it never does, the replies below all arrive: reported
+        wait_until(lambda: given_up() > earlier, FRAME_TIMEOUT + 10, what="the node to give up a stalled reader")
+    logged = given_up() > earlier
     received = 0  # then what reaches us ends long before the 2000 replies would
     sock.settimeout(10)
     try:
@@ -299,7 +311,7 @@ def unread_replies(address: str, credential, key: str, size: int, generation: in
         pass
     sock.close()
     return {"reads_sent_unread": sent, "reply_bytes_owed": sent * size, "reply_bytes_received": received,
-            "closed_by_server": received < sent * size}
+            "closed_by_server": received < sent * size, "node_logged_giving_up": logged}
 
 
 def flood(cluster: LocalCluster, count: int, token: str) -> dict:
@@ -358,8 +370,8 @@ def main() -> int:
         report["fuzz"] = fuzz(targets, client_credential, args.examples)
         report["fuzz"]["grpc_calls"] = fuzz_grpc(cluster, client_credential, max(2, args.examples // 50))
         report["stalls"] = stalls(cluster, client_credential)
-        report["unread_replies"] = unread_replies(placed.replicas[0].address, client_credential, "obj/0",
-                                                  placed.size, placed.generation)
+        holder = next(n for n in cluster.nodes if n.info["address"] == placed.replicas[0].address)
+        report["unread_replies"] = unread_replies(holder, client_credential, "obj/0", placed.size, placed.generation)
         report["flood"] = flood(cluster, args.connections, client_token)
         alive = all(child.alive for child in [*cluster.nodes, cluster.master])
         with Client(cluster.master_address, token=client_token) as client:

@@ -28,6 +28,7 @@ from kvpool import Client
 from kvpool.security import auth
 from kvpool.errors import KeyNotFoundError
 from kvpool.launch.local_cluster import LocalCluster
+from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2
 from kvpool.protocol.units import parse_size
 
@@ -67,7 +68,7 @@ def replay(client, args, rng) -> dict:
         if hit < len(keys):
             client.batch_put(keys[hit:], [payload] * (len(keys) - hit), overwrite=True)
     return {"requests": int(args.requests), "prefixes": prefixes, "unique_MiB": round(unique_bytes / 2**20),
-            "block_hit_rate": round(found / requested, 3), "replay_s": round(time.perf_counter() - started, 1)}
+            "blocks_found": found, "block_hit_rate": round(found / requested, 3), "replay_s": round(time.perf_counter() - started, 1)}
 
 
 def blocks_by_tier(client, secret: str | None) -> dict:
@@ -100,6 +101,22 @@ def settled_counters(client, before: dict, reads: int, timeout: float = 10.0) ->
         if gained >= reads or time.monotonic() > deadline:
             return after
         time.sleep(0.05)
+
+
+def reported_after_now(client, timeout: float) -> None:
+    """Wait until the master holds, for every node, a REPORT asked after this call and showing no tier
+    above its high watermark (the sweeps that writes set off have made room). A node's `reports` counts
+    the REPORTs the master took in from it; the master polls a node one REPORT at a time, so the second
+    one taken in after now was asked after now (the first may have been in flight already)."""
+    marks = {node.node_id: node.reports for node in client.stats().nodes}
+
+    def settled() -> bool:
+        nodes = client.stats().nodes
+        return all(node.reports >= marks.get(node.node_id, 0) + 2 and
+                   all(tier.watermark != "high" for tier in node.tiers) for node in nodes)
+
+    wait_until(settled, timeout, what="a report of every node asked after the replay, no tier above its high "
+                                      "watermark")
 
 
 def tier_throughput(client, args, keys: list) -> dict:
@@ -135,7 +152,8 @@ def main() -> int:
     parser.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent (> 1)")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--max-blocks", type=int, default=400, help="blocks read per throughput phase")
-    parser.add_argument("--settle", type=float, default=1.0, help="seconds between replay and measuring")
+    parser.add_argument("--settle-timeout", type=float, default=60.0,
+                        help="seconds to wait after the replay for the nodes' reports to show it")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -146,9 +164,9 @@ def main() -> int:
     try:
         with Client(args.master) as client:
             report = {"workload": replay(client, args, rng)}
-            # Let the nodes' sweeps finish the replay's demotions and evictions and the master poll their
-            # reports (every --report-interval, 0.5 s by default) before the tiers are read.
-            time.sleep(args.settle)
+            # The master learns the tiers from the nodes' REPORTs (every --report-interval, 0.5 s by default):
+            # read them once a report asked after the replay, with the sweeps it set off done, is in.
+            reported_after_now(client, args.settle_timeout)
             report["tiers_after_replay"] = tier_counters(client)
             by_tier = blocks_by_tier(client, cluster.secret if cluster is not None else auth.read_token())
             report["get_from_dram"] = tier_throughput(client, args, by_tier["dram"])

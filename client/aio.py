@@ -19,7 +19,7 @@ from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 
 from . import convert, reads, writes
 from .convert import check
-from .core import DEFAULT_READ_TIMEOUT, Core
+from .core import DEFAULT_READ_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Core
 from .master_link import DEFAULT_RPC_TIMEOUT
 from .placement_cache import DEFAULT_CAPACITY
 from .transport import Transport
@@ -34,6 +34,10 @@ class AsyncClient:
     smaller, unless a put says compress=False (None: only puts with compress=True are compressed).
     read_timeout: seconds a replica may take to answer a read (plus one second per 100 MB read)
     before the read moves on to the next replica: a hung node must not hang its readers.
+    write_timeout: seconds a node may take to store a put's copy (plus one second per 100 MB) before
+    that copy counts as failed: the put then fails (and is revoked) unless min_replicas copies were
+    written, in which case it returns and the master is told which nodes failed. A silent node
+    (a partition) thus costs a put at most this long.
     transports: which data transports value bytes may take, e.g. "shm,tcp" (default
     $KVPOOL_TRANSPORTS, else all: shared memory with nodes on this host, UCX, TCP).
     token: the client token (`kvpool token --client`) or the cluster secret, proved to the master and
@@ -53,12 +57,13 @@ class AsyncClient:
                  transport: Transport | None = None, compress_above: int | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
-                 _core: Core | None = None):
+                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, _core: Core | None = None):
         # _core: the parts to run on, made by the blocking Client (with its blocking io).
         self._core = _core or Core(address, etcd=etcd, cluster=cluster, replicas=replicas, cache_size=cache_size,
                                    rpc_timeout=rpc_timeout, connect_timeout=connect_timeout, transport=transport,
                                    compress_above=compress_above, read_timeout=read_timeout,
-                                   transports=transports, token=token, confirm_puts=confirm_puts, tls_ca=tls_ca)
+                                   transports=transports, token=token, confirm_puts=confirm_puts, tls_ca=tls_ca,
+                                   write_timeout=write_timeout)
 
     def bytes_by_transport(self) -> dict:
         """Value bytes moved so far per data transport ("shm", "ucx", "tcp")."""

@@ -21,7 +21,7 @@ from kvpool.security.auth import handshake_blocking
 from kvpool.protocol import control
 from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import UnavailableError
-from kvpool.net.netutil import ConnectAttempt
+from kvpool.net.netutil import ConnectAttempt, long_lived
 from kvpool.protocol.control import ControlCalls, NotSent
 
 _READ_SIZE = 64 * 1024
@@ -50,7 +50,7 @@ class BlockingControlConnection:
             raise UnavailableError(f"bad master control address {address!r}: {exc}") from None
         with ConnectAttempt(f"master control port {address}", NotSent) as attempt:
             sock = attempt.sock = socket.create_connection((host, port), timeout=max(timeout, 0.001))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            long_lived(sock)
             if tls is not None:
                 sock = attempt.sock = tls.client_context().wrap_socket(sock, server_hostname=host)
             handshake_blocking(sock, credential, f"master control port {address}")

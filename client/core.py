@@ -23,6 +23,7 @@ from .transport import Transport
 from .writes import Commits
 
 DEFAULT_READ_TIMEOUT = 5.0
+DEFAULT_WRITE_TIMEOUT = 5.0
 CLOSE_FLUSH_TIMEOUT = 2.0  # how long close() waits for the master's answers to posted put ends
 
 
@@ -35,7 +36,7 @@ class Core:
                  transport: Transport | None = None, compress_above: int | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
-                 io: LoopIO = LOOP_IO):
+                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, io: LoopIO = LOOP_IO):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self.compress_above = compression.check_threshold(compress_above)
@@ -60,10 +61,17 @@ class Core:
         if not read_timeout > 0:
             raise InvalidArgumentError(f"read_timeout must be positive, got {read_timeout!r}")
         self.read_timeout = read_timeout
+        if not write_timeout > 0:
+            raise InvalidArgumentError(f"write_timeout must be positive, got {write_timeout!r}")
+        self.write_timeout = write_timeout
 
     def read_deadline(self, nbytes: int) -> float:
         """Seconds a replica may take to deliver `nbytes` before the read moves on."""
         return self.read_timeout + nbytes / 100e6
+
+    def write_deadline(self, nbytes: int) -> float:
+        """Seconds a node may take to store `nbytes` before its copy counts as failed."""
+        return self.write_timeout + nbytes / 100e6
 
     async def close(self) -> None:
         try:

@@ -23,9 +23,10 @@ from asyncio import events
 from .control_blocking import BlockingControlLinks
 from .control_link import ControlLinks
 
-# A node request without a read's deadline (a WRITE) that is not answered in this long, plus the time
-# its bytes take at 50 MB/s, fails the connection: a caller blocked on the socket must not hang.
-WRITE_TIMEOUT = 30.0
+# A node request outside any deadline of its call (reads and writes have theirs: core.py) that is not
+# answered in this long, plus the time its bytes take at 50 MB/s, fails the connection: a caller
+# blocked on the socket must not hang.
+REQUEST_TIMEOUT = 5.0
 
 
 class LoopIO:
@@ -79,7 +80,7 @@ class BlockingIO(LoopIO):
     def _deadline(self, nbytes: int) -> float:
         if self._deadlines:
             return min(deadline.when for deadline in self._deadlines)
-        return time.monotonic() + WRITE_TIMEOUT + nbytes / 50e6
+        return time.monotonic() + REQUEST_TIMEOUT + nbytes / 50e6
 
     async def request(self, connection, op: int, key, generation, arg, length, checksum=0, payload=None,
                       buf=None, options=None):

@@ -117,12 +117,18 @@ async def _write_replicas(core: Core, raw: bytes, info, data: memoryview, digest
     replicas = info.replicas
     if len(replicas) == 1:
         # The placing leader's term goes with the WRITEs: nodes refuse it once a newer leader spoke.
-        await transport.write(replicas[0].address, raw, info.generation, data, digest, options, term=info.term)
+        address = replicas[0].address
+        try:
+            async with core.io.timeout(core.write_deadline(len(data))):
+                await transport.write(address, raw, info.generation, data, digest, options, term=info.term)
+        except TimeoutError:
+            raise _no_answer(core, address) from None
         return {}
-    # Every write must be over before a revoke frees the copies, so no early exit. The copies travel at
-    # once: as tasks on the loop, even a blocking client's (io.py waits on a socket only outside tasks).
+    # Every write must be over (done, failed or out of time) before a revoke frees the copies, so no
+    # early exit. The copies travel at once: as tasks on the loop, even a blocking client's (io.py waits
+    # on a socket only outside tasks).
     item = WriteItem(raw, info.generation, data, digest, options, info.term)
-    outcomes = await asyncio.gather(*(transport.write_many(r.address, (item,)) for r in replicas),
+    outcomes = await asyncio.gather(*(_write_in_time(core, r.address, (item,)) for r in replicas),
                                     return_exceptions=True)
     failed = {}
     for replica, outcome in zip(replicas, outcomes):
@@ -133,6 +139,20 @@ async def _write_replicas(core: Core, raw: bytes, info, data: memoryview, digest
         elif outcome[0] is not None:
             failed[replica.node_id] = outcome[0]
     return failed
+
+
+async def _write_in_time(core: Core, address: str, items) -> list:
+    """write_many to one node; a node that does not answer within the client's write deadline fails
+    every item (a silent node must not hold a put for longer)."""
+    try:
+        async with core.io.timeout(core.write_deadline(sum(len(item.data) for item in items))):
+            return await core.transport.write_many(address, items)
+    except TimeoutError:
+        return [_no_answer(core, address)] * len(items)
+
+
+def _no_answer(core: Core, address: str) -> UnavailableError:
+    return UnavailableError(f"node {address} did not answer a write within {core.write_timeout:g}s")
 
 
 def _check_enough_written(info, failed: dict, needed: int) -> None:
@@ -163,12 +183,11 @@ async def _write_started(core: Core, started: Started, raws, views, digests, opt
             group[1].extend(WriteItem(raws[i], generation[i], views[i], digests[i], options[i], term) for i in indices)
     if not groups:
         return {}, {}
-    transport = core.transport
     addresses = list(groups)
     if len(addresses) == 1:  # one node: no task for a gather to wait on
-        outcomes = [await transport.write_many(addresses[0], groups[addresses[0]][1])]
+        outcomes = [await _write_in_time(core, addresses[0], groups[addresses[0]][1])]
     else:
-        outcomes = await core.io.gather(*(transport.write_many(address, groups[address][1])
+        outcomes = await core.io.gather(*(_write_in_time(core, address, groups[address][1])
                                           for address in addresses))
     missing: dict[int, dict] = {}
     for address, results in zip(addresses, outcomes):

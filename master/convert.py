@@ -157,7 +157,8 @@ def tier_stats(node: NodeState, name: str) -> pb.TierStats:
 def node_stats(node: NodeState, objects: int) -> pb.NodeStats:
     tiers = [tier_stats(node, name) for name in sorted(set(node.capacity) | set(node.reported))]
     return pb.NodeStats(node_id=node.node_id, address=node.address, tiers=tiers, objects=objects,
-                        transports=node.transports, zone=node.zone, draining=node.draining)
+                        transports=node.transports, zone=node.zone, draining=node.draining,
+                        reports=node.reports)
 
 
 def counter_stats(c: Counters) -> dict:

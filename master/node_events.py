@@ -80,6 +80,7 @@ class NodeEvents:
         tiers = report.get("tiers") or {}
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
         node.reported_up_to(mark)
+        node.reports += 1
         self._ledger.counters.reports += 1
         return self._apply_evicted(node, report.get("evicted"))
 

@@ -20,6 +20,7 @@ class NodeState:
         self.zone = record.zone
         self.draining = False  # no new placement; its objects are copied elsewhere, then freed here
         self.reported: dict[str, dict] = {}  # tier -> that tier's block of the last REPORT
+        self.reports = 0  # REPORTs taken in from this node
         # Its INVENTORY adopted by this leader since it joined or lost contact: only then is it REPORTed,
         # which lets it serve reads (master/read_grants.py).
         self.reconciled = False

@@ -30,6 +30,7 @@ class PendingPut:
     version: ObjectVersion
     deadline: float
     min_replicas: int = 0  # copies PutEnd needs written (0 = every target)
+    gone: tuple = ()  # ids of targets taken off because their node left (PutEnd may still name them failed)
 
 
 class PendingPuts:
@@ -243,12 +244,12 @@ class PendingPuts:
         if pending is None or pending.version.generation != generation:
             return  # _take names the problem
         targets = {r.node_id for r in pending.version.replicas}
-        unknown = failed - targets
+        unknown = failed - targets - set(pending.gone)  # a target whose node left (revoke_on) may be named
         if unknown:
             raise InvalidArgumentError(f"failed_nodes {sorted(unknown)} are not targets of this put")
         needed = pending.min_replicas or len(targets)
-        if len(targets) - len(failed) < needed:
-            raise UnavailableError(f"only {len(targets) - len(failed)} of {len(targets)} copies of {key!r} "
+        if len(targets - failed) < needed:
+            raise UnavailableError(f"only {len(targets - failed)} of {len(targets)} copies of {key!r} "
                                    f"were written; {needed} needed")
 
     def revoke(self, key: str, generation: int) -> None:
@@ -297,11 +298,18 @@ class PendingPuts:
 
     def revoke_on(self, node: NodeState) -> list[str]:
         """Revoke the puts with a target on `node`, which is gone (the client cannot finish writing to
-        it); returns their keys."""
+        it); returns their keys. A put that needs fewer copies (min_replicas) than it has targets left
+        only loses this one: its client may still end it with the copies it wrote elsewhere."""
         revoked = []
         for generation, (_, _, key) in node.pending.items():
             pending = self._open.get(key)
             if pending is not None and pending.version.generation == generation:
+                version = pending.version
+                left = tuple(r for r in version.replicas if r.node_id != node.node_id)
+                if pending.min_replicas and len(left) >= pending.min_replicas:
+                    pending.version = version._replace(replicas=left)
+                    pending.gone += (node.node_id,)
+                    continue
                 del self._open[key]
                 revoked.append(key)
                 self._ledger.release_pending(pending.version)

@@ -346,7 +346,7 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., watermark: _Optional[str] = ..., pinned_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "tiers", "objects", "transports", "zone", "draining")
+    __slots__ = ("node_id", "address", "tiers", "objects", "transports", "zone", "draining", "reports")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +354,7 @@ class NodeStats(_message.Message):
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -361,7 +362,8 @@ class NodeStats(_message.Message):
     transports: _containers.RepeatedScalarFieldContainer[str]
     zone: str
     draining: bool
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
+    reports: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ..., reports: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address")

@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "clients keep theirs open; --max-connections bounds how many there are)")
     p.add_argument("--lease-ttl", type=float, default=5.0, metavar="SECONDS",
                    help="etcd lease TTL; the master drops the node this long after it dies")
+    p.add_argument("--etcd-wait", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to keep trying to register while etcd is unreachable before giving up "
+                        "(default 30)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: none)")
     p.add_argument("--zone", default="", help="failure domain of this node (rack, host, AZ): the master puts "
                                               "an object's replicas in distinct zones first (default: none)")
@@ -148,6 +151,8 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--promote-after must be >= 1, --promote-window > 0 and --max-hold >= 0")
     if not args.frame_timeout > 0:  # also NaN
         parser.error("--frame-timeout must be positive")
+    if not args.etcd_wait > 0:
+        parser.error("--etcd-wait must be positive")
     if not args.idle_timeout >= 0:
         parser.error("--idle-timeout must be 0 (never) or positive")
     if args.max_connections < 1:
@@ -238,7 +243,7 @@ async def _serve(args) -> int:
                             transport_info=server.offers)
         registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl, credential, args.tls)
         try:
-            if not await _until_stopped(registration.start(), stopping):
+            if not await _until_stopped(registration.start(args.etcd_wait), stopping):
                 return 0
         except UnavailableError as exc:  # etcd did not take the registration before its deadline
             print(cannot_reach_etcd("kvpool-storenode", args.etcd, exc), file=sys.stderr, flush=True)

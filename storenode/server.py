@@ -12,6 +12,7 @@ import socket
 from kvpool.protocol import wire
 from kvpool.security.auth import Tickets, Verifier
 from kvpool.errors import Code
+from kvpool.net.netutil import long_lived
 from kvpool.security.tls_socket import TlsSocket
 
 from .copier import Copier
@@ -126,7 +127,7 @@ class DataServer:
                 self._turn_away(sock)
                 continue
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            long_lived(sock)  # a client that goes silent is dropped, and what it held released
             if self._tls_context is not None:
                 sock = TlsSocket(sock, self._tls_context, server_side=True)
             task = asyncio.create_task(TcpSession(self, sock).run())

@@ -5,6 +5,7 @@ component and engine it starts) as $KVPOOL_TOKEN: all of the suite runs authenti
 the client role use a cluster's client_token.
 """
 
+import contextlib
 import os
 
 import pytest
@@ -17,15 +18,28 @@ os.environ.pop("KVPOOL_TOKEN_FILE", None)
 os.environ["KVPOOL_TOKEN"] = auth.new_secret()
 
 
-@pytest.fixture
-def etcd(tmp_path):
-    """A real etcd; yields its client endpoint HOST:PORT."""
-    server = EtcdServer(tmp_path / "etcd-data", log_path=tmp_path / "etcd.log").start()
+@contextlib.contextmanager
+def _running_etcd(directory):
+    server = EtcdServer(directory / "etcd-data", log_path=directory / "etcd.log").start()
     enable_auth(server.endpoint, os.environ["KVPOOL_TOKEN"])
     try:
         yield server.endpoint
     finally:
         server.stop()
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real etcd; yields its client endpoint HOST:PORT."""
+    with _running_etcd(tmp_path) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def module_etcd(tmp_path_factory):
+    """A real etcd shared by one test module (for tests that register nothing another test would meet)."""
+    with _running_etcd(tmp_path_factory.mktemp("etcd")) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Small socket helpers: loopback ports for local processes, and connecting."""
+"""Small socket helpers: loopback ports for local processes, connecting, and the options of long-lived
+TCP connections."""
 
 import asyncio
 import ipaddress
@@ -29,10 +30,34 @@ def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "c
         time.sleep(interval)
 
 
+# A peer that goes silent (a partition: packets vanish, nothing answers) is found by the clock rather than
+# by TCP's retransmission back-off, which keeps a dead connection for minutes and, after a heal, resumes
+# only at its next retry (tens of seconds): unacknowledged data older than SILENT_PEER_SECONDS ends the
+# connection (TCP_USER_TIMEOUT), and an idle one is probed from KEEPALIVE_IDLE seconds on.
+SILENT_PEER_SECONDS = 5.0
+KEEPALIVE_IDLE = 2
+KEEPALIVE_INTERVAL = 1
+_LINUX_OPTIONS = all(hasattr(socket, name) for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT",
+                                                        "TCP_USER_TIMEOUT"))
+
+
+def long_lived(sock: socket.socket, silent_after: float = SILENT_PEER_SECONDS) -> socket.socket:
+    """Set the options of a long-lived TCP connection on `sock`: Nagle off, keepalive probes, and a
+    silent peer dropped after `silent_after` seconds (the connection then fails with ETIMEDOUT)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if _LINUX_OPTIONS:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT,
+                        max(1, int((silent_after - KEEPALIVE_IDLE) / KEEPALIVE_INTERVAL)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(silent_after * 1000))
+    return sock
+
 
 async def open_socket(host: str, port: int) -> socket.socket:
-    """A connected non-blocking TCP socket with Nagle off (a host name is resolved off the loop thread);
-    OSError if it cannot connect. Bound it with a timeout."""
+    """A connected non-blocking TCP socket with long_lived's options (a host name is resolved off the loop
+    thread); OSError if it cannot connect. Bound it with a timeout."""
     loop = asyncio.get_running_loop()
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
@@ -43,7 +68,7 @@ async def open_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        long_lived(sock)
         await loop.sock_connect(sock, target)
     except BaseException:
         sock.close()

@@ -3,6 +3,7 @@
 import asyncio
 import queue
 import signal
+import string
 import subprocess
 import sys
 import threading
@@ -78,8 +79,27 @@ class Cluster:
             process.stop()
 
 
+@pytest.fixture(scope="module")
+def shared_cluster(module_etcd, tmp_path_factory):
+    started = Cluster(module_etcd, tmp_path_factory.mktemp("shared"))
+    yield started
+    started.stop()
+
+
 @pytest.fixture
-def cluster(etcd, tmp_path):
+def cluster(shared_cluster):
+    """The module's cluster, empty: what a test stores is removed after it (stopping or restarting a
+    process of it is for `own`)."""
+    yield shared_cluster
+    with Client(shared_cluster.address) as client:
+        for first in string.ascii_letters + string.digits + string.punctuation:  # "" is refused: every key
+            client.remove_prefix(first)
+        assert client.stats().objects == 0
+
+
+@pytest.fixture
+def own(etcd, tmp_path):
+    """A cluster for one test that kills or restarts a part of it."""
     started = Cluster(etcd, tmp_path)
     yield started
     started.stop()
@@ -214,13 +234,13 @@ def test_stale_cached_placement_is_refreshed(cluster):
         wait_until(lambda: missing(a, "moving"), 10, what="a to see the removal")
 
 
-def test_dead_node_fails_fast_and_replicas_cover_it(cluster):
+def test_dead_node_fails_fast_and_replicas_cover_it(own):
     # Every timeout long: reads that waited one out would take PATIENT s, far above the FAIL_FAST bound.
-    with Client(cluster.address, **PATIENT_TIMEOUTS) as single, Client(cluster.address, replicas=2) as double:
+    with Client(own.address, **PATIENT_TIMEOUTS) as single, Client(own.address, replicas=2) as double:
         keys = [f"s{i}" for i in range(8)]
         single.batch_put(keys, [k.encode() for k in keys])
         double.put("both", b"two copies")
-        victim = cluster.nodes[0]
+        victim = own.nodes[0]
         victim.stop(signal.SIGKILL)
 
         assert double.get("both") == b"two copies"  # the surviving replica answers
@@ -263,8 +283,8 @@ def test_tcp_link_ping_and_refused(cluster):
     asyncio.run(scenario())
 
 
-def test_node_connections_fail_every_pending_request_when_the_node_dies(cluster):
-    victim = cluster.nodes[0]
+def test_node_connections_fail_every_pending_request_when_the_node_dies(own):
+    victim = own.nodes[0]
 
     async def scenario():
         transport = TcpLink(credential=client_credential())  # PING: served to any peer
@@ -290,18 +310,18 @@ def test_node_connections_fail_every_pending_request_when_the_node_dies(cluster)
     asyncio.run(scenario())
 
 
-def test_etcd_client_follows_a_restarted_master(cluster, tmp_path):
-    with Client(etcd=cluster.etcd) as client:
+def test_etcd_client_follows_a_restarted_master(own, tmp_path):
+    with Client(etcd=own.etcd) as client:
         client.put("before", b"1")
-        old_address = cluster.address
-        cluster.master.stop()
+        old_address = own.address
+        own.master.stop()
         with Client(old_address) as pinned, pytest.raises(UnavailableError):
             pinned.exists("before")  # a client pinned to the old address fails, typed
         port = free_port()
         while f"127.0.0.1:{port}" == old_address:
             port = free_port()
-        cluster.master = Process("kvpool.master", ["--etcd", cluster.etcd, "--port", str(port)],
-                                 tmp_path / "master2.log", "kvpool-master ready ")
+        own.master = Process("kvpool.master", ["--etcd", own.etcd, "--port", str(port)],
+                             tmp_path / "master2.log", "kvpool-master ready ")
         # The client finds the new master through etcd by itself.
         assert client.stats().address == f"127.0.0.1:{port}"
         wait_until(lambda: len(client.stats().nodes) == 2, 15, what="nodes known to the new master")
@@ -309,7 +329,8 @@ def test_etcd_client_follows_a_restarted_master(cluster, tmp_path):
         assert client.get("after") == b"2"
 
 
-def test_master_lookup_failures_are_typed(etcd):
+def test_master_lookup_failures_are_typed(module_etcd):
+    etcd = module_etcd
     with pytest.raises(InvalidArgumentError):
         Client()
     with pytest.raises(InvalidArgumentError):

@@ -235,7 +235,7 @@ def test_master_and_storenode_that_cannot_start_end_with_cause_and_fix(etcd, tmp
         dead = f"127.0.0.1:{gone.getsockname()[1]}"  # nothing listens there once closed
     unreachable = {"master": run("master", "--etcd", dead, "--port", "0"),
                    "storenode": run("storenode", "--etcd", dead, "--port", "0", "--dram", "16MiB",
-                                    "--data-dir", str(tmp_path / "node"))}
+                                    "--data-dir", str(tmp_path / "node"), "--etcd-wait", "1")}
     for program, line in unreachable.items():
         assert line.startswith(f"kvpool-{program}: cannot reach etcd at {dead}"), line
         assert "--etcd" in line, line

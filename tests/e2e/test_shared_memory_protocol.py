@@ -16,16 +16,27 @@ from kvpool.errors import Code
 from kvpool.net.netutil import wait_until
 from kvpool.protocol.wire import Op
 
-from storenode_harness import closed_by_node, get, put, read_reply, start_node, write_status
+from storenode_harness import closed_by_node, free, get, inventory, put, read_reply, report, start_node, write_status
 
 MIB = 1024 * 1024
 
 
-@pytest.fixture
-def node(etcd, tmp_path):
-    started = start_node(etcd, tmp_path, dram="4MiB")
+@pytest.fixture(scope="module")
+def shared_node(module_etcd, tmp_path_factory):
+    started = start_node(module_etcd, tmp_path_factory.mktemp("shm"), dram="4MiB")
     yield started
     started.stop()
+
+
+@pytest.fixture
+def node(shared_node):
+    """The module's node, empty: every object a test left is freed after it, and its segment given back
+    whole (a pin or an allocation a test left lapses by then) before the next test."""
+    yield shared_node
+    for key, generation in inventory(shared_node):
+        free(shared_node, key.encode(), generation)
+    wait_until(lambda: report(shared_node)["tiers"]["dram"]["used"] == 0, wire.LOCATE_LEASE + 10,
+               what="the node's segment empty")
 
 
 def attach(sock: socket.socket):

@@ -41,11 +41,12 @@ def make_client(spec: dict) -> Client:
     return Client(spec["masters"], **options)
 
 
-def timed_put(client: Client, key: str, version: int, size: int, replicas: int) -> dict:
+def timed_put(client: Client, key: str, version: int, size: int, replicas: int,
+              min_replicas: int | None = None) -> dict:
     value = make_value(key, version, size)
     t0 = time.monotonic()
     try:
-        client.put(key, value, overwrite=True, replicas=replicas)
+        client.put(key, value, overwrite=True, replicas=replicas, min_replicas=min_replicas)
         ok, error = True, None
     except KvpoolError as exc:
         ok, error = False, type(exc).__name__
@@ -100,8 +101,9 @@ class Server:
         self.clients[name] = make_client(spec)
         return {}
 
-    def put(self, client: str, key: str, version: int, size: int, replicas: int = 1) -> dict:
-        return timed_put(self.clients[client], key, version, size, replicas)
+    def put(self, client: str, key: str, version: int, size: int, replicas: int = 1,
+            min_replicas: int | None = None) -> dict:
+        return timed_put(self.clients[client], key, version, size, replicas, min_replicas)
 
     def get(self, client: str, key: str) -> dict:
         return timed_get(self.clients[client], key)

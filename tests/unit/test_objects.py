@@ -500,6 +500,22 @@ def test_drop_node_removes_objects_whose_only_replica_was_there(table):
     assert table.drop_node("nobody").removed == []
 
 
+def test_a_put_that_needs_fewer_copies_outlives_a_target_node_that_goes(table):
+    table.upsert_node(record("n2", port=7001))
+    table.upsert_node(record("n3", port=7002))
+    spare = table.put_start("spare", 100, 0, replicas=3, min_replicas=2)
+    strict = table.put_start("strict", 100, 0, replicas=3)
+    dropped = table.drop_node("n3")
+    assert dropped.revoked == ["strict"]  # needs every copy: one is gone for good
+    # The client names the node it could not write; it is gone, so no longer a target: the rest commit.
+    ended = table.put_end("spare", spare.generation, ["n3"])
+    assert sorted(r.node_id for r in ended.replicas) == ["n1", "n2"]
+    assert table.get("spare").generation == spare.generation
+    with pytest.raises(InvalidArgumentError):  # a registered node that was never a target still is an error
+        other = table.put_start("other", 100, 0, replicas=1, min_replicas=1)
+        table.put_end("other", other.generation, [n for n in ("n1", "n2") if n != other.replicas[0].node_id])
+
+
 def test_restarted_node_loses_its_replicas(table):
     put(table, "k")
     assert table.upsert_node(record("n1")) is None  # same instance: nothing lost
