@@ -110,7 +110,8 @@ class NodeIO:
                     await asyncio.sleep(ends - time.monotonic())
 
     async def settle(self, address: str, timeout: float) -> bool:
-        """Send the node at `address` the FREEs still owed to it; whether it owes nothing now."""
+        """Send the node at `address` the FREEs owed to it now; whether it confirmed them all (FREEs
+        ordered meanwhile go out on the same connection, ahead of or right behind what follows)."""
         owed = self.grants.owed(address)
         for i in range(0, len(owed), FREES_PER_SEND):
             try:
@@ -119,7 +120,7 @@ class NodeIO:
                         return False
             except TimeoutError:
                 return False
-        return not self.grants.owed(address)
+        return True
 
     async def _send_frees(self) -> None:
         while True:
