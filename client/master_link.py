@@ -15,7 +15,11 @@ leader (over gRPC: FAILED_PRECONDITION with the leader's address in the
 "kvpool-leader" trailing metadata, see the end of kvpool.proto): the link
 switches to that master and retries. With several masters known, or etcd, an
 unreachable master is also retried elsewhere (the next known one, or whoever
-etcd names) until the RPC timeout ends.
+etcd names) until the RPC timeout ends; and a silent one (its host cut off:
+nothing answers, nothing is refused) is left after ATTEMPT_TIMEOUT, far less
+than the RPC timeout, so a client finds a new leader in about the time the
+election takes. A call left this way may have been applied: it is sent again
+elsewhere, as after a lost connection.
 """
 
 import asyncio
@@ -40,6 +44,7 @@ from kvpool.errors import (
 from .io import LOOP_IO, LoopIO
 
 DEFAULT_RPC_TIMEOUT = 10.0
+ATTEMPT_TIMEOUT = 2.0  # with another master to turn to: how long one may stay silent before the next is tried
 _CHANNEL_OPTIONS = (
     # A restarted master should be found again in well under a second, not after gRPC's 1s+ backoff.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -49,6 +54,7 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 )
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # another master may answer
 
 
 LEADER_METADATA = "kvpool-leader"
@@ -83,6 +89,7 @@ class MasterLink:
         self.etcd = etcd
         self.cluster = cluster
         self.rpc_timeout = rpc_timeout
+        self.attempt_timeout = min(rpc_timeout, ATTEMPT_TIMEOUT)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, kvpool_pb2_grpc.MasterStub] = {}
         self._controls: dict[str, str] = {}  # master (gRPC address) -> its control port ("": none)
@@ -96,6 +103,11 @@ class MasterLink:
     def _can_move(self) -> bool:
         """Whether another master may answer when this one cannot."""
         return self.etcd is not None or len(self.addresses) > 1
+
+    def _attempt_end(self, now: float, deadline: float) -> float:
+        """When an attempt on one master gives up (loop time): with another master to turn to, a silent one
+        is left after attempt_timeout and the call goes on elsewhere until `deadline`."""
+        return min(deadline, now + self.attempt_timeout) if self._can_move else deadline
 
     def _stub(self, address: str) -> kvpool_pb2_grpc.MasterStub:
         stub = self._stubs.get(address)
@@ -126,14 +138,15 @@ class MasterLink:
                 if failed is not None:
                     error, failed = failed, None
                     raise error
+                attempt_end = self._attempt_end(loop.time(), deadline)
                 control = self._controls.get(address)
                 if control is None and method in OP_BY_RPC:
-                    control = await self._learn(address, deadline)
+                    control = await self._learn(address, attempt_end)
                 if control and method in OP_BY_RPC:
-                    return await self._links.call(control, method, request, deadline)
+                    return await self._links.call(control, method, request, attempt_end)
                 # Posted calls first: a gRPC call must not overtake what this client sent before it.
                 await self._links.drain(deadline)
-                remaining = deadline - loop.time()
+                remaining = attempt_end - loop.time()
                 return await getattr(self._stub(address), method)(request, timeout=max(remaining, 0.001))
             except grpc.aio.AioRpcError as exc:
                 pause = await self._move_on(method, exc, address, deadline, pause)
@@ -156,9 +169,10 @@ class MasterLink:
         control = self._controls.get(self.address) if self.address is not None else None
         if not control or method not in OP_BY_RPC:
             return self.io.run(self.call(method, request))
-        deadline = time.monotonic() + self.rpc_timeout  # the event loop's clock
+        now = time.monotonic()  # the event loop's clock
+        deadline = now + self.rpc_timeout
         try:
-            return self._links.call_now(control, method, request, deadline)
+            return self._links.call_now(control, method, request, self._attempt_end(now, deadline))
         except (LeaderHint, UnavailableError) as exc:
             return self.io.run(self.call(method, request, exc, deadline))
 
@@ -251,7 +265,7 @@ class MasterLink:
                        pause: float) -> float:
         """After `exc` from the master at `address`: go to the leader it named, or to the next master
         after a pause; returns the next pause. Raises the typed error when nothing else may answer in time."""
-        return await self._follow(_leader_hint(exc), exc.code() == grpc.StatusCode.UNAVAILABLE,
+        return await self._follow(_leader_hint(exc), exc.code() in _ELSEWHERE,
                                   self._error(method, exc), address, deadline, pause)
 
     async def _follow(self, leader: str | None, unreachable: bool, error: Exception, address: str,
@@ -279,7 +293,7 @@ class MasterLink:
 
     async def _next_address(self, failed: str) -> str:
         if self.etcd is not None:
-            return await self._resolve()
+            return await self._resolve(self.attempt_timeout)
         if failed in self.addresses:
             return self.addresses[(self.addresses.index(failed) + 1) % len(self.addresses)]
         return self.addresses[0]
@@ -297,15 +311,17 @@ class MasterLink:
             return ForbiddenError(text)
         return InternalError(text)
 
-    async def _resolve(self) -> str:
-        """The master address registered in etcd for this cluster."""
+    async def _resolve(self, timeout: float | None = None) -> str:
+        """The master address registered in etcd for this cluster (etcd answering within `timeout`,
+        by default the RPC timeout)."""
         import aetcd  # only etcd-configured clients need it
 
         from kvpool.cluster.etcd_client import EtcdClient
 
         host, port = parse_hostport(self.etcd)
         try:
-            async with EtcdClient(host, port, self.credential, timeout=self.rpc_timeout, tls=self.tls) as etcd:
+            async with EtcdClient(host, port, self.credential, timeout=timeout or self.rpc_timeout,
+                                  tls=self.tls) as etcd:
                 record = await etcd.get(master_key(self.cluster))
         except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError) as exc:
             raise UnavailableError(f"etcd {self.etcd} unreachable: {exc}") from None

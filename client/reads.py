@@ -6,8 +6,11 @@ replica, grouped per node and pipelined, all nodes at once; the bytes must match
 the object's checksum (a mismatch is a failed replica). A key whose replica
 failed moves to its next replica; when none is left, and the failure may mean
 the placement moved on (STALE, NOT_FOUND, an unreachable node) and it came from
-the cache or went stale, the master is asked once more. A fresh placement whose
-nodes no longer hold the object means it was evicted: it is missing. A
+the cache or its nodes no longer hold it, the master is asked once more: an
+overwrite that ended between the lookup and the read frees the version looked
+up, so a key overwritten again and again is asked about while each answer names a
+newer version (up to MAX_LOOKUPS). A placement asked afresh that names the
+version its nodes no longer hold means it was evicted: it is missing. A
 transport that fails a transfer is set aside and the transfer retried on TCP by
 the transport itself (selector.py).
 
@@ -31,6 +34,7 @@ from .values import fresh_bytes_view
 _REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)
 # What a node says when it no longer has the version the master placed there (evicted, expired).
 _GONE = (StaleReplicaError, KeyNotFoundError)
+MAX_LOOKUPS = 4  # of one key in one read, while each names a newer version than the one that failed
 
 
 async def read(core: Core, keys: list, dests: list | None) -> list:
@@ -49,6 +53,8 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
         else:
             todo.append((i, 0))
     refetched = [False] * count
+    failed_generation: list = [None] * count  # the version whose read sent a key back to the master
+    lookups = [0] * count
     results: list = [None] * count
     if missing:
         await _lookup(core, keys, missing, infos, results)
@@ -102,13 +108,16 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
                 results[i] = error
                 if r + 1 < len(info.replicas):
                     todo.append((i, r + 1))
-                elif (isinstance(error, _REFETCH) and not refetched[i]
-                      and (cached[i] or isinstance(error, StaleReplicaError))):
+                elif (isinstance(error, _REFETCH) and lookups[i] < MAX_LOOKUPS
+                      and info.generation != failed_generation[i]
+                      and (cached[i] or isinstance(error, _GONE))):
                     refetch.append(i)
         if refetch:
             for i in refetch:
                 cache.invalidate(keys[i])
                 refetched[i] = True
+                failed_generation[i] = infos[i].generation
+                lookups[i] += 1
                 cached[i] = False
             await _lookup(core, keys, refetch, infos, results)
             todo.extend((i, 0) for i in refetch if infos[i] is not None)

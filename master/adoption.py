@@ -41,6 +41,9 @@ class Adopter:
         return node is not None and node.instance == instance
 
     async def _adopt(self, node_id: str, instance: str, address: str) -> None:
+        # A node this leader stopped REPORTing (silent, lapsed or dropped) is trusted again only once the
+        # grant its last REPORTs gave has surely ended: no REPORT still under way can then renew it.
+        await self._node_io.grants.until_ended(address)
         attempt = 0
         while True:  # until it answers, or leaves (its lease ends) or restarts: it serves no read before
             attempt += 1

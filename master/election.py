@@ -53,6 +53,8 @@ class LeadershipState(Protocol):
 
     def holds_lease(self) -> bool: ...
 
+    def etcd_in_doubt(self, window: float) -> bool: ...
+
     def answering(self) -> bool: ...
 
 
@@ -72,6 +74,7 @@ class Election:
         self.ttl = max(2, math.ceil(ttl))  # etcd grants whole seconds, at least 2
         self._lease = None
         self._refreshed = 0.0  # monotonic time of the last refresh etcd confirmed
+        self._etcd_back = float("-inf")  # when etcd last answered after a silence (a refresh late, a lease lost)
         self._task: asyncio.Task | None = None
         self.is_leader = False
         self.term = 0         # this master's term while it leads
@@ -126,32 +129,50 @@ class Election:
         self.members = sorted(set(members) | {self.address})
 
     async def _keep_alive(self) -> None:
+        """Refresh the lease every ttl/3. Each refresh (and the members' read) is bounded by the clock:
+        a silent etcd never answers, and this master steps down by its own clock, not etcd's."""
+        pause = self.ttl / 3
         while True:
-            await asyncio.sleep(self.ttl / 3)
+            await asyncio.sleep(pause)
+            pause = self.ttl / 3
             try:
                 asked = time.monotonic()  # etcd counts the ttl from no earlier than this
-                reply = await self._etcd.refresh_lease(self._lease.id)
+                reply = await asyncio.wait_for(self._etcd.refresh_lease(self._lease.id), self.ttl / 3)
                 if reply is None or reply.TTL <= 0:
+                    self._etcd_back = time.monotonic()
                     self._lease_expired()
                     if not self.is_leader and not self.lost.is_set():
                         # A follower just registers again; it had nothing to lose.
-                        self._lease = await self._etcd.lease(self.ttl)
-                        await self._etcd.put(self._member_key, self._value, lease=self._lease)
+                        self._lease = await asyncio.wait_for(self._etcd.lease(self.ttl), self.ttl)
+                        await asyncio.wait_for(self._etcd.put(self._member_key, self._value, lease=self._lease),
+                                               self.ttl)
                 else:
+                    if asked - self._refreshed > self.ttl / 2:
+                        self._etcd_back = time.monotonic()
                     self._refreshed = asked
-                await self._read_members()
+                await asyncio.wait_for(self._read_members(), self.ttl / 3)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd away: a leader that cannot refresh steps down
-                log.warning("refreshing the master lease failed: %s", exc)
+                log.warning("refreshing the master lease failed (%s: %s)", type(exc).__name__, exc)
+                if self.is_leader:
+                    pause = RETRY_DELAY  # try again soon: the lease runs out meanwhile
             if self.is_leader and time.monotonic() - self._refreshed > self.ttl:
                 self._lease_expired()
 
     def holds_lease(self) -> bool:
-        """Whether this master leads with a lease etcd cannot have expired yet. Checked on every
-        request: a leader that hangs past its ttl must not answer once a successor may lead, since
-        the successor rebuilds its table from the nodes at that moment."""
+        """Whether this master leads with a lease etcd cannot have expired yet, by this master's own
+        clock (LEASE_MARGIN of the ttl before it could have). Checked on every request and by the
+        health service: a leader that cannot refresh (etcd silent, or its host cut off) stops
+        answering and claiming leadership before a successor may lead, since the successor rebuilds
+        its table from the nodes at that moment."""
         return self.is_leader and time.monotonic() < self._refreshed + self.ttl * (1 - LEASE_MARGIN)
+
+    def etcd_in_doubt(self, window: float) -> bool:
+        """Whether etcd is silent to this master now (its lease not refreshed for half a ttl), or was
+        within the last `window` seconds: leases of others may have expired for that silence alone."""
+        now = time.monotonic()
+        return now - self._refreshed > self.ttl / 2 or now - self._etcd_back < window
 
     def answering(self) -> bool:
         """Whether this master may answer requests now: it has taken over and its lease holds."""
@@ -197,6 +218,7 @@ class Election:
                 await asyncio.sleep(RETRY_DELAY)
         self._lease = lease
         self._refreshed = asked
+        self._etcd_back = time.monotonic()
         self.lost.clear()  # armed again for the next term
         log.info("registered again; campaigning")
 

@@ -3,7 +3,9 @@ and the leader and term gauges.
 
 Service "" (the whole server) is SERVING once the master has joined the election, as leader or standby: either
 can answer clients (a standby names the leader) and take over; NOT_SERVING before that and while stopping.
-Service "kvpool.Leader" is SERVING only on the leader that has taken over the cluster and serves requests.
+Service "kvpool.Leader" is SERVING only on the leader that has taken over the cluster and serves requests, with
+a lease that cannot have expired by its own clock (Election.answering): a leader cut off from etcd stops saying
+so before a successor may lead, as does its leader gauge and /readyz's "leading".
 The health methods need no proof (ServerAuth lets them through): they tell nothing but these states.
 """
 
@@ -18,7 +20,7 @@ from .election import LeadershipState
 from .metrics import MasterMetrics
 
 LEADER_SERVICE = "kvpool.Leader"
-REFRESH = 0.5  # seconds between looks at the election
+REFRESH = 0.2  # seconds between looks at the election (well inside the lease margin)
 
 
 class MasterHealth:
@@ -32,14 +34,14 @@ class MasterHealth:
         self.probes = Health(self.ready)
 
     def leading(self) -> bool:
-        return self.election.is_leader and self.election.serving
+        return self.election.answering()
 
     def ready(self) -> tuple[bool, str]:
         if self.stopping:
             return False, "stopping"
         if not self.joined:
             return False, "joining the election"
-        return True, ""
+        return True, "leading" if self.leading() else "standing by"
 
     async def run(self) -> None:
         """Keep the gRPC statuses in step with the election (and the event loop's heartbeat for /healthz)."""

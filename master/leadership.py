@@ -28,6 +28,10 @@ log = logging.getLogger("kvpool.master")
 RECLAIM_INTERVAL = 0.5
 ETCD_CONNECT_TIMEOUT = 10.0
 STARTUP_INVENTORY_TIMEOUT = 10.0  # how long serving waits for the nodes' inventories at start
+# After etcd was silent, nodes whose leases expired meanwhile register again within about a second of its
+# return (storenode/registration.py): a takeover then waits for them, this long at most, before it serves.
+REGISTRATION_GRACE = 5.0
+REGISTRATION_SETTLE = 1.0  # with no nodes remembered: the node set unchanged this long counts as complete
 
 
 async def _reclaim_loop(table: ObjectTable, node_io: NodeIO) -> None:
@@ -47,9 +51,10 @@ class Leader:
     table rebuilt from the nodes, and the background loops."""
 
     def __init__(self, args, etcd: aetcd.Client, election: Election, table: ObjectTable, node_io: NodeIO,
-                 adopter: Adopter):
+                 adopter: Adopter, known_nodes: frozenset = frozenset()):
         self._args, self._etcd, self._election = args, etcd, election
         self._table, self._node_io, self._adopter = table, node_io, adopter
+        self._known_nodes = known_nodes  # node ids this master's previous term had
         self.tasks: list[asyncio.Task] = []
         self._joins: list | None = []  # node instances met before the table was rebuilt
 
@@ -63,9 +68,12 @@ class Leader:
         """Know the nodes, then rebuild the table from what they hold (nothing per object is in etcd)."""
         args, loop = self._args, asyncio.get_running_loop()
         self._node_io.term = self._election.term  # REPORT and INVENTORY carry it: nodes refuse older leaders
-        membership = Membership(self._etcd, args.cluster, self._table, self._node_io, on_join=self._node_joined)
+        membership = Membership(self._etcd, args.cluster, self._table, self._node_io, on_join=self._node_joined,
+                                etcd_in_doubt=self._election.etcd_in_doubt)
         self.tasks.append(loop.create_task(membership.run(), name="membership"))
         await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
+        if self._election.etcd_in_doubt(membership.grace):
+            await self._until_registered()
         joins, self._joins = self._joins, None
         # Every node at once; later joins (and nodes that did not answer now) go to the adopter.
         silent = await asyncio.wait_for(
@@ -83,6 +91,27 @@ class Leader:
                                            name="repair"))
         log.info("took over with term %d: %d objects on %d nodes (%d did not answer yet)", self._election.term,
                  self._table.object_count, len(self._table.nodes), len(silent))
+
+    async def _until_registered(self) -> None:
+        """etcd was silent just now, so nodes may have lost their leases for that alone and be registering
+        again: a table built before they did would miss them (puts refused for want of nodes, their keys
+        unknown). Waits until every node the previous term had is back (with none remembered: until the
+        node set stops changing), REGISTRATION_GRACE s at most."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline, seen, changed = start + REGISTRATION_GRACE, set(self._table.nodes), start
+        while loop.time() < deadline:
+            nodes = set(self._table.nodes)
+            if nodes != seen:
+                seen, changed = nodes, loop.time()
+            if self._known_nodes and self._known_nodes <= nodes:
+                break
+            if not self._known_nodes and nodes and loop.time() - changed >= REGISTRATION_SETTLE:
+                break
+            await asyncio.sleep(0.05)
+        missing = sorted(self._known_nodes - set(self._table.nodes))
+        log.info("etcd was silent: waited %.1fs for the nodes to register again (%d registered%s)",
+                 loop.time() - start, len(self._table.nodes), f"; not back: {missing}" if missing else "")
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -108,6 +137,7 @@ class Leadership:
         self._args, self._etcd, self._election = args, etcd, election
         self._table, self._node_io, self._adopter = table, node_io, adopter
         self._leader: Leader | None = None  # the current term's work, while this master leads
+        self._known_nodes: frozenset = frozenset()  # node ids the last term had, awaited by the next takeover
         self._campaign: asyncio.Task | None = None
 
     async def first_campaign(self) -> bool:
@@ -155,7 +185,8 @@ class Leadership:
         return True
 
     async def _lead(self) -> None:
-        self._leader = Leader(self._args, self._etcd, self._election, self._table, self._node_io, self._adopter)
+        self._leader = Leader(self._args, self._etcd, self._election, self._table, self._node_io, self._adopter,
+                              self._known_nodes)
         await self._leader.take_over()
         self._election.serving = self._election.is_leader  # the lease may have expired while taking over
 
@@ -167,6 +198,7 @@ class Leadership:
         self._leader = None
         await self._adopter.close()
         self._node_io.discard_frees()
+        self._known_nodes = frozenset(self._table.nodes)
         self._table.reset()
 
     async def stop_campaign(self) -> None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvpool.errors import UnavailableError
 from kvpool.net.tcp_link import TcpLink
 
 from .ledger import FreeOrder
@@ -170,9 +171,22 @@ class NodeIO:
         return list(await asyncio.gather(*(one(order) for order in orders)))
 
     async def report(self, address: str, timeout: float) -> dict:
-        self.grants.report_sent(address)
-        report = await asyncio.wait_for(self.transport.report(address, self.term), timeout)
-        self.grants.report_answered(address)
+        """REPORT the node at `address`, which renews its read grant: one at a time per node, only once
+        every FREE owed to it is confirmed, and none after one went unanswered until the node was
+        reconciled (read_grants.py counts on at most one unanswered). Whoever asks (the report loop,
+        membership's probe) goes through here."""
+        async with self.grants.reporting(address):
+            if not self.grants.may_report(address):
+                raise UnavailableError(f"node at {address} left a REPORT unanswered; not reconciled since")
+            if not await self.settle(address, timeout):
+                raise UnavailableError(f"node at {address} did not confirm the FREEs owed to it")
+            self.grants.report_sent(address)
+            try:
+                report = await asyncio.wait_for(self.transport.report(address, self.term), timeout)
+            except BaseException:
+                self.grants.report_unanswered(address)
+                raise
+            self.grants.report_answered(address)
         self._recovered(address)
         return report
 

@@ -37,10 +37,6 @@ class ReportPoller:
         await asyncio.gather(*(self._poll(*node) for node in nodes))
 
     async def _poll(self, node_id: str, instance: str, address: str) -> None:
-        # A REPORT renews the node's read grant: only once every FREE ordered there is confirmed.
-        if not await self._node_io.settle(address, self.timeout):
-            self._lapsed(node_id, instance, address)
-            return
         mark = self._table.report_mark()
         try:
             report = await self._node_io.report(address, self.timeout)

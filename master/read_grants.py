@@ -14,6 +14,7 @@ within 2 READ_GRANT of the last answered REPORT. After an unanswered REPORT the 
 other until it reconciled it (master/node_reports.py), so there is at most one such REPORT.
 """
 
+import asyncio
 import time
 
 from kvpool.errors import KeyNotFoundError
@@ -32,6 +33,8 @@ class ReadGrants:
         self._owed: dict[str, dict[tuple[bytes, int], FreeOrder]] = {}
         self._answered: dict[str, float] = {}  # address -> when its last REPORT was answered
         self._unanswered: set[str] = set()  # addresses with a REPORT out and no answer (yet)
+        self._silent: set[str] = set()  # addresses that left a REPORT unanswered and were not reconciled since
+        self._reporting: dict[str, asyncio.Lock] = {}  # one REPORT at a time per node
 
     # ----- FREEs
 
@@ -61,6 +64,23 @@ class ReadGrants:
     def report_sent(self, address: str) -> None:
         self._unanswered.add(address)
 
+    def reporting(self, address: str) -> asyncio.Lock:
+        lock = self._reporting.get(address)
+        if lock is None:
+            lock = self._reporting[address] = asyncio.Lock()
+        return lock
+
+    def may_report(self, address: str) -> bool:
+        return address not in self._silent
+
+    def report_unanswered(self, address: str) -> None:
+        """A REPORT got no answer (it may still reach the node): no other until it is reconciled."""
+        self._silent.add(address)
+
+    def reconciled(self, address: str) -> None:
+        """The node's inventory was adopted again after its owed FREEs were confirmed: REPORTs resume."""
+        self._silent.discard(address)
+
     def report_answered(self, address: str) -> None:
         self._answered[address] = self._clock()
         self._unanswered.discard(address)
@@ -75,3 +95,11 @@ class ReadGrants:
         if address in self._unanswered:
             return min(answered + 2 * period, freed_at + period)
         return answered + period
+
+    async def until_ended(self, address: str) -> None:
+        """Return once the grant REPORTs of this leader gave the node at `address` has surely ended
+        (at once if none was given)."""
+        if address not in self._answered and address not in self._unanswered:
+            return
+        while (left := self.grant_ends(address, self._clock()) - self._clock()) > 0:
+            await asyncio.sleep(left)

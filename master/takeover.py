@@ -59,6 +59,7 @@ async def adopt_in_slices(table: ObjectTable, node_io: NodeIO, node_id: str, ins
     node = table.nodes.get(node_id)
     if node is not None and node.instance == instance:
         node.reconciled = True  # REPORTs may renew its read grant once it owes no FREE (node_reports.py)
+        node_io.grants.reconciled(node.address)
     return outcome
 
 

@@ -248,7 +248,6 @@ async def _serve(args) -> int:
         except UnavailableError as exc:  # etcd did not take the registration before its deadline
             print(cannot_reach_etcd("kvpool-storenode", args.etcd, exc), file=sys.stderr, flush=True)
             return 1
-        server.node.grant.registered(registration)
         health.ready = lambda: (True, "") if registration.in_etcd() else (
             False, "etcd lease not refreshed within its ttl: the master may count this node gone")
         print(f"kvpool-storenode ready node_id={node_id} address={record.address}", flush=True)

@@ -9,16 +9,23 @@ import aetcd
 
 from kvpool.protocol.cluster_layout import NodeRecord, node_key, parse_hostport
 from kvpool.errors import UnavailableError
-from kvpool.cluster.etcd_client import EtcdClient
+from kvpool.cluster.etcd_client import OWN_CONNECTION, EtcdClient, reconnect
 
 log = logging.getLogger(__name__)
+
+ATTEMPT_TIMEOUT = 1.0  # longest wait for one etcd call while the lease is kept: a silent etcd is found by the clock
+RETRY_DELAY = 0.2  # pause between attempts once one failed (etcd may be back any moment)
 
 
 class NodeRegistration:
     """Puts the record under a lease, refreshes it every ttl/3, and registers again if the lease is lost.
 
     The master treats the key vanishing (lease expired or revoked) as the node leaving,
-    so a clean stop revokes the lease to make that immediate.
+    so a clean stop revokes the lease to make that immediate. When etcd stops answering,
+    each attempt is bounded (ATTEMPT_TIMEOUT) and made on a fresh connection: the old one may
+    be dead without knowing it (a silent partition), and TCP's retransmission back-off would
+    find etcd again many seconds after it came back. So a lease that expired meanwhile is
+    replaced within about a second of etcd's return; the node serves throughout.
     """
 
     def __init__(self, etcd: str, cluster: str, record: NodeRecord, ttl: float, credential=None, tls=None):
@@ -36,7 +43,8 @@ class NodeRegistration:
     async def start(self, timeout: float = 30.0) -> None:
         """Register, retrying while etcd is unreachable; UnavailableError after `timeout` s."""
         # A per-call deadline keeps a stalled etcd from outliving the lease unnoticed.
-        self._client = EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl, tls=self.tls)
+        self._client = EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl, tls=self.tls,
+                                  options=dict(OWN_CONNECTION))
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -61,7 +69,7 @@ class NodeRegistration:
             return
         if self.lease_id is not None:
             try:
-                await self._client.revoke_lease(self.lease_id)
+                await asyncio.wait_for(self._client.revoke_lease(self.lease_id), ATTEMPT_TIMEOUT)
             except Exception as exc:  # the lease then expires on its own after ttl
                 log.warning("could not revoke lease %x: %s", self.lease_id, exc)
         await self._client.close()
@@ -75,16 +83,30 @@ class NodeRegistration:
         log.info("registered %s in etcd (lease %x, ttl %ds)", self.key.decode(), lease.id, self.ttl)
 
     async def _keep_alive(self) -> None:
+        failing = False
         while True:
-            await asyncio.sleep(self.ttl / 3)
+            await asyncio.sleep(RETRY_DELAY if failing else self.ttl / 3)
             try:
-                sent = time.monotonic()
-                reply = await self._client.refresh_lease(self.lease_id)
-                if reply is None or reply.TTL <= 0:
-                    # Expired while etcd was unreachable, or etcd lost its data: the key is gone.
-                    log.warning("lease %x lost; registering again", self.lease_id)
-                    await self._register()
-                else:
-                    self.refreshed = sent
-            except Exception as exc:  # keep trying: etcd may come back before the lease runs out
-                log.warning("etcd keepalive failed: %s", exc)
+                await asyncio.wait_for(self._refresh(), ATTEMPT_TIMEOUT * 2)
+                if failing:
+                    log.info("etcd answers again; lease %x held", self.lease_id)
+                failing = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep trying: etcd may come back before the lease runs out
+                if not failing:
+                    log.warning("etcd keepalive failed (%s: %s); retrying on a new connection",
+                                type(exc).__name__, exc)
+                failing = True
+                await reconnect(self._client, ATTEMPT_TIMEOUT)
+
+    async def _refresh(self) -> None:
+        sent = time.monotonic()
+        reply = await asyncio.wait_for(self._client.refresh_lease(self.lease_id), ATTEMPT_TIMEOUT)
+        if reply is None or reply.TTL <= 0:
+            # Expired while etcd was unreachable, or etcd lost its data: the key is gone.
+            log.warning("lease %x lost; registering again", self.lease_id)
+            await self._register()
+        else:
+            self.refreshed = sent
+

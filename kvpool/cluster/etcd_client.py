@@ -36,6 +36,24 @@ log = logging.getLogger(__name__)
 MEMBER_USER = "kvpool-member"
 CLIENT_USER = "kvpool-client"
 _AUTHENTICATE = "/etcdserverpb.Auth/Authenticate"
+# A silent etcd (its host cut off) is found by the clock: while a call or stream is open, the channel pings
+# every 6 s and drops a connection whose ping went unanswered for 3 s (etcd refuses pings more often than
+# every 5 s, and any ping without a call open); a dropped one is dialled again within 2 s.
+CHANNEL_OPTIONS = {
+    "grpc.keepalive_time_ms": 6000,
+    "grpc.keepalive_timeout_ms": 3000,
+    "grpc.keepalive_permit_without_calls": 0,
+    "grpc.http2.max_pings_without_data": 0,
+    "grpc.initial_reconnect_backoff_ms": 200,
+    "grpc.min_reconnect_backoff_ms": 200,
+    "grpc.max_reconnect_backoff_ms": 2000,
+}
+# Channel options, over CHANNEL_OPTIONS, of a client that reconnects (reconnect below): a connection of its own
+# (gRPC shares one between channels to the same address, so a new channel would inherit the dead one, or its
+# reconnection back-off), and each connect attempt given up after a second, so one made while etcd was
+# unreachable does not outlast its return.
+OWN_CONNECTION = {"grpc.use_local_subchannel_pool": 1, "grpc.initial_reconnect_backoff_ms": 200,
+                  "grpc.min_reconnect_backoff_ms": 1000, "grpc.max_reconnect_backoff_ms": 1000}
 
 
 def login_of(credential: Credential) -> tuple[str, str]:
@@ -132,6 +150,7 @@ class EtcdClient(aetcd.Client):
     def __init__(self, host: str, port: int, credential: Credential | None = None, timeout=None, tls=None,
                  **options):
         """tls: kvpool/security/tls.py TlsFiles (etcd's certificate is checked against its CA)."""
+        options["options"] = {**CHANNEL_OPTIONS, **(options.get("options") or {})}
         super().__init__(host=host, port=port, timeout=timeout, **options)
         self._login = login_of(credential) if credential is not None else None
         self._tls = tls
@@ -168,6 +187,24 @@ class EtcdClient(aetcd.Client):
             self._connected.set()
         finally:
             self._is_connecting = False
+
+
+async def reconnect(etcd: aetcd.Client, timeout: float = 1.0) -> None:
+    """Move `etcd` to a new connection: calls from now on use it. For a connection that may be dead without
+    knowing it (etcd cut off silently): TCP's retransmission back-off would find etcd again many seconds
+    after it returned. Give the client OWN_CONNECTION's options, or the new channel shares the old
+    connection. Calls still waiting on the old one are cancelled (grpc.aio raises CancelledError in them):
+    only for a client whose callers bound their calls themselves and have given up on them."""
+    old_channel, old_watcher = etcd.channel, etcd._watcher
+    etcd._connected.clear()
+    await etcd.connect()
+    for closing in (old_watcher.shutdown() if old_watcher is not None else None,
+                    old_channel.close() if old_channel is not None else None):
+        if closing is not None:
+            try:
+                await asyncio.wait_for(closing, timeout)
+            except Exception as exc:  # noqa: BLE001 - what is left of it goes with the process
+                log.debug("closing the old etcd connection failed: %s", exc)
 
 
 def enable_auth(endpoint: str, secret: str, prefix: str = "/kvpool/", timeout: float = 10.0, tls=None) -> bool:

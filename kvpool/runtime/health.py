@@ -2,7 +2,8 @@
 
 Every component serves them over HTTP beside its Prometheus metrics, on --metrics-port: GET /metrics, /healthz
 (liveness: 200 while the event loop has turned in the last STALL seconds) and /readyz (readiness: 200 when the
-component says it is ready, else 503 with the reason). Kubernetes probes these; the master also answers gRPC's
+component says it is ready, "ok" or "ok: " and its role, e.g. a master's "leading" or "standing by"; else 503
+with the reason). Kubernetes probes these; the master also answers gRPC's
 standard health service (master/health_service.py).
 """
 
@@ -60,7 +61,7 @@ def serve_http(port: int, host: str, registry, health: Health):
             except Exception as exc:  # a probe must get an answer, whatever broke
                 ok, why = False, f"check failed: {exc}"
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [b"ok\n" if ok else why.encode() + b"\n"]
+            return [(b"ok: " + why.encode() if ok and why else b"ok" if ok else why.encode()) + b"\n"]
         return metrics(environ, start_response)
 
     server = make_server(host, port, app, server_class=_Server, handler_class=_Quiet)

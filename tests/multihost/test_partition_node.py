@@ -10,8 +10,6 @@ asserted here.
 import json
 import time
 
-import pytest
-from netns_hosts import Network, unavailable
 from register_check import summarize
 from spread_cluster import SpreadCluster, wait_for_exit
 
@@ -30,15 +28,6 @@ DEADLINE_S = 5.0  # a node request's deadline: the client's read_timeout and wri
 CALL_MARGIN_S = 3.0
 SERVING_AGAIN_S = 5.0  # the bound from the heal to the node taking writes again ...
 SERVING_MARGIN_S = 3.0  # ... and what load on two shared cores adds to it
-
-
-@pytest.fixture
-def network():
-    why = unavailable()
-    if why:
-        pytest.skip(f"hosts made of network namespaces are not available here: {why}")
-    with Network() as net:
-        yield net
 
 
 def _events(paths) -> list:

@@ -1,21 +1,10 @@
 """kvpool spread over hosts: etcd, the master, two storage nodes and a client each on a host of its own
 (network namespaces joined by a bridge, netns_hosts.py), a storage node cut off silently and healed."""
 
-import pytest
-from netns_hosts import Network, unavailable
 from spread_cluster import SpreadCluster
 
 SIZE = 64 * 1024
 KEYS = [f"spread/{i}" for i in range(16)]
-
-
-@pytest.fixture
-def network():
-    why = unavailable()
-    if why:
-        pytest.skip(f"hosts made of network namespaces are not available here: {why}")
-    with Network() as net:
-        yield net
 
 
 def _reads(agent) -> list:

@@ -1,13 +1,20 @@
-"""The read grant: a node serves reads only while the leader's last REPORT is recent and its lease fresh,
-and once lapsed only after an INVENTORY then a REPORT (storenode/read_grant.py); the leader's bound on
-when a node that did not confirm a FREE stops serving (master/read_grants.py)."""
+"""The read grant: a node serves reads only while the leader's last REPORT is recent, and once lapsed
+only after an INVENTORY then a REPORT (storenode/read_grant.py); the leader's side (master/read_grants.py,
+node_io.py, ledger.py): its bound on when a node that did not confirm a FREE stops serving, REPORTs only
+over confirmed FREEs and at most one unanswered, FREEs still ordered on a node dropped under a grant."""
+
+import asyncio
 
 import pytest
 
 from kvpool.errors import KeyNotFoundError, StaleReplicaError, UnavailableError
 from master.ledger import FreeOrder
+from master.node_io import NodeIO
+from master.objects import ObjectTable
 from master.read_grants import ReadGrants
 from storenode.read_grant import ReadGrant
+
+from test_objects import record
 
 
 class Clock:
@@ -16,15 +23,6 @@ class Clock:
 
     def __call__(self):
         return self.now
-
-
-class Registration:
-    def __init__(self):
-        self.lease_id = 1
-        self.fresh = True
-
-    def in_etcd(self):
-        return self.fresh
 
 
 def test_a_node_serves_until_its_grant_lapses_then_only_after_an_inventory_and_a_report():
@@ -45,23 +43,71 @@ def test_a_node_serves_until_its_grant_lapses_then_only_after_an_inventory_and_a
     grant.check()
 
 
-def test_a_lease_that_may_have_expired_or_was_replaced_lapses_the_grant():
-    clock, registration = Clock(), Registration()
+def test_an_etcd_lease_plays_no_part_a_node_serves_on_the_leaders_reports_alone():
+    clock = Clock()
     grant = ReadGrant(period=3.0, clock=clock)
-    grant.registered(registration)
-    grant.check()
-    registration.lease_id = 2  # registered again: the leader may have dropped this node meanwhile
-    with pytest.raises(StaleReplicaError):
-        grant.check()
-    registration.lease_id = 1
-    with pytest.raises(StaleReplicaError):  # stays lapsed until reconciled
-        grant.check()
-    grant.inventoried()
     assert grant.reported()
-    grant.check()
-    registration.fresh = False
-    with pytest.raises(StaleReplicaError):
+    for _ in range(10):  # REPORTs every 2 s, whatever etcd does: reads served throughout
+        clock.now += 2.0
         grant.check()
+        assert grant.reported()
+
+
+def test_a_node_dropped_while_its_grant_may_last_is_still_freed_on_until_then():
+    clock = Clock()
+    table = ObjectTable(clock=clock, first_generation=100)
+    table.upsert_node(record("n1"))
+    table.upsert_node(record("n2", port=7001))
+    kept, lost, late = "k/kept", "k/lost", "k/late"
+    generation = {}
+    for key, replicas in ((kept, 2), (lost, 1), (late, 2)):
+        generation[key] = table.put_start(key, 100, 7, replicas=replicas).generation
+        table.put_end(key, generation[key])
+    dropped = table.lookup(lost).replicas[0].node_id  # holds every key, `lost` its only copy
+    address = table.nodes[dropped].address
+    table.take_frees()
+    table.drop_node(dropped, grant_until=clock.now + 3.0)
+    assert table.take_frees() == []  # dropping frees nothing: its versions are still the current ones
+    assert table.lookup(lost) is None
+    table.remove(kept)
+    assert FreeOrder(address, kept.encode(), generation[kept]) in table.take_frees()
+    table.put_end(lost, table.put_start(lost, 100, 7).generation)  # a new put of a key lost with it
+    assert FreeOrder(address, lost.encode(), generation[lost]) in table.take_frees()
+    clock.now += 3.1  # its grant has ended: nothing more is owed there
+    table.remove(late)
+    assert all(order.address != address for order in table.take_frees())
+
+
+def test_reports_one_at_a_time_settled_first_and_none_after_an_unanswered_one_until_reconciled():
+    calls = []
+
+    class Transport:
+        async def free_many(self, address, pairs):
+            calls.append(("FREE", pairs))
+            return [True] * len(pairs)
+
+        async def report(self, address, term):
+            calls.append(("REPORT", address))
+            if address == "silent:1":
+                await asyncio.sleep(10)
+            return {}
+
+    async def scenario():
+        node_io = NodeIO(Transport())
+        node_io.grants.ordered([FreeOrder("n:1", b"a", 1)])
+        assert await node_io.report("n:1", 1.0) == {}
+        assert calls == [("FREE", [(b"a", 1)]), ("REPORT", "n:1")]  # the FREE owed went first
+        with pytest.raises(TimeoutError):
+            await node_io.report("silent:1", 0.05)
+        with pytest.raises(UnavailableError):
+            await node_io.report("silent:1", 0.05)  # not sent: one unanswered may still arrive
+        assert calls.count(("REPORT", "silent:1")) == 1
+        node_io.grants.reconciled("silent:1")
+        with pytest.raises(TimeoutError):
+            await node_io.report("silent:1", 0.05)
+        assert calls.count(("REPORT", "silent:1")) == 2
+
+    asyncio.run(scenario())
 
 
 def test_frees_stay_owed_until_confirmed_and_not_held_counts_as_confirmed():
