@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 FREE_TIMEOUT = 5.0
 FREES_PER_SEND = 1024  # FREEs pipelined in one send (a removal of millions goes in many)
+OVERSLEPT = 0.25  # seconds late past a deadline that show this loop was busy, not the node silent
 MAX_FREES_IN_FLIGHT = 256
 
 
@@ -42,6 +43,26 @@ def _by_node(orders: Iterable[FreeOrder]) -> list[tuple[str, list[FreeOrder]]]:
 def _confirmed(task: asyncio.Task) -> bool:
     """A NodeIO._free task that ended with its node confirming every FREE."""
     return task.done() and not task.cancelled() and task.result()
+
+
+async def _answer(call, timeout: float):
+    """The result of `call`, TimeoutError after `timeout` s. A deadline this loop overslept (busy for
+    seconds: adopting a large inventory, say) is extended once: the answer may be in already, and a
+    healthy node taken for silent would lose its read grant (read_grants.py)."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(call)
+    try:
+        for _ in range(2):
+            deadline = loop.time() + timeout
+            await asyncio.wait((task,), timeout=timeout)
+            if task.done() or loop.time() - deadline < OVERSLEPT:
+                break
+    finally:
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise TimeoutError(f"no answer within {timeout:g}s")
+    return task.result()
 
 
 @dataclass(frozen=True)
@@ -182,7 +203,7 @@ class NodeIO:
                 raise UnavailableError(f"node at {address} did not confirm the FREEs owed to it")
             self.grants.report_sent(address)
             try:
-                report = await asyncio.wait_for(self.transport.report(address, self.term), timeout)
+                report = await _answer(self.transport.report(address, self.term), timeout)
             except BaseException:
                 self.grants.report_unanswered(address)
                 raise
