@@ -7,8 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-from netns_hosts import Network, unavailable
 from register_check import summarize
 from spread_cluster import SpreadCluster, wait_for_exit
 
@@ -20,15 +18,6 @@ from partition import final_versions, read_events, served  # noqa: E402
 CUT_S = 9.0
 AFTER_S = 12.0
 KEYS = [f"stale/{i}" for i in range(12)]
-
-
-@pytest.fixture
-def network():
-    why = unavailable()
-    if why:
-        pytest.skip(f"hosts made of network namespaces are not available here: {why}")
-    with Network() as net:
-        yield net
 
 
 def test_no_reader_gets_a_version_overwritten_while_a_node_was_cut_off(network, tmp_path):

@@ -4,6 +4,7 @@ node_io.py, ledger.py): its bound on when a node that did not confirm a FREE sto
 over confirmed FREEs and at most one unanswered, FREEs still ordered on a node dropped under a grant."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -132,3 +133,27 @@ def test_the_leaders_bound_on_a_nodes_grant():
     assert grants.grant_ends("n:1", 101.0) >= 104.0  # the FREE at 101 may follow a REPORT delivered just before
     assert grants.grant_ends("n:1", 110.0) >= 106.0  # a lapsed node is not renewed by it: 2 grants at most
     assert grants.grant_ends("n:1", 110.0) < 110.0
+
+
+def test_a_report_answered_while_the_masters_loop_was_busy_past_its_deadline_counts_as_answered():
+    class Transport:
+        async def free_many(self, address, pairs):
+            return [True] * len(pairs)
+
+        async def report(self, address, term):
+            await asyncio.sleep(0.01)
+            for _ in range(3):  # the answer passes a few tasks (socket reader, link) on its way
+                await asyncio.sleep(0)
+            return {"tiers": {}}
+
+    async def busy_loop():
+        await asyncio.sleep(0)
+        time.sleep(0.5)  # the loop blocked (a large adoption, say) well past the REPORT's deadline
+
+    async def scenario():
+        node_io = NodeIO(Transport())
+        asyncio.get_running_loop().create_task(busy_loop())
+        assert await node_io.report("n:1", 0.1) == {"tiers": {}}
+        assert node_io.grants.may_report("n:1")
+
+    asyncio.run(scenario())
