@@ -10,8 +10,10 @@ The bound: a REPORT answered at t reached the node before t, so its grant ends b
 A REPORT with no answer (failed, or still out) may reach the node later: if before the FREE was sent, the
 grant ends before that + READ_GRANT; if after, the FREE is right behind it on the same connection. And a
 node whose grant lapsed is not renewed by it (it waits for an INVENTORY first), so the grant also ends
-within 2 READ_GRANT of the last answered REPORT. After an unanswered REPORT the leader sends the node no
-other until it reconciled it (master/node_reports.py), so there is at most one such REPORT.
+within 2 READ_GRANT of the last answered REPORT. REPORTs go out one at a time per node, and after an
+unanswered one no other until the node was reconciled (NodeIO.report, whoever asks), so there is at most
+one such REPORT. A node the leader stopped REPORTing is adopted again only once its grant has surely ended
+(until_ended); one dropped from the table meanwhile is still freed on until then (Ledger.still_serving).
 """
 
 import asyncio
