@@ -41,19 +41,27 @@ class Adopter:
         return node is not None and node.instance == instance
 
     async def _adopt(self, node_id: str, instance: str, address: str) -> None:
-        for attempt in range(1, ATTEMPTS + 1):
+        # A node this leader stopped REPORTing (silent, lapsed or dropped) is trusted again only once the
+        # grant its last REPORTs gave has surely ended: no REPORT still under way can then renew it.
+        await self._node_io.grants.until_ended(address)
+        attempt = 0
+        while True:  # until it answers, or leaves (its lease ends) or restarts: it serves no read before
+            attempt += 1
             if not self._current(node_id, instance):
                 return  # gone or restarted again meanwhile: that instance gets its own turn
             try:
+                # FREEs still owed go first, so the inventory no longer lists what they free.
+                if not await self._node_io.settle(address, self._timeout):
+                    raise TimeoutError("FREEs owed to it not confirmed")
                 entries = await self._node_io.inventory(address, self._timeout)
                 break
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - retried, then given up on (its objects stay unknown)
+            except Exception as exc:  # noqa: BLE001 - retried: what it holds stays unknown meanwhile
                 if attempt == ATTEMPTS:
                     log.warning("no INVENTORY from node %s at %s after %d attempts (%s: %s); what it holds "
-                                "stays unknown to the master", node_id, address, ATTEMPTS, type(exc).__name__, exc)
-                    return
+                                "stays unknown to the master until it answers", node_id, address, ATTEMPTS,
+                                type(exc).__name__, exc)
                 await asyncio.sleep(self._retry_delay)
         outcome = await adopt_in_slices(self._table, self._node_io, node_id, instance, entries)
         if entries:

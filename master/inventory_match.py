@@ -55,6 +55,8 @@ class InventoryMatch:
                 version = None
             if version is None or version.generation < generation:
                 if key in pending:
+                    if pending.placed(key, generation):  # a put in flight to a node adopted again
+                        continue
                     ledger.free(node.address, key.encode(), generation)
                     outcome.rejected.append(key)
                     continue

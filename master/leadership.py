@@ -82,7 +82,8 @@ class Leader:
         for node in silent:
             self._adopter.node_joined(*node)
         self.tasks.append(loop.create_task(_reclaim_loop(self._table, self._node_io), name="reclaim"))
-        self.tasks.append(loop.create_task(ReportPoller(self._table, self._node_io, args.report_interval).run(),
+        self.tasks.append(loop.create_task(ReportPoller(self._table, self._node_io, args.report_interval,
+                                                        on_lapsed=self._adopter.node_joined).run(),
                                            name="node-reports"))
         self.tasks.append(loop.create_task(EvictionWatch(self._table, self._node_io).run(),
                                            name="eviction-watch"))

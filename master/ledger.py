@@ -32,6 +32,15 @@ class FreeOrder:
 
 
 @dataclass
+class DroppedHolder:
+    """A node dropped while its read grant may last until `until`: the generation it holds of each key."""
+
+    address: str
+    generations: dict[str, int]
+    until: float
+
+
+@dataclass
 class Counters:
     hits: int = 0
     misses: int = 0
@@ -74,6 +83,8 @@ class Ledger:
         self._frees: list[FreeOrder] = []
         self.counters = Counters()
         self.repair_keys: set[str] = set()
+        # Nodes dropped while their read grant may still hold: node id -> DroppedHolder (see still_serving).
+        self.dropped_holders: dict[str, DroppedHolder] = {}
 
     def reset(self) -> None:
         """Forget every node and object. The generation counter and the counters go on, so no
@@ -85,6 +96,7 @@ class Ledger:
         self.bytes = 0
         self._frees = []
         self.repair_keys.clear()
+        self.dropped_holders.clear()
 
     # ----- generations and sequence -----
 
@@ -113,6 +125,8 @@ class Ledger:
     def commit_many(self, keys: list[str], versions: list[ObjectVersion]) -> None:
         """commit() of each key (distinct) with its version, at one table sequence (nothing can ask
         for a REPORT in between)."""
+        if self.dropped_holders:
+            self._free_on_dropped(keys, versions)
         for old in self.committed.swap_many(keys, versions):
             self.bytes -= old.size
             self.release_committed(old)
@@ -140,6 +154,8 @@ class Ledger:
 
     def discard(self, key: str) -> ObjectVersion | None:
         """Drop the committed version of `key` and release its copies; None if there was none."""
+        if self.dropped_holders:
+            self._free_on_dropped([key])
         version = self.committed.pop(key, None)
         if version is not None:
             self.bytes -= version.size
@@ -210,6 +226,27 @@ class Ledger:
             if node is not None and version.key in node.keys:
                 node.keys.discard(version.key)
                 self._frees.append(FreeOrder(r.address, raw_key, version.generation))
+
+    def still_serving(self, node_id: str, address: str, keys, until: float) -> None:
+        """A node is dropped while its read grant may last until `until` (master/read_grants.py): it may
+        still serve what it holds of `keys`. So until then, replacing or removing one of them still
+        orders its FREE there (owed until confirmed, and an overwrite waits out the grant as for any
+        node that does not confirm)."""
+        if until > self.clock():
+            self.dropped_holders[node_id] = DroppedHolder(address, self.committed.generations(keys), until)
+
+    def _free_on_dropped(self, keys: list[str], versions=None) -> None:
+        now = self.clock()
+        for node_id, holder in list(self.dropped_holders.items()):
+            if holder.until <= now:
+                del self.dropped_holders[node_id]
+                continue
+            held = holder.generations
+            for i, key in enumerate(keys):
+                generation = held.get(key)
+                if generation is not None and (versions is None or versions[i].generation != generation):
+                    del held[key]
+                    self._frees.append(FreeOrder(holder.address, key.encode(), generation))
 
     def take_frees(self) -> list[FreeOrder]:
         """The replicas released since the last call, for the nodes to forget."""

@@ -21,6 +21,7 @@ time, is dropped as before.
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import aetcd
@@ -181,8 +182,11 @@ class Membership:
         self._unregistered.clear()
 
     def _drop(self, node_id: str, why: str) -> None:
-        if node_id in self._table.nodes:
-            self._report(self._table.drop_node(node_id), why)
+        node = self._table.nodes.get(node_id)
+        if node is not None:
+            # It may still serve reads on the grant its last REPORTs gave: it is freed on until that ends.
+            grant_until = self._node_io.grants.grant_ends(node.address, time.monotonic())
+            self._report(self._table.drop_node(node_id, grant_until), why)
 
     def _report(self, dropped: Dropped, why: str) -> None:
         self._node_io.submit_frees(self._table.take_frees())

@@ -50,14 +50,16 @@ class NodeEvents:
         nodes[record.node_id].draining = node is not None and node.draining  # a restart does not undo a drain
         return dropped
 
-    def drop_node(self, node_id: str) -> Dropped:
-        """Forget a node and every replica on it; unknown nodes are a no-op."""
+    def drop_node(self, node_id: str, grant_until: float = float("-inf")) -> Dropped:
+        """Forget a node and every replica on it; unknown nodes are a no-op. A node whose read grant
+        may last until `grant_until` is still freed on meanwhile (Ledger.still_serving)."""
         self._pending.nodes_changed()
         ledger = self._ledger
         dropped = Dropped(node_id)
         node = ledger.nodes.pop(node_id, None)
         if node is None:
             return dropped
+        ledger.still_serving(node_id, node.address, node.keys, grant_until)
         dropped.revoked = self._pending.revoke_on(node)
         dropped.removed, kept, gone_bytes = ledger.committed.without_node(node_id, node.keys)
         ledger.bytes -= gone_bytes

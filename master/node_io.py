@@ -5,23 +5,29 @@ holds, so an order that arrives late or twice is harmless, and one that never
 arrives only leaves an object the node will evict in time. Those caused by a
 client's request (overwrite, remove) are awaited for a moment, so that once the
 answer is out a reader holding an old placement finds the old version gone
-rather than still served; the rest go out in the background. HOLD, REPORT and
+rather than still served: a node that did not confirm one in that moment is
+waited out until it stops serving reads on its own (read_grants.py). The rest
+go out in the background; every FREE is owed to its node until confirmed. HOLD, REPORT and
 INVENTORY are awaited by whoever needs the answer, each bounded by a timeout.
 """
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvpool.errors import UnavailableError
 from kvpool.net.tcp_link import TcpLink
 
 from .ledger import FreeOrder
+from .read_grants import ReadGrants
 
 log = logging.getLogger(__name__)
 
 FREE_TIMEOUT = 5.0
 FREES_PER_SEND = 1024  # FREEs pipelined in one send (a removal of millions goes in many)
+OVERSLEPT = 0.25  # seconds late past a deadline that show this loop was busy, not the node silent
 MAX_FREES_IN_FLIGHT = 256
 
 
@@ -32,6 +38,31 @@ def _by_node(orders: Iterable[FreeOrder]) -> list[tuple[str, list[FreeOrder]]]:
         groups.setdefault(order.address, []).append(order)
     return [(address, group[i:i + FREES_PER_SEND]) for address, group in groups.items()
             for i in range(0, len(group), FREES_PER_SEND)]
+
+
+def _confirmed(task: asyncio.Task) -> bool:
+    """A NodeIO._free task that ended with its node confirming every FREE."""
+    return task.done() and not task.cancelled() and task.result()
+
+
+async def _answer(call, timeout: float):
+    """The result of `call`, TimeoutError after `timeout` s. A deadline this loop overslept (busy for
+    seconds: adopting a large inventory, say) is extended once: the answer may be in already, and a
+    healthy node taken for silent would lose its read grant (read_grants.py)."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(call)
+    try:
+        for _ in range(2):
+            deadline = loop.time() + timeout
+            await asyncio.wait((task,), timeout=timeout)
+            if task.done() or loop.time() - deadline < OVERSLEPT:
+                break
+    finally:
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise TimeoutError(f"no answer within {timeout:g}s")
+    return task.result()
 
 
 @dataclass(frozen=True)
@@ -51,6 +82,7 @@ class NodeIO:
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # FREEs a request stopped waiting for
         self._failing: set[str] = set()  # addresses whose failure was logged; logged again once they recover
+        self.grants = ReadGrants()  # FREEs owed to each node, and when each node's read grant ends
         self.term = 0  # the leader's term, sent with every REPORT and INVENTORY so nodes fence older leaders' WRITEs
 
     @property
@@ -66,6 +98,7 @@ class NodeIO:
 
     def submit_frees(self, orders: Iterable[FreeOrder]) -> None:
         for order in orders:
+            self.grants.ordered((order,))
             self._queue.put_nowait(order)
 
     def discard_frees(self) -> int:
@@ -83,11 +116,33 @@ class NodeIO:
         if not orders:
             return
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._free(address, group)) for address, group in _by_node(orders)]
+        sent = time.monotonic()
+        self.grants.ordered(orders)
+        tasks = {loop.create_task(self._free(address, group)): address for address, group in _by_node(orders)}
         for task in tasks:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
         await asyncio.wait(tasks, timeout=wait)
+        for task, address in tasks.items():
+            # Not confirmed: the node may still serve the version; wait until it stops on its own.
+            ends = self.grants.grant_ends(address, sent)
+            if not _confirmed(task) and ends > time.monotonic():
+                await asyncio.wait([task], timeout=ends - time.monotonic())
+                if not _confirmed(task) and ends > time.monotonic():
+                    await asyncio.sleep(ends - time.monotonic())
+
+    async def settle(self, address: str, timeout: float) -> bool:
+        """Send the node at `address` the FREEs owed to it now; whether it confirmed them all (FREEs
+        ordered meanwhile go out on the same connection, ahead of or right behind what follows)."""
+        owed = self.grants.owed(address)
+        for i in range(0, len(owed), FREES_PER_SEND):
+            try:
+                async with asyncio.timeout(timeout):
+                    if not await self._free(address, owed[i:i + FREES_PER_SEND]):
+                        return False
+            except TimeoutError:
+                return False
+        return True
 
     async def _send_frees(self) -> None:
         while True:
@@ -98,20 +153,24 @@ class NodeIO:
             for _ in batch:
                 self._queue.task_done()
 
-    async def _free(self, address: str, orders: list[FreeOrder]) -> None:
+    async def _free(self, address: str, orders: list[FreeOrder]) -> bool:
         """FREE each of `orders` at the node at `address`: pipelined on its connection in one send
-        (a FREE each, answered each), not a request, a task and a send per order."""
+        (a FREE each, answered each), not a request, a task and a send per order. True if the node
+        confirmed them all (freed, or not held)."""
         try:
             async with asyncio.timeout(FREE_TIMEOUT):  # not wait_for: no second task
                 results = await self.transport.free_many(address, [(o.key, o.generation) for o in orders])
-            refused = next((r for r in results if isinstance(r, BaseException)), None)
-            if refused is not None:
-                raise refused
-            self._recovered(address)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a lost FREE only delays reclaiming space on the node
+        except Exception as exc:  # noqa: BLE001 - owed to the node until it confirms (read_grants.py)
             self.failed(address, "FREE", exc)
+            return False
+        refused = next((r for r in results if isinstance(r, BaseException)), None)
+        if refused is not None:
+            self.failed(address, "FREE", refused)
+        else:
+            self._recovered(address)
+        return self.grants.answered(address, orders, results)
 
     # ----- requests whose answer the caller needs -----
 
@@ -133,7 +192,22 @@ class NodeIO:
         return list(await asyncio.gather(*(one(order) for order in orders)))
 
     async def report(self, address: str, timeout: float) -> dict:
-        report = await asyncio.wait_for(self.transport.report(address, self.term), timeout)
+        """REPORT the node at `address`, which renews its read grant: one at a time per node, only once
+        every FREE owed to it is confirmed, and none after one went unanswered until the node was
+        reconciled (read_grants.py counts on at most one unanswered). Whoever asks (the report loop,
+        membership's probe) goes through here."""
+        async with self.grants.reporting(address):
+            if not self.grants.may_report(address):
+                raise UnavailableError(f"node at {address} left a REPORT unanswered; not reconciled since")
+            if not await self.settle(address, timeout):
+                raise UnavailableError(f"node at {address} did not confirm the FREEs owed to it")
+            self.grants.report_sent(address)
+            try:
+                report = await _answer(self.transport.report(address, self.term), timeout)
+            except BaseException:
+                self.grants.report_unanswered(address)
+                raise
+            self.grants.report_answered(address)
         self._recovered(address)
         return report
 

@@ -15,8 +15,11 @@ log = logging.getLogger(__name__)
 
 
 class ReportPoller:
-    def __init__(self, table: ObjectTable, node_io: NodeIO, interval: float):
+    def __init__(self, table: ObjectTable, node_io: NodeIO, interval: float, on_lapsed=None):
         self._table = table
+        # Called with (node_id, instance, address) of a node whose read grant may have lapsed: it is
+        # REPORTed again once its inventory was adopted again (master/adoption.py).
+        self._on_lapsed = on_lapsed
         self._node_io = node_io
         self.interval = interval
         # Long enough for a busy node, short enough that one stuck node delays the others little.
@@ -30,7 +33,7 @@ class ReportPoller:
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
     async def poll_once(self) -> None:
-        nodes = [(n.node_id, n.instance, n.address) for n in self._table.nodes.values()]
+        nodes = [(n.node_id, n.instance, n.address) for n in self._table.nodes.values() if n.reconciled]
         await asyncio.gather(*(self._poll(*node) for node in nodes))
 
     async def _poll(self, node_id: str, instance: str, address: str) -> None:
@@ -41,8 +44,21 @@ class ReportPoller:
             raise
         except Exception as exc:  # noqa: BLE001 - a node that does not answer keeps its last report
             self._node_io.failed(address, "REPORT", exc)
+            self._lapsed(node_id, instance, address)
             return
+        if report.get("lapsed"):
+            self._lapsed(node_id, instance, address)
         removed = self._table.apply_report(node_id, instance, report, mark)
         self._node_io.submit_frees(self._table.take_frees())
         if removed:
             log.info("node %s evicted the last replica of %d objects", node_id, len(removed))
+
+    def _lapsed(self, node_id: str, instance: str, address: str) -> None:
+        """No more REPORTs until its inventory is adopted again (read_grants.py: at most one unanswered)."""
+        node = self._table.nodes.get(node_id)
+        if node is None or node.instance != instance or not node.reconciled:
+            return
+        node.reconciled = False
+        log.info("node %s lost contact or its read grant; reconciling its inventory", node_id)
+        if self._on_lapsed is not None:
+            self._on_lapsed(node_id, instance, address)

@@ -21,6 +21,9 @@ class NodeState:
         self.draining = False  # no new placement; its objects are copied elsewhere, then freed here
         self.reported: dict[str, dict] = {}  # tier -> that tier's block of the last REPORT
         self.reports = 0  # REPORTs taken in from this node
+        # Its INVENTORY adopted by this leader since it joined or lost contact: only then is it REPORTed,
+        # which lets it serve reads (master/read_grants.py).
+        self.reconciled = False
         # Keys whose committed version has a copy here, so dropping or draining the node touches
         # only its own objects (a set: ~30 bytes a copy where a generation -> key dict took ~80).
         self.keys: set[str] = set()

@@ -102,8 +102,8 @@ class ObjectTable:
     def upsert_node(self, record: NodeRecord) -> Dropped | None:
         return self._node_events.upsert_node(record)
 
-    def drop_node(self, node_id: str) -> Dropped:
-        return self._node_events.drop_node(node_id)
+    def drop_node(self, node_id: str, grant_until: float = float("-inf")) -> Dropped:
+        return self._node_events.drop_node(node_id, grant_until)
 
     def report_mark(self) -> int:
         return self._node_events.report_mark()

@@ -63,6 +63,11 @@ class PendingPuts:
     def keys(self):
         return self._open.keys()
 
+    def placed(self, key: str, generation: int) -> bool:
+        """(key, generation) is an open put: its copies are its own to end or revoke."""
+        pending = self._open.get(key)
+        return pending is not None and pending.version.generation == generation
+
     # ----- opening -----
 
     def start_many(self, keys, sizes, checksums, overwrite: bool = False, replicas: int = 1,

@@ -56,6 +56,10 @@ async def adopt_in_slices(table: ObjectTable, node_io: NodeIO, node_id: str, ins
         outcome.rejected += part.rejected
         node_io.submit_frees(table.take_frees())
         await asyncio.sleep(0)
+    node = table.nodes.get(node_id)
+    if node is not None and node.instance == instance:
+        node.reconciled = True  # REPORTs may renew its read grant once it owes no FREE (node_reports.py)
+        node_io.grants.reconciled(node.address)
     return outcome
 
 

@@ -134,6 +134,11 @@ class VersionStore:
             self._left_of[(replicas, node_id)] = left
         return left
 
+    def generations(self, keys) -> dict[str, int]:
+        """The committed generation of each of `keys` held here (without unpacking the versions)."""
+        records = self._records
+        return {key: _unpack_core(record)[0] for key in keys if (record := records.get(key)) is not None}
+
     def without_node(self, node_id: str, keys) -> tuple[list[str], list[str], int]:
         """Take node_id's copy off the versions of `keys` without unpacking them (a node lost may
         have held millions): (keys that had no other copy, now gone; keys that keep other copies;

@@ -21,6 +21,7 @@ from kvpool.protocol.write_options import raw_size_problem
 from .copier import Copier
 from .index import ObjectRecord
 from .maintenance import Maintenance
+from .read_grant import ReadGrant
 from .store import ObjectStore, Reservation
 
 _COMPRESSED = int(wire.WriteFlag.COMPRESSED)
@@ -66,6 +67,7 @@ class NodeOps:
         self.node_id = node_id
         self.copier = copier
         self.term = 0  # highest term a member's REPORT, INVENTORY or EVICTIONS carried: older writes are refused
+        self.grant = ReadGrant()  # reads are served only while the leader's grant holds (read_grant.py)
         self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
         store.on_dropped = self.dropped.set
         self._members = MemberOps(self)
@@ -114,6 +116,7 @@ class NodeOps:
 
     def readable(self, req: Request) -> ObjectRecord:
         """The record a READ or LOCATE asks for; StaleReplicaError or KeyNotFoundError if not held."""
+        self.grant.check()
         generation = req.generation
         rec, why = self.store.lookup(req.key, generation)
         if rec is None:
@@ -141,10 +144,12 @@ class MemberOps:
         self.node = node
         self.store = node.store
 
-    def _believe(self, term: int) -> None:
+    def _believe(self, term: int) -> bool:
+        """Raise the node's term to `term`; whether `term` is the current one (not an older leader's)."""
         node = self.node
         if term > node.term:
             node.term = term
+        return term == node.term
 
     def free(self, req: Request) -> None:
         if not self.store.free(req.key, req.generation):
@@ -155,11 +160,15 @@ class MemberOps:
             raise KeyNotFoundError(f"no generation {req.generation} of this key here")
 
     def report(self, term: int) -> dict:
-        self._believe(term)
-        return self.store.report(self.node.node_id)
+        current = self._believe(term)
+        report = self.store.report(self.node.node_id)
+        if current and not self.node.grant.reported():
+            report["lapsed"] = True  # the leader reconciles this node before it serves reads again
+        return report
 
     def inventory(self, term: int) -> bytes:
-        self._believe(term)  # a new leader asks this first: older writes end here
+        if self._believe(term):  # a new leader asks this first: older writes end here
+            self.node.grant.inventoried()
         return self.store.inventory_reply()
 
     def _check_leads(self, term: int) -> None:

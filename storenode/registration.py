@@ -36,7 +36,7 @@ class NodeRegistration:
         self.lease_id: int | None = None
         self.credential = credential  # logs in to etcd as a member (kvpool/cluster/etcd_client.py)
         self.tls = tls  # TlsFiles: etcd is reached over TLS
-        self.refreshed = float("-inf")  # when the lease was last granted or refreshed
+        self.refreshed = float("-inf")  # when the last grant or refresh of the lease that etcd took was sent
         self._client: aetcd.Client | None = None
         self._keepalive: asyncio.Task | None = None
 
@@ -75,10 +75,11 @@ class NodeRegistration:
         await self._client.close()
 
     async def _register(self) -> None:
+        sent = time.monotonic()  # etcd counts the ttl from later: in_etcd() errs on the safe side
         lease = await self._client.lease(self.ttl)
         await self._client.put(self.key, self.value, lease=lease)
         self.lease_id = lease.id
-        self.refreshed = time.monotonic()
+        self.refreshed = sent
         log.info("registered %s in etcd (lease %x, ttl %ds)", self.key.decode(), lease.id, self.ttl)
 
     async def _keep_alive(self) -> None:
@@ -100,11 +101,12 @@ class NodeRegistration:
                 await reconnect(self._client, ATTEMPT_TIMEOUT)
 
     async def _refresh(self) -> None:
+        sent = time.monotonic()
         reply = await asyncio.wait_for(self._client.refresh_lease(self.lease_id), ATTEMPT_TIMEOUT)
         if reply is None or reply.TTL <= 0:
             # Expired while etcd was unreachable, or etcd lost its data: the key is gone.
             log.warning("lease %x lost; registering again", self.lease_id)
             await self._register()
         else:
-            self.refreshed = time.monotonic()
+            self.refreshed = sent
 

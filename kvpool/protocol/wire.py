@@ -116,6 +116,9 @@ MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry
 
 LOCATE_LEASE = 2.0  # seconds; a client copying for longer reads over the socket instead
 EVICTIONS_WAIT = 5.0  # seconds a node keeps an EVICTIONS request when it has nothing to tell
+# Seconds a node serves reads after the leader's last REPORT reached it (storenode/read_grant.py); a leader
+# whose FREE a node did not confirm lets the overwrite return only once that much has passed (master/node_io.py).
+READ_GRANT = 3.0
 
 
 

@@ -6,6 +6,7 @@ import asyncio
 from aetcd.rtypes import EventKind
 
 from kvpool.master.membership import Membership
+from kvpool.master.read_grants import ReadGrants
 from kvpool.master.objects import ObjectTable
 from kvpool.protocol import cluster_layout
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
@@ -21,6 +22,7 @@ class _Nodes:
         self.answering = True
         self.asked = 0
         self.answer_despite_cancel = False  # as asyncio.wait_for may when the answer comes with the cancel
+        self.grants = ReadGrants()
 
     async def report(self, address, timeout):
         self.asked += 1

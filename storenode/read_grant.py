@@ -1,0 +1,49 @@
+"""Whether this node may serve reads: no read returns a version an overwrite or remove has replaced.
+
+The leader frees a replaced version on its nodes before the overwrite returns, unless a node does not
+confirm the FREE; then the leader waits until that node has stopped serving reads on its own clock. So a
+node serves reads only within READ_GRANT of the last REPORT of the current term it received. Whether its
+etcd lease holds does not matter (nodes serve through an etcd outage): a leader that drops a node still
+orders FREEs there until that node's grant has surely ended (master/read_grants.py). Once lapsed it stays
+so until the leader has reconciled it: an INVENTORY (the leader first sends the FREEs it still owes the
+node, then adopts what the node holds and frees the rest), then a REPORT, which the leader sends only
+once every FREE it ordered there is confirmed. Refused reads raise
+StaleReplicaError, which makes a client ask the master again and try another replica.
+"""
+
+import math
+import time
+
+from kvpool.errors import StaleReplicaError
+from kvpool.protocol.wire import READ_GRANT
+
+
+class ReadGrant:
+    def __init__(self, period: float = READ_GRANT, clock=time.monotonic):
+        self.period = period
+        self._clock = clock
+        self.until = math.inf  # no leader has reported yet: nothing was freed here to miss
+        self._reconciling = False  # an INVENTORY came since the grant lapsed: the next REPORT renews it
+
+    def lapsed(self) -> bool:
+        return self._clock() >= self.until
+
+    def check(self) -> None:
+        """StaleReplicaError unless reads may be served now."""
+        if self.lapsed():
+            raise StaleReplicaError("this node lost contact with the leader and is not reconciled yet; "
+                                    "ask the master again")
+
+    def inventoried(self) -> None:
+        """An INVENTORY of the current term arrived."""
+        if self.lapsed():
+            self._reconciling = True
+
+    def reported(self) -> bool:
+        """A REPORT of the current term arrived: the grant is renewed unless it lapsed and no INVENTORY
+        came since. Returns whether reads are served (the REPORT tells the leader)."""
+        if self.lapsed() and not self._reconciling:
+            return False
+        self._reconciling = False
+        self.until = self._clock() + self.period
+        return not self.lapsed()
