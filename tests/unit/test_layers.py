@@ -2,6 +2,7 @@
 the checker reports a module that breaks it."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,3 +64,15 @@ def test_a_module_in_no_layer_breaks_the_contract(tmp_path):
     result = lint_imports(tree)
     assert result.returncode != 0
     assert "kvpool.frames" in result.stdout
+
+
+def test_tests_benchmarks_and_examples_import_the_product_as_installed():
+    """`from master.objects import ...` works only where the working directory is on the path (`python -m pytest`
+    from the root), not under the `pytest` script CI runs: the product is imported as kvpool.*, as installed."""
+    source_dirs = {d for d in tomllib.loads(CONFIG.read_text())["tool"]["setuptools"]["package-dir"].values()
+                   if d != "kvpool"}
+    pattern = re.compile(r"^\s*(?:from|import)\s+(" + "|".join(sorted(source_dirs)) + r")\b[^\n]*", re.MULTILINE)
+    found = [f"{path.relative_to(ROOT)}: {match.group(0).strip()}"
+             for folder in ("tests", "benchmarks", "examples") for path in sorted((ROOT / folder).rglob("*.py"))
+             for match in pattern.finditer(path.read_text())]
+    assert not found, "import these through kvpool (e.g. kvpool.master.objects):\n" + "\n".join(found)

@@ -9,11 +9,11 @@ import time
 import pytest
 
 from kvpool.errors import KeyNotFoundError, StaleReplicaError, UnavailableError
-from master.ledger import FreeOrder
-from master.node_io import NodeIO
-from master.objects import ObjectTable
-from master.read_grants import ReadGrants
-from storenode.read_grant import ReadGrant
+from kvpool.master.ledger import FreeOrder
+from kvpool.master.node_io import NodeIO
+from kvpool.master.objects import ObjectTable
+from kvpool.master.read_grants import ReadGrants
+from kvpool.storenode.read_grant import ReadGrant
 
 from test_objects import record
 
