@@ -10,8 +10,9 @@ shared memory, UCX). Lookups (exists, batch_exists) skip even the coroutine:
 the request is built, sent on the leader's control connection and its answer
 read in the caller's thread, the loop taking over only to find or follow a
 leader; a batch_exists without a hold goes as a LOOKUP, its keys and answer
-without protobuf (MasterLink.lookup_now). Handing each call to a separate loop thread instead would cost two
-thread wake-ups per call (about 100 us here, half of a 64 KiB get). Threads
+without protobuf (MasterLink.lookup_now). Handing each call to a separate loop
+thread instead would cost two thread wake-ups per call (about 100 us here, half
+of a 64 KiB get). Threads
 sharing a Client take turns; a thread that wants many transfers in flight uses
 the batch calls, or an AsyncClient. A thread that is itself running an event
 loop cannot run a second one, so its calls are driven from a helper thread

@@ -111,6 +111,11 @@ async def _finish(call, waiting):
             return done.value
 
 
+def _body(response) -> bytes:
+    """An OK reply's body: the serialized protobuf response, or a LOOKUP's answer (already bytes)."""
+    return response if type(response) is bytes else response.SerializeToString()
+
+
 def _error_frame(op: int, req_id: int, name: str, exc: Exception) -> bytes:
     """The answer to a call that raised `exc` instead of answering."""
     if isinstance(exc, NotLeading):
@@ -268,8 +273,7 @@ class _Connection(asyncio.Protocol):
             self._reply(_error_frame(op, req_id, name, exc))
             return
         if type(response) is not _COROUTINE:  # most calls finish here: no task, no further turn of the loop
-            frame = control.pack_answer(op, req_id, _OK,
-                                        response if type(response) is bytes else response.SerializeToString())
+            frame = control.pack_answer(op, req_id, _OK, _body(response))
             if flags & _POSTED:
                 self._hold(frame)
             else:
@@ -298,7 +302,7 @@ class _Connection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - answered as an error frame (_error_frame)
             frame = _error_frame(op, req_id, name, exc)
         else:
-            frame = control.pack_answer(op, req_id, _OK, response.SerializeToString())
+            frame = control.pack_answer(op, req_id, _OK, _body(response))
         self._reply(frame)
 
     # -- output
