@@ -4,7 +4,10 @@ The blocking Client runs its event loop only inside a caller's call, and one
 caller at a time. Waiting for a control answer through that loop costs several
 turns of it per call (a task, the selector, a future's callbacks), more than
 the round trip itself. Here a call sends its frame and reads the socket itself,
-with the call's deadline as the socket timeout; frames, replies and the NotSent
+by the call's deadline: a plain socket stays non-blocking, so a call costs a
+send, a poll and a recv (kvpool/sockets/socket_blocking.py; a socket timeout
+would add a poll before the send and a mode switch before each step), a TLS
+socket waits with the deadline as its timeout; frames, replies and the NotSent
 contract are kvpool/protocol/control.py's, as for the asyncio connection. Calls that
 share a turn of the loop (a gather) simply take turns. A call that runs out of
 time closes the connection (the next one opens a new one).
@@ -15,6 +18,7 @@ poster's callback (an error if the connection ends first).
 """
 
 import socket
+import ssl
 import time
 
 from kvpool.security.auth import handshake_blocking
@@ -23,6 +27,7 @@ from kvpool.protocol.cluster_layout import parse_hostport
 from kvpool.errors import UnavailableError
 from kvpool.net.netutil import ConnectAttempt, long_lived
 from kvpool.protocol.control import ControlCalls, NotSent
+from kvpool.sockets.socket_blocking import BlockingSocket
 
 _READ_SIZE = 64 * 1024
 _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the connection's TCP state
@@ -37,6 +42,12 @@ class BlockingControlConnection:
         self._calls = ControlCalls(address)
         self._answer = None  # the waited call's response or error, once read
         self._buffer = memoryview(bytearray(_READ_SIZE))  # what each recv brings
+        # A plain socket: non-blocking, waited on by poll() until each call's deadline (None: TLS,
+        # whose decrypted bytes poll() cannot see, waits with a socket timeout instead).
+        self._plain = None
+        if not isinstance(sock, ssl.SSLSocket):
+            sock.setblocking(False)
+            self._plain = BlockingSocket(sock, 0.0)
 
     @property
     def closed(self) -> bool:
@@ -80,10 +91,14 @@ class BlockingControlConnection:
         if not self.closed and self._peer_left():
             self.close("closed by the master")
         req_id, frame = self._calls.start(method, request, waiter, flags)
-        sock = self._sock
+        sock, plain = self._sock, self._plain
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            sock.sendall(frame)
+            if plain is not None:
+                plain.deadline = deadline
+                plain.send_parts([frame])
+            else:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                sock.sendall(frame)
         except OSError as exc:  # a frame cut short is never served
             self._calls.forget(req_id)
             self.close(f"send failed: {exc}")
@@ -93,11 +108,15 @@ class BlockingControlConnection:
     def _read_until(self, wanted, method: str, deadline: float) -> None:
         """Read replies, handing posted calls' to their callbacks and keeping the waited call's,
         until `wanted()` names no call still waiting."""
-        sock, calls, buffer = self._sock, self._calls, self._buffer
+        sock, plain, calls, buffer = self._sock, self._plain, self._calls, self._buffer
         try:
             while wanted() is not None:
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                got = sock.recv_into(buffer)
+                if plain is not None:
+                    plain.deadline = deadline
+                    got = plain.recv_answer_into(buffer)
+                else:
+                    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    got = sock.recv_into(buffer)
                 if not got:
                     raise EOFError("closed by the master")
                 # Every reply in it is settled (its body read) before the buffer is filled again.

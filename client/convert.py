@@ -46,8 +46,9 @@ def batch_exists_request(keys: list, hold: float) -> pb.BatchExistsRequest | Non
     return pb.BatchExistsRequest(keys=keys, hold_seconds=seconds) if keys else None
 
 
-def batch_exists_answer(response: pb.BatchExistsResponse, count: int) -> list:
-    found = check(response).exists
+def batch_exists_answer(response, count: int) -> list:
+    """A bool per key from a BatchExistsResponse, or from a LOOKUP's answer (already a list)."""
+    found = response if type(response) is list else check(response).exists
     if len(found) != count:
         raise InternalError(f"BatchExists answered {len(found)} of {count} keys")
     return found[:]  # a list

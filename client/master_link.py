@@ -31,13 +31,14 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, master_key, parse_hostport
-from kvpool.protocol.control import OP_BY_RPC, LeaderHint, NotSent
+from kvpool.protocol.control import LOOKUP, OP_BY_RPC, LeaderHint, NotSent, pack_keys
 from kvpool.security.grpc_auth import client_interceptors
 from kvpool.errors import (
     ForbiddenError,
     InternalError,
     InvalidArgumentError,
     NotLeaderError,
+    ProtocolError,
     UnavailableError,
 )
 
@@ -98,6 +99,7 @@ class MasterLink:
         self.tls = tls  # kvpool/security/tls.py TlsFiles: every connection to a master (and etcd) is TLS
         self.io = io  # how calls wait (client/io.py)
         self._links = io.control_links(credential, tls)
+        self.lookups = True  # ask LOOKUP (lookup_now) until a master answers it does not know it
 
     @property
     def _can_move(self) -> bool:
@@ -175,6 +177,26 @@ class MasterLink:
             return self._links.call_now(control, method, request, self._attempt_end(now, deadline))
         except (LeaderHint, UnavailableError) as exc:
             return self.io.run(self.call(method, request, exc, deadline))
+
+    def lookup_now(self, keys: list[str], batch_exists):
+        """Whether each of `keys` (valid) exists, for the blocking io: a LOOKUP (control.LOOKUP, BatchExists
+        without a hold in a frame without protobuf) answered in this thread on the leader's control
+        connection: a list of bools. Anything else, as call_now does: BatchExists (the request
+        `batch_exists()` makes), whose response is returned as is: before a control port is known, to a
+        master older than LOOKUP (it answers PROTOCOL; this link asks BatchExists from then on) and to
+        follow a NOT_LEADER or a lost connection. A lookup changes nothing: asking again is safe."""
+        control = self._controls.get(self.address) if self.address is not None and self.lookups else None
+        if not control:
+            return self.call_now("BatchExists", batch_exists())
+        now = time.monotonic()  # the event loop's clock
+        deadline = now + self.rpc_timeout
+        try:
+            return self._links.call_now(control, LOOKUP, pack_keys(keys), self._attempt_end(now, deadline))
+        except ProtocolError:
+            self.lookups = False
+            return self.call_now("BatchExists", batch_exists())
+        except (LeaderHint, UnavailableError) as exc:
+            return self.io.run(self.call("BatchExists", batch_exists(), exc, deadline))
 
     def post(self, method: str, request, callback) -> bool:
         """Send Master.<method> to the leader's control port without waiting for the answer, which

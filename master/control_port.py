@@ -64,11 +64,12 @@ class ControlPort:
                                  registry=registry)
         self.accepted = Counter("kvpool_master_control_accepted", "Control port connections accepted",
                                 registry=registry)
-        # op -> (RPC name, request parser, its request counter's labels): one look-up per frame
+        # op -> (method, request parser, its request counter's labels): one look-up per frame
         self.entries = {int(op): (name, control.MESSAGES[name][0].FromString, (name,))
                         for name, op in control.OP_BY_RPC.items()}
-        for name in control.OP_BY_RPC:
-            self.requests.touch((name,))
+        self.entries[int(wire.Op.LOOKUP)] = (control.LOOKUP, control.parse_keys, (control.LOOKUP,))
+        for name, _parse, labels in self.entries.values():
+            self.requests.touch(labels)
 
     async def bind(self, host: str, port: int, tls=None) -> int:
         """Listen on host:port (0: a free port), without serving yet; returns the port. tls: an
@@ -108,6 +109,11 @@ async def _finish(call, waiting):
             waiting = call.throw(asyncio.CancelledError()) if cancelled else call.send(None)
         except StopIteration as done:
             return done.value
+
+
+def _body(response) -> bytes:
+    """An OK reply's body: the serialized protobuf response, or a LOOKUP's answer (already bytes)."""
+    return response if type(response) is bytes else response.SerializeToString()
 
 
 def _error_frame(op: int, req_id: int, name: str, exc: Exception) -> bytes:
@@ -256,7 +262,7 @@ class _Connection(asyncio.Protocol):
         name, parse, labels = entry
         try:
             request = parse(body)
-        except DecodeError as exc:
+        except (DecodeError, ValueError) as exc:  # a protobuf that does not parse, a LOOKUP not in UTF-8
             self.port.refused.labels("undecodable").inc()
             self._reply(control.pack_error(op, req_id, Code.INVALID_ARGUMENT, f"{name}: undecodable body: {exc}"))
             return
@@ -267,7 +273,7 @@ class _Connection(asyncio.Protocol):
             self._reply(_error_frame(op, req_id, name, exc))
             return
         if type(response) is not _COROUTINE:  # most calls finish here: no task, no further turn of the loop
-            frame = control.pack_answer(op, req_id, _OK, response.SerializeToString())
+            frame = control.pack_answer(op, req_id, _OK, _body(response))
             if flags & _POSTED:
                 self._hold(frame)
             else:
@@ -296,7 +302,7 @@ class _Connection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - answered as an error frame (_error_frame)
             frame = _error_frame(op, req_id, name, exc)
         else:
-            frame = control.pack_answer(op, req_id, _OK, response.SerializeToString())
+            frame = control.pack_answer(op, req_id, _OK, _body(response))
         self._reply(frame)
 
     # -- output

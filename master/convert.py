@@ -107,7 +107,9 @@ def fill_statuses(response: pb.BatchStatusResponse, errors: list) -> None:
 _EMPTY_ITEM = b"\x0a\x00"  # BatchStatusResponse.items (field 1) holding an empty StatusResponse: OK
 
 
-_STATUS_FIELDS: dict = {}  # response class -> which of items / errors / status it has (read once per class)
+# response class -> which of items / errors / status it has (read once per class); a LOOKUP's answer is bytes
+# with no status of its own (a refused one raised instead)
+_STATUS_FIELDS: dict = {bytes: (False, False, False)}
 
 
 def error_statuses(response) -> list[str]:

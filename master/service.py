@@ -18,6 +18,7 @@ import types
 import grpc
 
 from kvpool.errors import InvalidArgumentError, KeyNotFoundError, KvpoolError
+from kvpool.protocol import control
 from kvpool.protocol.keys import validate_key, validate_keys
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
@@ -103,7 +104,8 @@ FOLD_AFTER = 0.001
 # How many keys each batch request names (its repeated fields of one key each).
 _BATCH_SIZE = {"BatchPutStart": lambda r: len(r.items) + len(r.keys),
                "BatchPutEnd": lambda r: len(r.items) + len(r.keys), "BatchPutRevoke": lambda r: len(r.items),
-               "BatchGetReplicaList": lambda r: len(r.keys), "BatchExists": lambda r: len(r.keys)}
+               "BatchGetReplicaList": lambda r: len(r.keys), "BatchExists": lambda r: len(r.keys),
+               control.LOOKUP: len}
 
 FOLLOWER_RPCS = ("Stats",)  # what a master that does not lead still answers itself
 
@@ -124,7 +126,7 @@ class NotLeading(Exception):
         self.control_address = control_address
 
 
-_HANDLERS = {}  # RPC name -> handler(self, request), for dispatch
+_HANDLERS = {}  # RPC name (or control.LOOKUP) -> handler(self, request), for dispatch
 _COROUTINE = types.CoroutineType
 
 
@@ -309,6 +311,12 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             return None
         return pb.BatchExistsResponse(status=pb.OK, exists=self._table.exists_many(keys))
 
+    def _lookup(self, keys: list[str]) -> bytes:
+        """A LOOKUP (control.LOOKUP: a BatchExists without a hold, in the lean frame) of `keys`: one byte
+        per key; a bad key refuses the whole call (InvalidKeyError, answered as its error status)."""
+        validate_keys(keys)
+        return control.found_body(self._table.exists_many(keys))
+
     def _remove(self, key: str) -> pb.RemoveResponse:
         validate_key(key)
         self._table.remove(key)
@@ -441,3 +449,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         leader = self.address if gate.serving else gate.leader_address
         return {"leader": leader, "followers": [a for a in gate.members if a != leader],
                 "term": gate.term if gate.serving else gate.leader_term}
+
+
+# A LOOKUP is served by dispatch only (the control port's lean frame; gRPC callers ask BatchExists).
+_HANDLERS[control.LOOKUP] = MasterService._lookup

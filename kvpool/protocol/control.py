@@ -30,6 +30,10 @@ OP_BY_RPC = {
 }
 RPC_BY_OP = {int(op): name for name, op in OP_BY_RPC.items()}
 
+# A lookup (BatchExists without a hold) in its lean frame, Op.LOOKUP: no protobuf on either side.
+LOOKUP = "Lookup"
+OP_BY_METHOD = {**OP_BY_RPC, LOOKUP: Op.LOOKUP}
+
 _METHODS = pb.DESCRIPTOR.services_by_name["Master"].methods_by_name
 # RPC name -> (request class, response class), as the service declares them.
 MESSAGES = {name: (getattr(pb, _METHODS[name].input_type.name), getattr(pb, _METHODS[name].output_type.name))
@@ -43,6 +47,28 @@ HOLD_POSTED = 0.001
 
 _pack_request = REQUEST.pack
 _pack_reply = REPLY.pack
+
+
+def pack_keys(keys: list[str]) -> bytes:
+    """A LOOKUP's body: the keys (valid, so without NUL) in UTF-8, joined by NUL."""
+    return "\0".join(keys).encode()
+
+
+def parse_keys(body: bytes) -> list[str]:
+    """The keys of a LOOKUP's body; ValueError if it is not UTF-8."""
+    return body.decode().split("\0") if body else []
+
+
+def found_body(found: list[bool]) -> bytes:
+    """A LOOKUP's answer: one byte per key, 1 where it exists."""
+    return bytes(found)
+
+
+def parse_found(body: bytes) -> list[bool]:
+    """The answer of a LOOKUP, a bool per key; ValueError for a byte other than 0 or 1."""
+    if body.translate(None, b"\0\1"):
+        raise ValueError("a lookup answer holds bytes other than 0 and 1")
+    return list(map(bool, body))
 
 
 def pack_call(op: int, req_id: int, body: bytes, flags: int = 0) -> bytes:
@@ -93,11 +119,15 @@ class NotSent(UnavailableError):
     """The call never reached the master: no connection, or one found closed before the frame left."""
 
 
+# method -> what reads the body of its OK reply
+_ANSWER = {name: response.FromString for name, (_request, response) in MESSAGES.items()} | {LOOKUP: parse_found}
+
+
 def answer(address: str, method: str, status: int, body):
     """The response a reply frame carries, or raise the error it stands for."""
     if status == _OK:
         try:
-            return MESSAGES[method][1].FromString(bytes(body))
+            return _ANSWER[method](bytes(body))
         except Exception as exc:  # noqa: BLE001 - a garbled answer fails that call only
             raise ProtocolError(f"master {address} {method}: bad answer: {exc}") from None
     if status == _NOT_LEADER:
@@ -128,11 +158,13 @@ class ControlCalls:
 
     def start(self, method: str, request, waiter, flags: int = 0) -> tuple[int, bytes]:
         """(req_id, frame) of a new call; raises NotSent when the connection already ended.
+        request: the protobuf request of an RPC, the body (bytes) of a LOOKUP.
         flags: POSTED for a call whose caller does not wait for the answer."""
         if self.closed:
             raise NotSent(f"master control port {self.address}: connection closed")
         req_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        frame = pack_call(OP_BY_RPC[method], req_id, request.SerializeToString(), flags)
+        body = request if type(request) is bytes else request.SerializeToString()
+        frame = pack_call(OP_BY_METHOD[method], req_id, body, flags)
         self.waiting[req_id] = (method, waiter)
         return req_id, frame
 

@@ -27,7 +27,8 @@ The master's control port (master/control_port.py, client/control_link.py)
 speaks the same frames with the ops from 32 up, one per Master RPC (named in
 kvpool/protocol/control.py): the request's body (`length` bytes, no key) is the
 serialized protobuf request, the OK reply's body the serialized response,
-whose own status says how the call went. Replies come as each call finishes,
+whose own status says how the call went (LOOKUP alone has a leaner body: see
+Op). Replies come as each call finishes,
 not in request order: req_id matches them. A reply status other than OK is
 about the frame: NOT_LEADER (body: JSON {"leader", "control_address"} of the
 leader, "" while none is known), INVALID_ARGUMENT (a body that is not the
@@ -110,6 +111,11 @@ class Op(IntEnum):
     REMOVE_BY_PREFIX = 43
     DRAIN = 44
     STATS = 45
+    # A lookup without protobuf (control.LOOKUP): what BatchExists without a hold answers, for a body of
+    # the keys in UTF-8 joined by NUL (a key never holds one), answered with one byte per key, 1 where it
+    # exists, 0 where not; a bad key is refused whole (its error status). A master older than this op
+    # answers PROTOCOL (unknown op), and the caller asks BatchExists instead.
+    LOOKUP = 46
 
 
 MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry

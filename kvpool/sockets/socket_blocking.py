@@ -34,7 +34,7 @@ class BlockingSocket:
         self._poller.modify(self.sock, events)
         left = self.deadline - time.monotonic()
         if left <= 0 or not self._poller.poll(left * 1000):
-            raise TimeoutError("the node did not answer in time")
+            raise TimeoutError("the peer did not answer in time")
 
     def send_parts(self, parts: list) -> None:
         """Send every buffer in order (header and payload in one sendmsg while the socket takes them)."""
@@ -55,3 +55,14 @@ class BlockingSocket:
                 return sock.recv_into(view)
             except (BlockingIOError, InterruptedError):
                 self._wait(select.POLLIN)
+
+    def recv_answer_into(self, view) -> int:
+        """recv_into for an answer not yet sent when asked for: wait first (a recv tried at once would
+        only find the socket empty), then receive what came."""
+        sock = self.sock
+        while True:
+            self._wait(select.POLLIN)
+            try:
+                return sock.recv_into(view)
+            except (BlockingIOError, InterruptedError):
+                pass

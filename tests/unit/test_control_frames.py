@@ -116,3 +116,33 @@ def test_a_posted_call_carries_the_posted_flag_in_the_golden_bytes():
     assert frame == POSTED_CALL
     _, plain = calls.start("BatchPutEnd", pb.BatchPutEndRequest(keys=["a"], generations=[7]), "w")
     assert plain[10] == 0 and POSTED_CALL[10] == control.POSTED == 1
+
+
+# A lookup in its lean frame: "KV", version 2, op 46 (LOOKUP), req_id 1, no key, flags 0, generation 0, arg 0,
+# body length 4, checksum 0; then the keys "a" and "bc" in UTF-8 joined by NUL. Op 41 (BATCH_EXISTS) is unchanged.
+LOOKUP_CALL = bytes.fromhex("4b56022e0100000000000000000000000000000000000000000000000400000000000000000000000000"
+                            "000061006263")
+# Its answer: "KV", version 2, op 46, req_id 1, status OK, flags 0, length 2, checksum 0; a byte per key.
+LOOKUP_REPLY = bytes.fromhex("4b56022e0100000000000000020000000000000000000000000000000100")
+
+
+def test_a_lookup_is_packed_to_the_golden_bytes_and_its_answer_read_as_a_bool_per_key():
+    from kvpool.protocol import control
+    calls = ControlCalls("m:1")
+    req_id, frame = calls.start(control.LOOKUP, control.pack_keys(["a", "bc"]), "w")
+    assert (req_id, frame) == (1, LOOKUP_CALL)
+    [(waiter, found)] = calls.received(LOOKUP_REPLY)
+    assert waiter == "w" and found == [True, False]
+    assert control.parse_keys(LOOKUP_CALL[44:]) == ["a", "bc"] and control.parse_keys(b"") == []
+    assert control.parse_keys(control.pack_keys(["é", "x"])) == ["é", "x"]
+    assert control.found_body([True, False]) == LOOKUP_REPLY[28:]
+
+
+def test_a_lookup_answer_that_is_not_bytes_of_0_and_1_fails_its_call_only():
+    from kvpool.protocol import control
+    calls = ControlCalls("m:1")
+    calls.start(control.LOOKUP, control.pack_keys(["a", "bc"]), "garbled")
+    calls.start(control.LOOKUP, control.pack_keys(["a"]), "fine")
+    [(_, garbled), (_, fine)] = calls.received(reply(1, 0, b"\x01\x02", op=46) + reply(2, 0, b"\x00", op=46))
+    assert isinstance(garbled, ProtocolError) and "bad answer" in str(garbled)
+    assert fine == [False]
