@@ -17,6 +17,7 @@ of the stream over the bridge). Needs root (network namespaces).
 """
 
 import argparse
+import itertools
 import json
 import os
 import selectors
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "multihost"))
@@ -33,11 +35,14 @@ from spread_cluster import SpreadCluster  # noqa: E402
 
 from kvpool.commands.bench import receive_stream, send_stream  # noqa: E402
 from kvpool.launch.local_cluster import stop_process  # noqa: E402
+from kvpool.protocol.checksum import Digest  # noqa: E402
 from kvpool.protocol.units import parse_size  # noqa: E402
 
 AIM = ("get_into", 4 << 20, 0.75)  # the issue's aim: get_into of 4 MiB, as a ratio of the bridge's stream
 WRITES = ("put", "batch_put", "put_fresh", "put_from_fresh", "batch_put_from_fresh")  # client -> node
 STREAM_BYTES = 1 << 30  # per stream measurement, as kvpool bench's own baseline
+_HEADER = 24  # the request/response pattern's reply header (a few bytes, as kvpool's)
+_PIECE = 128 * 1024  # what kvpool's client receives and hashes at a time (kvpool/net/tcp_connection.py)
 
 
 # -- the stream's two ends, each run as a process of its host
@@ -56,6 +61,48 @@ def stream_receive(host: str, total: int) -> None:
 def stream_send(host: str, port: int, total: int) -> None:
     with socket.create_connection((host, port), timeout=30) as sock:
         send_stream(sock, total)
+
+
+def answer_reads(host: str, size: int) -> None:
+    """The request/response pattern without kvpool: listen on `host`, print {"port"}; for each 8-byte request
+    send a 24-byte header and `size` bytes of one of 64 distinct values (as cold as the bench's) in one
+    blocking sendmsg, until the peer closes."""
+    values = memoryview(bytearray(os.urandom(size)) * 64)
+    with socket.socket() as listener:
+        listener.bind((host, 0))
+        listener.listen(1)
+        print(json.dumps({"port": listener.getsockname()[1]}), flush=True)
+        conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with conn:
+        for turn in itertools.count():
+            if len(conn.recv(8)) < 8:
+                return
+            start = turn % 64 * size
+            conn.sendmsg([bytes(_HEADER), values[start:start + size]])
+
+
+def ask_reads(host: str, port: int, size: int, seconds: float) -> None:
+    """The client of answer_reads: requests one value at a time for `seconds`, receiving each as the client
+    receives a READ (128 KiB pieces into the destination, each hashed as it lands); prints {"bps"}."""
+    out, header = memoryview(bytearray(size)), memoryview(bytearray(_HEADER))
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        moved, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            sock.sendall(size.to_bytes(8, "little"))
+            got = 0
+            while got < _HEADER:
+                got += sock.recv_into(header[got:])
+            digest, got = Digest(), 0
+            while got < size:
+                more = sock.recv_into(out[got:got + _PIECE])
+                if not more:
+                    raise EOFError("the server closed")
+                digest.update(out[got:got + more])
+                got += more
+            moved += size
+        print(json.dumps({"bps": moved / (time.perf_counter() - started)}), flush=True)
 
 
 def _line(proc: subprocess.Popen, timeout: float, what: str) -> dict:
@@ -89,6 +136,25 @@ def stream(sender: Host, receiver: Host, total: int = STREAM_BYTES, timeout: flo
                     stop_process(proc, timeout=5)
 
 
+def request_response(node: Host, client: Host, size: int, seconds: float, timeout: float = 120.0) -> float:
+    """Bytes/s of answer_reads in `node`'s host asked by ask_reads in `client`'s."""
+    me = [sys.executable, os.path.abspath(__file__)]
+    serving = subprocess.Popen(node.command([*me, "answer-reads", node.address, size]), stdout=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        port = _line(serving, timeout, f"port from the request/response server on {node.name}")["port"]
+        done = subprocess.run(client.command([*me, "ask-reads", node.address, port, size, seconds]),
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"ask-reads exited with {done.returncode}: {done.stderr[-500:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])["bps"]
+    finally:
+        try:
+            serving.wait(10)
+        except subprocess.TimeoutExpired:
+            stop_process(serving, timeout=5)
+
+
 def streams(node: Host, client: Host, total: int) -> dict:
     return {"node_to_client": stream(node, client, total), "client_to_node": stream(client, node, total)}
 
@@ -108,9 +174,9 @@ def run_bench(cluster: SpreadCluster, client: Host, args, log_path: Path) -> dic
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
 
 
-def report(bench: dict, before: dict, after: dict, mtu: int) -> dict:
+def report(bench: dict, before: dict, after: dict, mtu: int, raw_reads: float) -> dict:
     """The JSON line: the streams (mean of before and after), each tcp row as a ratio of the stream in its
-    direction and of the bench's loopback stream, and the aim."""
+    direction and of the bench's loopback stream, the request/response pattern without kvpool, and the aim."""
     bridge = {way: (before[way] + after[way]) / 2 for way in before}
     loopback = bench["baseline"]["socket_stream_MBps"] * 1e6
     rows = []
@@ -132,6 +198,8 @@ def report(bench: dict, before: dict, after: dict, mtu: int) -> dict:
                                     for way in before},
         "loopback_stream_MBps": round(loopback / 1e6, 1),
         "bridge_to_loopback": round(bridge["node_to_client"] / loopback, 3),
+        "raw_request_response_4MiB": {"MBps": round(raw_reads / 1e6, 1),
+                                      "ratio_to_bridge_stream": round(raw_reads / bridge["node_to_client"], 3)},
         "results": rows,
         "targets": {f"tcp {op} 4MiB / bridge stream": {"ratio": ratio, "aim": aim,
                                                         "met": None if ratio is None else ratio >= aim}},
@@ -166,7 +234,8 @@ def main(argv=None) -> int:
             before = streams(node, client, args.stream_bytes)
             bench = run_bench(cluster, client, args, base / "bench.log")
             after = streams(node, client, args.stream_bytes)
-        print(json.dumps(report(bench, before, after, mtu)), flush=True)
+            raw_reads = request_response(node, client, AIM[1], args.seconds)
+        print(json.dumps(report(bench, before, after, mtu, raw_reads)), flush=True)
     return 0
 
 
@@ -180,5 +249,9 @@ if __name__ == "__main__":
         stream_receive(sys.argv[2], int(sys.argv[3]))
     elif len(sys.argv) > 1 and sys.argv[1] == "stream-send":
         stream_send(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "answer-reads":
+        answer_reads(sys.argv[2], int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "ask-reads":
+        ask_reads(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
     else:
         sys.exit(main())

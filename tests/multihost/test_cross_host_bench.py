@@ -20,7 +20,7 @@ def test_cross_host_bench_prints_the_bridge_stream_and_the_tcp_rows_as_ratios_of
     if why:
         pytest.skip(f"hosts made of network namespaces are not available here: {why}")
     done = subprocess.run([sys.executable, str(BENCH), "--sizes", "1MiB,4MiB", "--seconds", "0.3", "--batch", "8",
-                           "--stream-bytes", "256MiB", "--dram", "512MiB", "--keep", str(tmp_path)],
+                           "--stream-bytes", "128MiB", "--dram", "512MiB", "--keep", str(tmp_path)],
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
@@ -32,6 +32,10 @@ def test_cross_host_bench_prints_the_bridge_stream_and_the_tcp_rows_as_ratios_of
         assert report["bridge_stream_MBps"][way] > 0
         assert len(report["bridge_stream_runs_MBps"][way]) == 2  # before and after the bench
     assert report["loopback_stream_MBps"] > 0
+    raw = report["raw_request_response_4MiB"]  # the same reads without kvpool
+    assert raw["MBps"] > 0
+    assert raw["ratio_to_bridge_stream"] == pytest.approx(raw["MBps"] / report["bridge_stream_MBps"]["node_to_client"],
+                                                          rel=0.01)
     assert report["settings"]["transports"] == ["tcp"]
 
     rows = {(r["op"], r["size"]): r for r in report["results"]}
