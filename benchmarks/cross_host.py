@@ -174,7 +174,7 @@ def run_bench(cluster: SpreadCluster, client: Host, args, log_path: Path) -> dic
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
 
 
-def report(bench: dict, before: dict, after: dict, mtu: int, raw_reads: float) -> dict:
+def report(bench: dict, before: dict, after: dict, mtu: int, raw_reads: list) -> dict:
     """The JSON line: the streams (mean of before and after), each tcp row as a ratio of the stream in its
     direction and of the bench's loopback stream, the request/response pattern without kvpool, and the aim."""
     bridge = {way: (before[way] + after[way]) / 2 for way in before}
@@ -198,8 +198,10 @@ def report(bench: dict, before: dict, after: dict, mtu: int, raw_reads: float) -
                                     for way in before},
         "loopback_stream_MBps": round(loopback / 1e6, 1),
         "bridge_to_loopback": round(bridge["node_to_client"] / loopback, 3),
-        "raw_request_response_4MiB": {"MBps": round(raw_reads / 1e6, 1),
-                                      "ratio_to_bridge_stream": round(raw_reads / bridge["node_to_client"], 3)},
+        "raw_request_response_4MiB": {"MBps": round(sum(raw_reads) / len(raw_reads) / 1e6, 1),
+                                      "runs_MBps": [round(bps / 1e6, 1) for bps in raw_reads],
+                                      "ratio_to_bridge_stream":
+                                          round(sum(raw_reads) / len(raw_reads) / bridge["node_to_client"], 3)},
         "results": rows,
         "targets": {f"tcp {op} 4MiB / bridge stream": {"ratio": ratio, "aim": aim,
                                                         "met": None if ratio is None else ratio >= aim}},
@@ -231,10 +233,12 @@ def main(argv=None) -> int:
                                                  data_dir=base / "cluster") as cluster:
             client, node = cluster.client_hosts[0], cluster.host_of("node-0")
             mtu = _mtu(node)
+            # the stream and the raw reads before and after the bench, averaged (as the bench's own baseline)
             before = streams(node, client, args.stream_bytes)
+            raw_reads = [request_response(node, client, AIM[1], args.seconds)]
             bench = run_bench(cluster, client, args, base / "bench.log")
             after = streams(node, client, args.stream_bytes)
-            raw_reads = request_response(node, client, AIM[1], args.seconds)
+            raw_reads.append(request_response(node, client, AIM[1], args.seconds))
         print(json.dumps(report(bench, before, after, mtu, raw_reads)), flush=True)
     return 0
 
