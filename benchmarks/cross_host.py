@@ -7,9 +7,10 @@ memoryview into recv_into of a 4 MiB buffer, one sending and one receiving proce
 host and the client's host, both ways, before and after the bench; `kvpool bench --transport tcp` then runs
 in the client's host against the cluster, as an operator would run it there. Each throughput is given as a
 ratio of the stream in its direction (reads: node to client; writes: client to node), and of the loopback
-stream kvpool bench measures itself in the client's host.
+stream kvpool bench measures itself in the client's host. The same 4 MiB reads are also made without kvpool
+(answer_reads / ask_reads, before and after the bench), so the request/response pattern's own cost shows.
 
-Prints ONE JSON line: both streams, the bench's rows with their ratios, and the aim (get_into 4 MiB >= 0.75
+Prints ONE JSON line: both streams, the raw reads, the bench's rows with their ratios, and the aim (get_into 4 MiB >= 0.75
 of the stream over the bridge). Needs root (network namespaces).
 
     python benchmarks/cross_host.py                       # sizes 1MiB,4MiB, 1.5 s per op
@@ -65,8 +66,8 @@ def stream_send(host: str, port: int, total: int) -> None:
 
 def answer_reads(host: str, size: int) -> None:
     """The request/response pattern without kvpool: listen on `host`, print {"port"}; for each 8-byte request
-    send a 24-byte header and `size` bytes of one of 64 distinct values (as cold as the bench's) in one
-    blocking sendmsg, until the peer closes."""
+    send a 24-byte header and `size` bytes from one of 64 places of a buffer (for 4 MiB, 256 MiB: out of cache,
+    as the bench's values are) in one blocking sendmsg, until the peer closes."""
     values = memoryview(bytearray(os.urandom(size)) * 64)
     with socket.socket() as listener:
         listener.bind((host, 0))
