@@ -45,13 +45,34 @@ _BUDGET = 256 * 1024 * 1024  # bytes of live objects per size, so any cluster of
 _STREAM_CHUNK = 4 * 1024 * 1024
 
 
-def _stream_source(port: int, total: int) -> None:
+def send_stream(sock: socket.socket, total: int) -> None:
+    """The socket stream's sending side: `total` bytes as sendall of one 4 MiB memoryview after another."""
     payload = memoryview(bytearray(os.urandom(_STREAM_CHUNK)))
+    sent = 0
+    while sent < total:
+        sock.sendall(payload)
+        sent += len(payload)
+
+
+def receive_stream(conn: socket.socket, total: int) -> float:
+    """The socket stream's receiving side: recv_into a preallocated 4 MiB buffer until `total` bytes (or the
+    end) came; bytes/s from the first receive on."""
+    buf = memoryview(bytearray(_STREAM_CHUNK))
+    received = 0
+    with conn:
+        started = time.perf_counter()
+        while received < total:
+            n = conn.recv_into(buf)
+            if not n:
+                break
+            received += n
+        elapsed = time.perf_counter() - started
+    return received / elapsed
+
+
+def _stream_source(port: int, total: int) -> None:
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sent = 0
-        while sent < total:
-            sock.sendall(payload)
-            sent += len(payload)
+        send_stream(sock, total)
 
 
 def socket_stream_baseline(total: int = 1 << 30) -> float:
@@ -63,18 +84,9 @@ def socket_stream_baseline(total: int = 1 << 30) -> float:
             target=_stream_source, args=(listener.getsockname()[1], total), daemon=True)
         source.start()
         conn, _ = listener.accept()
-    buf = memoryview(bytearray(_STREAM_CHUNK))
-    received = 0
-    with conn:
-        started = time.perf_counter()
-        while received < total:
-            n = conn.recv_into(buf)
-            if not n:
-                break
-            received += n
-        elapsed = time.perf_counter() - started
+    bps = receive_stream(conn, total)
     source.join(10)
-    return received / elapsed
+    return bps
 
 
 def memcpy_baseline(size: int = 256 * 1024 * 1024, rounds: int = 4) -> float:
