@@ -139,10 +139,12 @@ class MasterLink:
             self.address = await self._resolve()
         relearned = False
         unserved = set()  # masters that answered they cannot serve (ClusterUnavailableError)
+        attempted = False
         while True:
             address = self.address
-            if failed is None and loop.time() >= deadline:  # the caller's deadline came first: send nothing
+            if not attempted and failed is None and loop.time() >= deadline:  # the caller's deadline came first
                 raise UnavailableError(f"master {address} {method}: no time left to call it")
+            attempted = True
             try:
                 if failed is not None:
                     error, failed = failed, None
@@ -312,6 +314,8 @@ class MasterLink:
             return pause
         # Nobody named (no leader yet, or this one is gone): look elsewhere after a pause.
         await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        if deadline - loop.time() <= 0:
+            raise error from None  # no time left for another attempt
         try:
             self.address = await self._next_address(address)
         except UnavailableError:
