@@ -51,7 +51,8 @@ class AsyncClient:
     the master's answer too, as overwrites always do (client/writes.py). flush() waits for and
     reports those answers.
     timeout: seconds any call may take, end to end (master calls with their retries and failover,
-    node reads and writes; default 5); every call also takes its own `timeout=`. A call past it raises
+    node reads and writes; default 5, plus a second per 100 MB a put or a get into buffers moves);
+    every call also takes its own `timeout=`, which is exact. A call past it raises
     DeadlineExceededError, except a put whose end had left for the master: PutOutcomeUnknownError.
     """
 
@@ -191,7 +192,7 @@ class AsyncClient:
 
     async def _read_one(self, key: str, dest, timeout: float | None):
         """The value read, verified (and decompressed) into dest, or a new buffer when dest is None."""
-        async with self._core.bounded(timeout, f"get of {key!r}"):
+        async with self._core.bounded(timeout, f"get of {key!r}", 0 if dest is None else len(dest)):
             [result] = await reads.read(self._core, [key], None if dest is None else [dest])
             if isinstance(result, BaseException):
                 raise result
@@ -199,7 +200,8 @@ class AsyncClient:
 
     async def _read(self, keys: list, dests: list | None, timeout: float | None) -> list:
         """reads.read within the call's deadline."""
-        async with self._core.bounded(timeout, f"get of {len(keys)} keys"):
+        nbytes = 0 if dests is None else sum(map(len, dests))
+        async with self._core.bounded(timeout, f"get of {len(keys)} keys", nbytes):
             return await reads.read(self._core, keys, dests)
 
     # -- metadata

@@ -68,10 +68,11 @@ class Core:
         self.write_timeout = write_timeout
         self.timeout = check_timeout(timeout)
 
-    def bounded(self, timeout: float | None, what: str, armed: bool = True) -> CallDeadline:
-        """The deadline of one public call (`async with`): its own `timeout`, else the client's. Not armed:
-        only its end and how errors past it read (deadlines.CallDeadline without an io)."""
-        seconds = self.timeout if timeout is None else check_timeout(timeout)
+    def bounded(self, timeout: float | None, what: str, nbytes: int = 0, armed: bool = True) -> CallDeadline:
+        """The deadline of one public call (`async with`): its own `timeout`, else the client's plus a
+        second per 100 MB it moves (`nbytes`, when known), as a read's or a copy's. Not armed: only its
+        end and how errors past it read (deadlines.CallDeadline without an io)."""
+        seconds = self.timeout + nbytes / 100e6 if timeout is None else check_timeout(timeout)
         return CallDeadline(self.io if armed else None, seconds, what)
 
     def read_deadline(self, nbytes: int) -> float:

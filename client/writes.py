@@ -41,16 +41,16 @@ async def put(core: Core, key: str, value, overwrite: bool = False, *, tier: str
               compress: bool | None = None, replicas: int | None = None, min_replicas: int | None = None,
               timeout: float | None = None) -> None:
     """AsyncClient.put."""
-    async with core.bounded(timeout, f"put of {key!r}") as call:
-        await _put(core, call, key, value, overwrite, tier, pin, pin_ttl, ttl, compress, replicas, min_replicas)
+    data = readable_view(value)
+    async with core.bounded(timeout, f"put of {key!r}", len(data)) as call:
+        await _put(core, call, key, data, overwrite, tier, pin, pin_ttl, ttl, compress, replicas, min_replicas)
 
 
-async def _put(core: Core, call, key: str, value, overwrite: bool, tier, pin, pin_ttl, ttl, compress, replicas,
+async def _put(core: Core, call, key: str, data, overwrite: bool, tier, pin, pin_ttl, ttl, compress, replicas,
                min_replicas) -> None:
     raw = validate_key(key)
     choices = put_options.resolve(tier, pin, pin_ttl, ttl)
     count, needed = put_options.replica_counts(replicas, min_replicas, core.replicas)
-    data = readable_view(value)
     raw_size = len(data)
     packed = compression.encode(data, compress, core.compress_above)
     if packed is not None:
@@ -80,21 +80,20 @@ async def batch_put(core: Core, keys, values, overwrite: bool = False, *, tier: 
                     compress: bool | None = None, replicas: int | None = None,
                     min_replicas: int | None = None, timeout: float | None = None) -> None:
     """AsyncClient.batch_put."""
-    async with core.bounded(timeout, "batch_put") as call:
-        await _start_batch(core, call, keys, values, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
+    keys = list(keys)
+    views = [readable_view(value) for value in values]
+    async with core.bounded(timeout, f"batch_put of {len(keys)} keys", sum(map(len, views))) as call:
+        await _start_batch(core, call, keys, views, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
                            min_replicas)
 
 
-async def _start_batch(core: Core, call, keys, values, overwrite: bool, tier, pin, pin_ttl, ttl, compress,
-                       replicas, min_replicas) -> None:
+async def _start_batch(core: Core, call, keys: list, views: list, overwrite: bool, tier, pin, pin_ttl, ttl,
+                       compress, replicas, min_replicas) -> None:
     count, needed = put_options.replica_counts(replicas, min_replicas, core.replicas)
-    keys = list(keys)
-    values = list(values)
-    if len(keys) != len(values):
-        raise InvalidArgumentError(f"{len(keys)} keys but {len(values)} values")
+    if len(keys) != len(views):
+        raise InvalidArgumentError(f"{len(keys)} keys but {len(views)} values")
     raws = [validate_key(key) for key in keys]
     choices = put_options.resolve(tier, pin, pin_ttl, ttl)
-    views = [readable_view(value) for value in values]
     raw_sizes = [len(view) for view in views]
     packed = [compression.encode(view, compress, core.compress_above) for view in views]
     views = [view if p is None else p for view, p in zip(views, packed)]
