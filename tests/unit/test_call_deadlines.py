@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kvpool import AsyncClient, Client
-from kvpool.client.commits import settle
+from kvpool.client.commits import Commits, settle
 from kvpool.client.deadlines import CallDeadline
 from kvpool.client.io import LOOP_IO
 from kvpool.connectors.client_settings import CONNECTOR_TIMEOUT, client_settings
@@ -93,3 +93,53 @@ def test_connectors_bound_every_call_below_the_cost_of_recomputing():
     for bad in ("soon", 0, -1):
         with pytest.raises(InvalidArgumentError, match="timeout.*in test"):
             client_settings({"master": "h:1", "timeout": bad}, "in test")
+
+
+class _Leader(_Master):
+    """What Commits needs of a master link: posted ends, calls, and an io to retry on."""
+
+    io = LOOP_IO
+
+    def __init__(self, table: dict, end_answer, hang: bool = False):
+        super().__init__(table)
+        self.end_answer, self.hang, self.posted = end_answer, hang, []
+
+    def post(self, method, request, callback) -> bool:
+        self.posted.append(callback)
+        return True
+
+    async def drain(self, timeout=None) -> None:
+        pass
+
+    async def call(self, method, request):
+        if method == "PutEnd":
+            if self.hang:
+                await asyncio.sleep(60)
+            return self.end_answer
+        return await super().call(method, request)
+
+
+@pytest.mark.parametrize("table, hang, reported", [
+    ({"k": 7}, False, None),  # the lost answer had ended it: flush reports nothing
+    ({}, False, PutExpiredError),  # not there: not stored
+    ({"k": 7}, True, PutOutcomeUnknownError),  # nothing learnt before flush's deadline
+])
+def test_flush_reports_what_happened_to_a_put_whose_answer_was_lost(table, hang, reported):
+    async def scenario():
+        master = _Leader(table, pb.StatusResponse(status=pb.PUT_EXPIRED, message="no pending put"), hang)
+        forgotten = []
+        commits = Commits(master, forgotten.append)
+        await commits.end("k", 7, pb.PutEndRequest(key="k", generation=7), overwrite=False)
+        [answered] = master.posted
+        answered(UnavailableError("connection lost"))  # the answer went with the connection
+        try:
+            await commits.flush(0.2)
+        except BatchError as exc:
+            return exc.errors, forgotten
+        return {}, forgotten
+
+    errors, forgotten = asyncio.run(scenario())
+    if reported is None:
+        assert errors == {} and forgotten == []
+    else:
+        assert isinstance(errors["k"], reported) and forgotten == ["k"]
