@@ -51,7 +51,6 @@ from .io import LOOP_IO, LoopIO
 
 DEFAULT_RPC_TIMEOUT = 10.0
 ATTEMPT_TIMEOUT = 2.0  # with another master to turn to: how long one may stay silent before the next is tried
-UNSERVED_LOOKUP = 0.5  # how long etcd may take to name another leader after a master said etcd is silent to it
 _CHANNEL_OPTIONS = (
     # A restarted master should be found again in well under a second, not after gRPC's 1s+ backoff.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -325,16 +324,15 @@ class MasterLink:
         return min(pause * 2, RETRY_BACKOFF[1])
 
     async def _other_master(self, address: str) -> str:
-        """The master to ask after `address`, which etcd is silent to (itself when nothing else is known
-        soon: etcd is then likely silent to this client too, so it is given UNSERVED_LOOKUP only)."""
+        """The master to ask after `address` (itself when nothing else is known in time)."""
         try:
-            return await self._next_address(address, UNSERVED_LOOKUP)
+            return await self._next_address(address)
         except UnavailableError:
             return address
 
-    async def _next_address(self, failed: str, lookup_timeout: float | None = None) -> str:
+    async def _next_address(self, failed: str) -> str:
         if self.etcd is not None:
-            return await self._resolve(lookup_timeout or self.attempt_timeout)
+            return await self._resolve(self.attempt_timeout)
         if failed in self.addresses:
             return self.addresses[(self.addresses.index(failed) + 1) % len(self.addresses)]
         return self.addresses[0]
