@@ -22,7 +22,8 @@ def client_settings(options: dict, where: str) -> dict:
     except (TypeError, ValueError):
         settings["timeout"] = 0.0
     if not settings["timeout"] > 0:
-        raise InvalidArgumentError(f'"timeout" must be a positive number of seconds, got {options["timeout"]!r} {where}')
+        raise InvalidArgumentError(f'"timeout" must be a positive number of seconds, got {options["timeout"]!r} '
+                                   f'{where}')
     if options.get("token_file"):
         try:
             settings["token"] = read_token(str(options["token_file"]), env={})
