@@ -39,7 +39,7 @@ def load(masters: str, index: int, stop, marks, served, results) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rng = random.Random(index)
     committed, tally = [], {}
-    with Client(masters, rpc_timeout=10) as client:
+    with Client(masters, rpc_timeout=10, timeout=10) as client:
         n = 0
         while not stop.is_set():
             phase = str(marks.value)

@@ -20,6 +20,7 @@ from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 from . import convert, reads, writes
 from .convert import check
 from .core import DEFAULT_READ_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Core
+from .deadlines import DEFAULT_TIMEOUT, check_timeout
 from .master_link import DEFAULT_RPC_TIMEOUT
 from .placement_cache import DEFAULT_CAPACITY
 from .transport import Transport
@@ -49,6 +50,10 @@ class AsyncClient:
     has left for the master, which every later call of this client reaches after it; True waits for
     the master's answer too, as overwrites always do (client/writes.py). flush() waits for and
     reports those answers.
+    timeout: seconds any call may take, end to end (master calls with their retries and failover,
+    node reads and writes; default 5, plus a second per 100 MB a put or a get into buffers moves);
+    every call also takes its own `timeout=`, which is exact. A call past it raises
+    DeadlineExceededError, except a put whose end had left for the master: PutOutcomeUnknownError.
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,
@@ -57,13 +62,14 @@ class AsyncClient:
                  transport: Transport | None = None, compress_above: int | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
-                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, _core: Core | None = None):
+                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, timeout: float = DEFAULT_TIMEOUT,
+                 _core: Core | None = None):
         # _core: the parts to run on, made by the blocking Client (with its blocking io).
         self._core = _core or Core(address, etcd=etcd, cluster=cluster, replicas=replicas, cache_size=cache_size,
                                    rpc_timeout=rpc_timeout, connect_timeout=connect_timeout, transport=transport,
                                    compress_above=compress_above, read_timeout=read_timeout,
                                    transports=transports, token=token, confirm_puts=confirm_puts, tls_ca=tls_ca,
-                                   write_timeout=write_timeout)
+                                   write_timeout=write_timeout, timeout=timeout)
 
     def bytes_by_transport(self) -> dict:
         """Value bytes moved so far per data transport ("shm", "ucx", "tcp")."""
@@ -79,10 +85,12 @@ class AsyncClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def flush(self) -> None:
-        """Wait until the master answered the end of every put; raises BatchError naming the puts
-        that did not end since the last flush (they are not stored)."""
-        await self._core.commits.flush()
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until the master answered the end of every put (for up to `timeout`, default the
+        client's); raises BatchError naming the puts that did not end since the last flush: each
+        error says the value is not stored, except PutOutcomeUnknownError (no answer could be had)."""
+        core = self._core
+        await core.commits.flush(core.timeout if timeout is None else check_timeout(timeout))
 
     async def close(self) -> None:
         await self._core.close()
@@ -92,7 +100,7 @@ class AsyncClient:
     async def put(self, key: str, value, overwrite: bool = False, *, tier: str | None = None,
                   pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
                   compress: bool | None = None, replicas: int | None = None,
-                  min_replicas: int | None = None) -> None:
+                  min_replicas: int | None = None, timeout: float | None = None) -> None:
         """Store `value` under `key`.
 
         tier: "dram" (default) or "ssd", where the node places it first. pin: "soft" (evicted only when
@@ -100,34 +108,35 @@ class AsyncClient:
         seconds until it expires. compress: True/False, or None to follow compress_above.
         replicas: copies on distinct nodes (default: the client's). min_replicas: the put succeeds once
         this many are written (the master copies the rest later); default all of them.
+        timeout: seconds this call may take (default: the client's).
         """
         await writes.put(self._core, key, value, overwrite, tier=tier, pin=pin, pin_ttl=pin_ttl, ttl=ttl,
-                         compress=compress, replicas=replicas, min_replicas=min_replicas)
+                         compress=compress, replicas=replicas, min_replicas=min_replicas, timeout=timeout)
 
     async def batch_put(self, keys, values, overwrite: bool = False, *, tier: str | None = None,
                         pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
                         compress: bool | None = None, replicas: int | None = None,
-                        min_replicas: int | None = None) -> None:
+                        min_replicas: int | None = None, timeout: float | None = None) -> None:
         """Put every pair (options as put, for every key); raises BatchError naming the keys
         that failed after finishing the rest."""
         await writes.batch_put(self._core, keys, values, overwrite, tier=tier, pin=pin, pin_ttl=pin_ttl, ttl=ttl,
-                               compress=compress, replicas=replicas, min_replicas=min_replicas)
+                               compress=compress, replicas=replicas, min_replicas=min_replicas, timeout=timeout)
 
     # -- get
 
-    async def get(self, key: str) -> bytes:
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
         """The value as a new bytes object, received in place."""
-        return bytes_of(await self._read_one(key, None))
+        return bytes_of(await self._read_one(key, None, timeout))
 
-    async def get_into(self, key: str, buffer) -> int:
+    async def get_into(self, key: str, buffer, *, timeout: float | None = None) -> int:
         """Read the value into the front of `buffer`; returns its size."""
-        return len(await self._read_one(key, writable_view(buffer)))
+        return len(await self._read_one(key, writable_view(buffer), timeout))
 
-    async def batch_get(self, keys) -> list:
+    async def batch_get(self, keys, *, timeout: float | None = None) -> list:
         """Values in key order; None for a key that does not exist. Any other failure raises
         BatchError (after every key was tried) mapping each failed key to its error."""
         keys = list(keys)
-        return _batch_results(keys, await reads.read(self._core, keys, None), bytes_of)
+        return _batch_results(keys, await self._read(keys, None, timeout), bytes_of)
 
     # -- zero-copy forms: caller buffers, one buffer with offsets, and values made of parts
 
@@ -143,7 +152,7 @@ class AsyncClient:
             buffers = _slices(readable_view(buffers), keys, offsets, sizes)
         await self.batch_put(keys, buffers, overwrite, **options)
 
-    async def batch_get_into(self, keys, buffers, *, offsets=None, sizes=None) -> list:
+    async def batch_get_into(self, keys, buffers, *, offsets=None, sizes=None, timeout: float | None = None) -> list:
         """Read each key into its buffer, in key order; None for a key that does not exist.
 
         buffers: one per key; or, with offsets, ONE buffer that key i lands in at offsets[i] (how KV
@@ -156,78 +165,91 @@ class AsyncClient:
             dests = [writable_view(buffer) for buffer in buffers]
         if len(dests) != len(keys):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(dests)} buffers")
-        return _batch_results(keys, await reads.read(self._core, keys, dests), len)
+        return _batch_results(keys, await self._read(keys, dests, timeout), len)
 
     async def put_parts(self, key: str, parts, overwrite: bool = False, **options) -> None:
         """Store the buffers in `parts` (e.g. one block's K and V of every layer) as one value,
         in order, sent straight from each."""
         await self.put(key, value_parts(parts, "parts", writable=False), overwrite, **options)
 
-    async def get_into_parts(self, key: str, parts) -> int:
+    async def get_into_parts(self, key: str, parts, *, timeout: float | None = None) -> int:
         """Scatter the value back into `parts`, whose sizes must add up to its size; returns it."""
-        return len(await self._read_one(key, value_parts(parts, "parts", writable=True)))
+        return len(await self._read_one(key, value_parts(parts, "parts", writable=True), timeout))
 
     async def batch_put_parts(self, keys, parts_per_key, overwrite: bool = False, **options) -> None:
         await self.batch_put(keys, [value_parts(p, "parts", writable=False) for p in parts_per_key],
                              overwrite, **options)
 
-    async def batch_get_into_parts(self, keys, parts_per_key) -> list:
+    async def batch_get_into_parts(self, keys, parts_per_key, *, timeout: float | None = None) -> list:
         """get_into_parts for every key: sizes in key order, None for a key that does not exist."""
-        return await self.batch_get_into(keys, [value_parts(p, "parts", writable=True) for p in parts_per_key])
+        return await self.batch_get_into(keys, [value_parts(p, "parts", writable=True) for p in parts_per_key],
+                                         timeout=timeout)
 
     def register_buffer(self, buffer) -> None:
         """Tell the transports a buffer will be used for many transfers (UCX registers its memory
         once instead of per transfer); a no-op for the others."""
         self._core.transport.register_buffer(writable_view(buffer))
 
-    async def _read_one(self, key: str, dest):
+    async def _read_one(self, key: str, dest, timeout: float | None):
         """The value read, verified (and decompressed) into dest, or a new buffer when dest is None."""
-        [result] = await reads.read(self._core, [key], None if dest is None else [dest])
-        if isinstance(result, BaseException):
-            raise result
+        async with self._core.bounded(timeout, f"get of {key!r}", 0 if dest is None else len(dest)):
+            [result] = await reads.read(self._core, [key], None if dest is None else [dest])
+            if isinstance(result, BaseException):
+                raise result
         return result
+
+    async def _read(self, keys: list, dests: list | None, timeout: float | None) -> list:
+        """reads.read within the call's deadline."""
+        nbytes = 0 if dests is None else sum(map(len, dests))
+        async with self._core.bounded(timeout, f"get of {len(keys)} keys", nbytes):
+            return await reads.read(self._core, keys, dests)
 
     # -- metadata
 
-    async def exists(self, key: str, hold: float = 0) -> bool:
+    async def exists(self, key: str, hold: float = 0, *, timeout: float | None = None) -> bool:
         """Whether key is stored. hold > 0: also keep it from eviction for that many seconds
         (bounded by the master's --max-hold); the only way a hold is made or renewed."""
-        return convert.exists_answer(await self._core.master.call("Exists", convert.exists_request(key, hold)))
+        return convert.exists_answer(await self._call("Exists", convert.exists_request(key, hold), timeout))
 
-    async def batch_exists(self, keys, hold: float = 0) -> list:
+    async def batch_exists(self, keys, hold: float = 0, *, timeout: float | None = None) -> list:
         """exists() for every key, in one round trip."""
         keys = list(keys)
         request = convert.batch_exists_request(keys, hold)
         if request is None:
             return []
-        return convert.batch_exists_answer(await self._core.master.call("BatchExists", request), len(keys))
+        return convert.batch_exists_answer(await self._call("BatchExists", request, timeout), len(keys))
 
-    async def remove(self, key: str) -> bool:
+    async def remove(self, key: str, *, timeout: float | None = None) -> bool:
         """True if the key existed."""
         request = convert.remove_request(key)
         try:
-            answer = await self._core.master.call("Remove", request)
+            answer = await self._call("Remove", request, timeout)
         finally:
             self._core.cache.invalidate(key)
         return convert.removed(answer)
 
-    async def remove_prefix(self, prefix: str) -> int:
+    async def remove_prefix(self, prefix: str, *, timeout: float | None = None) -> int:
         """Remove every key starting with `prefix`; returns how many were removed."""
         if not isinstance(prefix, str):
             raise InvalidKeyError(f"prefix must be str, not {type(prefix).__name__}")
         try:
-            answer = await self._core.master.call("RemoveByPrefix", convert.remove_prefix_request(prefix))
+            answer = await self._call("RemoveByPrefix", convert.remove_prefix_request(prefix), timeout)
         finally:
             self._core.cache.invalidate_prefix(prefix)
         return check(answer).removed
 
-    async def stats(self) -> pb.StatsResponse:
-        return await self._core.master.call("Stats", convert.stats_request())
+    async def stats(self, *, timeout: float | None = None) -> pb.StatsResponse:
+        return await self._call("Stats", convert.stats_request(), timeout)
 
-    async def drain(self, node_id: str) -> int:
+    async def drain(self, node_id: str, *, timeout: float | None = None) -> int:
         """Have the master move every object off a storage node (no new placement there, copies
         made elsewhere, then its own freed); returns how many objects had a copy there."""
-        return check(await self._core.master.call("Drain", convert.drain_request(node_id))).objects
+        return check(await self._call("Drain", convert.drain_request(node_id), timeout)).objects
+
+    async def _call(self, method: str, request, timeout: float | None):
+        """Master.<method> within the call's deadline."""
+        async with self._core.bounded(timeout, method):
+            return await self._core.master.call(method, request)
 
 
 def _batch_results(keys: list, results: list, convert_value) -> list:

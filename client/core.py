@@ -2,7 +2,7 @@
 
 The options of AsyncClient / Client checked once, and the parts they build: the
 link to the master, the data transport, the placement cache, the ends of puts
-(writes.Commits), and how every wait is done (io.py, chosen by which client it is).
+(commits.py), and how every wait is done (io.py, chosen by which client it is).
 """
 
 import os
@@ -15,12 +15,13 @@ from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 from kvpool.security.tls import client_files
 
 from . import compression
+from .deadlines import DEFAULT_TIMEOUT, CallDeadline, check_timeout
 from .io import LOOP_IO, LoopIO
 from .master_link import DEFAULT_RPC_TIMEOUT, MasterLink
 from .placement_cache import DEFAULT_CAPACITY, PlacementCache
 from .selector import TransportSelector
 from .transport import Transport
-from .writes import Commits
+from .commits import Commits
 
 DEFAULT_READ_TIMEOUT = 5.0
 DEFAULT_WRITE_TIMEOUT = 5.0
@@ -36,7 +37,8 @@ class Core:
                  transport: Transport | None = None, compress_above: int | None = None,
                  read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
-                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, io: LoopIO = LOOP_IO):
+                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, timeout: float = DEFAULT_TIMEOUT,
+                 io: LoopIO = LOOP_IO):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self.compress_above = compression.check_threshold(compress_above)
@@ -64,6 +66,14 @@ class Core:
         if not write_timeout > 0:
             raise InvalidArgumentError(f"write_timeout must be positive, got {write_timeout!r}")
         self.write_timeout = write_timeout
+        self.timeout = check_timeout(timeout)
+
+    def bounded(self, timeout: float | None, what: str, nbytes: int = 0, armed: bool = True) -> CallDeadline:
+        """The deadline of one public call (`async with`): its own `timeout`, else the client's plus a
+        second per 100 MB it moves (`nbytes`, when known), as a read's or a copy's. Not armed: only its
+        end and how errors past it read (deadlines.CallDeadline without an io)."""
+        seconds = self.timeout + nbytes / 100e6 if timeout is None else check_timeout(timeout)
+        return CallDeadline(self.io if armed else None, seconds, what)
 
     def read_deadline(self, nbytes: int) -> float:
         """Seconds a replica may take to deliver `nbytes` before the read moves on."""

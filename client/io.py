@@ -48,6 +48,11 @@ class LoopIO:
         """An async context that raises TimeoutError when its body takes longer than `seconds`."""
         return asyncio.timeout(seconds)
 
+    def deadline(self) -> float | None:
+        """When the timeouts being run end (time.monotonic), for waits they do not cancel by themselves
+        (a blocking socket's); None when every wait is cancelled by them, as on the loop."""
+        return None
+
     async def gather(self, *coros, return_exceptions: bool = False) -> list:
         """The results of `coros` (per node transfers), run side by side as asyncio.gather runs them."""
         return await asyncio.gather(*coros, return_exceptions=return_exceptions)
@@ -76,6 +81,14 @@ class BlockingIO(LoopIO):
         """Whether a node request can be sent and answered here: not inside a task on the loop (its
         tasks run side by side), and the next bytes from the node answer it."""
         return asyncio.current_task() is None and not connection.tls and connection.idle()
+
+    def deadline(self) -> float | None:
+        """The earliest end of the timeouts the caller's call runs in (work spawned in the background
+        runs in none of them)."""
+        if not self._deadlines or (events._get_running_loop() is not None
+                                   and asyncio.current_task() in self._background):
+            return None
+        return min(deadline.when for deadline in self._deadlines)
 
     def _deadline(self, nbytes: int) -> float:
         if self._deadlines:

@@ -19,7 +19,12 @@ etcd names) until the RPC timeout ends; and a silent one (its host cut off:
 nothing answers, nothing is refused) is left after ATTEMPT_TIMEOUT, far less
 than the RPC timeout, so a client finds a new leader in about the time the
 election takes. A call left this way may have been applied: it is sent again
-elsewhere, as after a lost connection.
+elsewhere, as after a lost connection. A master that answers it cannot serve
+because etcd is silent to it (ClusterUnavailableError) is not waited out: the
+call fails at once, after asking each other master it knows once. Every call
+also ends by its caller's deadline (client/deadlines.py): on the loop its
+timeout cancels the call; for the blocking io, `io.deadline()` bounds each
+attempt, and a call out of time sends nothing.
 """
 
 import asyncio
@@ -34,6 +39,7 @@ from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, master_key, parse_ho
 from kvpool.protocol.control import LOOKUP, OP_BY_RPC, LeaderHint, NotSent, pack_keys
 from kvpool.security.grpc_auth import client_interceptors
 from kvpool.errors import (
+    ClusterUnavailableError,
     ForbiddenError,
     InternalError,
     InvalidArgumentError,
@@ -129,13 +135,18 @@ class MasterLink:
         failed, deadline: what call_now's attempt on the leader's control port ended with, and by
         when it had to be answered; that failure is followed as if it happened here."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.rpc_timeout if deadline is None else deadline
+        deadline = self._deadline(loop.time(), deadline)
         pause = RETRY_BACKOFF[0]
         if self.address is None:
             self.address = await self._resolve()
         relearned = False
+        unserved = set()  # masters that answered they cannot serve (ClusterUnavailableError)
+        attempted = False
         while True:
             address = self.address
+            if not attempted and failed is None and loop.time() >= deadline:  # the caller's deadline came first
+                raise UnavailableError(f"master {address} {method}: no time left to call it")
+            attempted = True
             try:
                 if failed is not None:
                     error, failed = failed, None
@@ -156,6 +167,13 @@ class MasterLink:
                 self._know(hint.leader, hint.control_address)
                 pause = await self._follow(hint.leader, False, NotLeaderError(f"{hint} (no leader answered in time)"),
                                            address, deadline, pause)
+            except ClusterUnavailableError:
+                # The master is there but cannot confirm any leader (etcd is silent to it): fail now, unless
+                # another master not asked yet in this call may lead.
+                if not self._can_move or address in unserved:
+                    raise
+                unserved.add(address)
+                self.address = await self._other_master(address)
             except UnavailableError as exc:
                 self._controls.pop(address, None)
                 # (Another caller may have found it gone first: a posted PutEnd retried.)
@@ -164,19 +182,31 @@ class MasterLink:
                     continue
                 pause = await self._follow(None, True, exc, address, deadline, pause)
 
-    def call_now(self, method: str, request):
+    def _deadline(self, now: float, deadline: float | None) -> float:
+        """When a call made now must be answered: the RPC timeout, the `deadline` its caller gave or the
+        one the io's timeouts set (a blocking socket's waits), whichever comes first."""
+        end = now + self.rpc_timeout if deadline is None else min(deadline, now + self.rpc_timeout)
+        bound = self.io.deadline()
+        return end if bound is None or bound > end else bound
+
+    def call_now(self, method: str, request, deadline: float | None = None):
         """call() answered in this thread without running the event loop, for the blocking io: over the
         leader's control connection when it is known; anything more (finding the leader, following a
-        NOT_LEADER, a lost connection, gRPC) continues as call() on the io's loop."""
+        NOT_LEADER, a lost connection, gRPC) continues as call() on the io's loop. deadline: when the
+        caller's call ends (time.monotonic); TimeoutError if it comes while waiting on the loop."""
+        now = time.monotonic()  # the event loop's clock
+        deadline = self._deadline(now, deadline)
         control = self._controls.get(self.address) if self.address is not None else None
         if not control or method not in OP_BY_RPC:
-            return self.io.run(self.call(method, request))
-        now = time.monotonic()  # the event loop's clock
-        deadline = now + self.rpc_timeout
+            return self.io.run(self._call_by(deadline, method, request, None))
         try:
             return self._links.call_now(control, method, request, self._attempt_end(now, deadline))
         except (LeaderHint, UnavailableError) as exc:
-            return self.io.run(self.call(method, request, exc, deadline))
+            return self.io.run(self._call_by(deadline, method, request, exc))
+
+    async def _call_by(self, deadline: float, method: str, request, failed: Exception | None):
+        async with self.io.timeout(max(deadline - time.monotonic(), 0.0)):
+            return await self.call(method, request, failed, deadline)
 
     def lookup_now(self, keys: list[str], batch_exists):
         """Whether each of `keys` (valid) exists, for the blocking io: a LOOKUP (control.LOOKUP, BatchExists
@@ -306,12 +336,21 @@ class MasterLink:
             return pause
         # Nobody named (no leader yet, or this one is gone): look elsewhere after a pause.
         await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        if deadline - loop.time() <= 0:
+            raise error from None  # no time left for another attempt
         try:
             self.address = await self._next_address(address)
         except UnavailableError:
             if deadline - loop.time() <= 0:
                 raise
         return min(pause * 2, RETRY_BACKOFF[1])
+
+    async def _other_master(self, address: str) -> str:
+        """The master to ask after `address` (itself when nothing else is known in time)."""
+        try:
+            return await self._next_address(address)
+        except UnavailableError:
+            return address
 
     async def _next_address(self, failed: str) -> str:
         if self.etcd is not None:

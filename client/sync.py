@@ -86,15 +86,22 @@ class Client:
                 raise UnavailableError("client is closed")
             return self._io.run(coro)
 
-    def _call(self, method: str, request):
-        """Master.<method>, answered in this thread (MasterLink.call_now)."""
-        return self._dispatch(self._call_now, method, request)
+    def _call(self, method: str, request, timeout: float | None):
+        """Master.<method>, answered in this thread (MasterLink.call_now) within the call's deadline."""
+        call = self._core.bounded(timeout, method, armed=False)
+        try:
+            return self._dispatch(self._call_now, method, request, call.when)
+        except Exception as exc:
+            error = call.overdue(exc)
+            if error is None:
+                raise
+            raise error from exc
 
-    def _call_now(self, method: str, request):
+    def _call_now(self, method: str, request, deadline: float):
         with self._turn:
             if self._closed:
                 raise UnavailableError("client is closed")
-            return self._core.master.call_now(method, request)
+            return self._core.master.call_now(method, request, deadline)
 
     def _lookup_now(self, keys: list):
         with self._turn:
@@ -120,10 +127,10 @@ class Client:
     drain = _blocking(AsyncClient.drain)
     flush = _blocking(AsyncClient.flush)
 
-    def exists(self, key: str, hold: float = 0) -> bool:
-        return convert.exists_answer(self._call("Exists", convert.exists_request(key, hold)))
+    def exists(self, key: str, hold: float = 0, *, timeout: float | None = None) -> bool:
+        return convert.exists_answer(self._call("Exists", convert.exists_request(key, hold), timeout))
 
-    def batch_exists(self, keys, hold: float = 0) -> list:
+    def batch_exists(self, keys, hold: float = 0, *, timeout: float | None = None) -> list:
         keys = list(keys)
         if hold == 0 and type(hold) in (int, float):  # no hold: a LOOKUP (MasterLink.lookup_now)
             validate_keys(keys)
@@ -133,7 +140,7 @@ class Client:
         request = convert.batch_exists_request(keys, hold)
         if request is None:
             return []
-        return convert.batch_exists_answer(self._call("BatchExists", request), len(keys))
+        return convert.batch_exists_answer(self._call("BatchExists", request, timeout), len(keys))
 
     exists.__doc__ = AsyncClient.exists.__doc__
     batch_exists.__doc__ = AsyncClient.batch_exists.__doc__

@@ -3,7 +3,7 @@
 A value is checksummed (and lz4-compressed first when asked or large enough:
 it is then stored, checksummed and moved as its compressed bytes). The master
 places it; every copy is written straight from the caller's buffer; the end is
-posted or awaited (Commits, below); the placement is cached, so a get right
+posted or awaited (commits.py); the placement is cached, so a get right
 after needs no lookup.
 
 A batch shares one BatchPutStart, one pipelined WRITE stream per node and one
@@ -13,34 +13,21 @@ kvpool.proto), so no message is made per key on either side: the WRITEs are
 grouped by placement, and the placement cache keeps each key as its placement's
 serialized replicas plus the key's own fields.
 
-Ending a put: by the time it ends, every copy is on its nodes under the put's
-generation, and the nodes list it in the INVENTORY a new leader adopts from:
-what is left is to tell the master. By default that frame is posted: it leaves
-on the client's ordered connection to the leader and the put returns without
-waiting for the answer, which saves a round trip per put. Every later call of
-this client reaches the master after it, so the client reads its own writes.
-An answer that reports a failure (rare: the copies were evicted before the end
-arrived, or the put outlived --put-timeout) drops the key from the placement
-cache and is kept for flush(), which raises it; an answer lost with its
-connection (the leader died) is asked again of whoever leads now, which finds
-the version it adopted. `confirm=True` waits for every answer instead. An
-overwrite always waits: the master frees the version it replaces before it
-answers, so once the put returns no reader, whatever placement it cached, gets
-the old bytes.
+Ending a put: its end is posted or awaited (commits.py). A put past its
+deadline (deadlines.py) is revoked, unless its end had left: then its outcome
+is unknown (PutOutcomeUnknownError).
 """
 
 from __future__ import annotations  # Core is named for the reader only: core.py imports this module
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING
 
-from kvpool.errors import BatchError, InvalidArgumentError, KvpoolError, NotLeaderError, UnavailableError, error_for
+from kvpool.errors import BatchError, InvalidArgumentError, KvpoolError, UnavailableError
 from kvpool.protocol.keys import validate_key
 
 from . import compression, convert, put_options
-from .convert import Started, batch_end_errors, check
-from .master_link import MasterLink
+from .convert import Started, check
 from .replica_order import drop_replicas, nearest_first
 from .transport import WriteItem
 from .values import checksum_of, readable_view
@@ -48,17 +35,22 @@ from .values import checksum_of, readable_view
 if TYPE_CHECKING:
     from .core import Core
 
-log = logging.getLogger(__name__)
-
 
 async def put(core: Core, key: str, value, overwrite: bool = False, *, tier: str | None = None,
               pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
-              compress: bool | None = None, replicas: int | None = None, min_replicas: int | None = None) -> None:
+              compress: bool | None = None, replicas: int | None = None, min_replicas: int | None = None,
+              timeout: float | None = None) -> None:
     """AsyncClient.put."""
+    data = readable_view(value)
+    async with core.bounded(timeout, f"put of {key!r}", len(data)) as call:
+        await _put(core, call, key, data, overwrite, tier, pin, pin_ttl, ttl, compress, replicas, min_replicas)
+
+
+async def _put(core: Core, call, key: str, data, overwrite: bool, tier, pin, pin_ttl, ttl, compress, replicas,
+               min_replicas) -> None:
     raw = validate_key(key)
     choices = put_options.resolve(tier, pin, pin_ttl, ttl)
     count, needed = put_options.replica_counts(replicas, min_replicas, core.replicas)
-    data = readable_view(value)
     raw_size = len(data)
     packed = compression.encode(data, compress, core.compress_above)
     if packed is not None:
@@ -76,7 +68,9 @@ async def put(core: Core, key: str, value, overwrite: bool = False, *, tier: str
         except BaseException:
             await revoke(core, [(key, info.generation)])
             raise
-    await core.commits.end(key, convert.put_end_request(key, info.generation, failed), overwrite)
+    call.ending = True  # from here on, a put past its deadline may have been stored
+    await core.commits.end(key, info.generation, convert.put_end_request(key, info.generation, failed),
+                           overwrite)
     drop_replicas(info, failed)
     remember(core, key, info, len(data), digest, packed is not None, raw_size)
 
@@ -84,16 +78,22 @@ async def put(core: Core, key: str, value, overwrite: bool = False, *, tier: str
 async def batch_put(core: Core, keys, values, overwrite: bool = False, *, tier: str | None = None,
                     pin: str | None = None, pin_ttl: float | None = None, ttl: float | None = None,
                     compress: bool | None = None, replicas: int | None = None,
-                    min_replicas: int | None = None) -> None:
+                    min_replicas: int | None = None, timeout: float | None = None) -> None:
     """AsyncClient.batch_put."""
-    count, needed = put_options.replica_counts(replicas, min_replicas, core.replicas)
     keys = list(keys)
-    values = list(values)
-    if len(keys) != len(values):
-        raise InvalidArgumentError(f"{len(keys)} keys but {len(values)} values")
+    views = [readable_view(value) for value in values]
+    async with core.bounded(timeout, f"batch_put of {len(keys)} keys", sum(map(len, views))) as call:
+        await _start_batch(core, call, keys, views, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
+                           min_replicas)
+
+
+async def _start_batch(core: Core, call, keys: list, views: list, overwrite: bool, tier, pin, pin_ttl, ttl,
+                       compress, replicas, min_replicas) -> None:
+    count, needed = put_options.replica_counts(replicas, min_replicas, core.replicas)
+    if len(keys) != len(views):
+        raise InvalidArgumentError(f"{len(keys)} keys but {len(views)} values")
     raws = [validate_key(key) for key in keys]
     choices = put_options.resolve(tier, pin, pin_ttl, ttl)
-    views = [readable_view(value) for value in values]
     raw_sizes = [len(view) for view in views]
     packed = [compression.encode(view, compress, core.compress_above) for view in views]
     views = [view if p is None else p for view, p in zip(views, packed)]
@@ -108,7 +108,7 @@ async def batch_put(core: Core, keys, values, overwrite: bool = False, *, tier: 
         options = [choices.write_options(False, 0)] * len(keys)  # one immutable WriteOptions for all
     request = convert.batch_put_start_request(keys, [len(view) for view in views], digests, overwrite, count,
                                               needed, choices, compressed, raw_sizes)
-    await _batch_put(core, request, keys, raws, views, digests, packed, raw_sizes, options, needed, overwrite)
+    await _batch_put(core, call, request, keys, raws, views, digests, packed, raw_sizes, options, needed, overwrite)
 
 
 async def _write_replicas(core: Core, raw: bytes, info, data: memoryview, digest: int, options) -> dict:
@@ -204,7 +204,7 @@ async def _write_started(core: Core, started: Started, raws, views, digests, opt
     return failed, partial
 
 
-async def _batch_put(core: Core, request, keys: list, raws: list, views: list, digests: list, packed: list,
+async def _batch_put(core: Core, call, request, keys: list, raws: list, views: list, digests: list, packed: list,
                      raw_sizes: list, options: list, needed: int, overwrite: bool) -> None:
     """The puts of AsyncClient.batch_put once its values are checksummed (and compressed: `packed`
     holds each compressed value or None) and its BatchPutStart `request` made; raises BatchError
@@ -229,7 +229,9 @@ async def _batch_put(core: Core, request, keys: list, raws: list, views: list, d
     if written:
         end = convert.batch_put_end_request([(keys[i], generation[i], partial[i]) for i in partly],
                                             [(keys[i], generation[i]) for i in whole])
-        ended = await core.commits.end_batch([keys[i] for i in written], end, overwrite) or {}
+        call.ending = True  # from here on, puts past the deadline may have been stored
+        ended = await core.commits.end_batch([keys[i] for i in written], [generation[i] for i in written], end,
+                                             overwrite) or {}
         _remember_batch(core, started, keys, written, ended, partial, views, digests, packed, raw_sizes)
         for n, i in enumerate(written):
             if n in ended:
@@ -267,85 +269,18 @@ def remember(core: Core, key: str, info, size: int, digest: int, compressed: boo
 
 
 async def revoke(core: Core, puts: list) -> None:
-    """Best effort: a put the master never hears about again is reclaimed after --put-timeout."""
+    """Best effort: a put the master never hears about again is reclaimed after --put-timeout. Posted
+    where it can be (the call it ends may be out of time), else asked."""
     if not puts:
         return
+    method, request = convert.revoke_call(puts)
+    if core.master.post(method, request, _ignored):
+        return
     try:
-        await core.master.call(*convert.revoke_call(puts))
+        await core.master.call(method, request)
     except KvpoolError:
         pass
 
 
-class Commits:
-    """The ends of one client's puts: posted or awaited, and the answers flush() reports."""
-
-    def __init__(self, master: MasterLink, forget, confirm: bool = False):
-        self._master = master
-        self._forget = forget  # forget(key): drop a key whose put did not end from the placement cache
-        self.confirm = confirm
-        self._failed: dict = {}  # key -> error of posted ends that failed since the last flush
-        self._retries: set = set()
-
-    async def end(self, key: str, request, overwrite: bool) -> None:
-        """PutEnd; raises its error only when waited for."""
-        if self.confirm or overwrite or not self._master.post(
-                "PutEnd", request, lambda r: self._answered("PutEnd", request, [key], r)):
-            check(await self._master.call("PutEnd", request))
-
-    async def end_batch(self, keys: list, request, overwrite: bool) -> dict | None:
-        """BatchPutEnd of `keys` (in the request's order: items, then the keys column). Returns
-        index -> error of the puts that failed when it waited for the answer; None when posted."""
-        if not (self.confirm or overwrite) and self._master.post(
-                "BatchPutEnd", request, lambda r: self._answered("BatchPutEnd", request, keys, r)):
-            return None
-        response = await self._master.call("BatchPutEnd", request)
-        return batch_end_errors(response, len(keys))
-
-    def _answered(self, method: str, request, keys: list, result) -> None:
-        if isinstance(result, (NotLeaderError, UnavailableError)):
-            # Whether the master it reached applied it is unknown: ask again, wherever the lead is now.
-            retry = self._master.io.spawn(self._master.call(method, request))
-            self._retries.add(retry)
-            retry.add_done_callback(lambda done: self._retried(done, method, keys))
-            return
-        self._note(method, keys, result)
-
-    def _retried(self, retry: asyncio.Future, method: str, keys: list) -> None:
-        self._retries.discard(retry)
-        if retry.cancelled():
-            result = UnavailableError(f"{method} cancelled")
-        else:
-            result = retry.exception() or retry.result()
-        self._note(method, keys, result)
-
-    def _note(self, method: str, keys: list, result) -> None:
-        if isinstance(result, BaseException):
-            errors = dict.fromkeys(range(len(keys)), result)
-        elif method == "PutEnd":
-            errors = {0: error_for(result.status, result.message)} if result.status else {}
-        else:
-            errors = batch_end_errors(result, len(keys))
-        for i, exc in errors.items():
-            self._forget(keys[i])
-            self._failed[keys[i]] = exc
-            log.warning("put of %r did not end: %s", keys[i], exc)
-
-    async def flush(self, timeout: float | None = None) -> None:
-        """Wait for the answer to every posted end (for up to `timeout` seconds, then give up on the
-        rest: the master reclaims a put it never hears the end of); raise BatchError naming the puts
-        whose end failed since the last flush (those values are not stored)."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        await self._master.drain(timeout)
-        while self._retries:
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                for retry in self._retries:
-                    retry.cancel()
-                await asyncio.wait(list(self._retries))
-                break
-            await asyncio.wait(list(self._retries), timeout=left)
-        failed, self._failed = self._failed, {}
-        if failed:
-            first_key, first = next(iter(failed.items()))
-            raise BatchError(f"{len(failed)} puts did not end (first: {first_key!r}: {first})", failed)
+def _ignored(_answer) -> None:
+    """The answer to a posted revoke: nothing waits for it."""

@@ -7,9 +7,9 @@
 """
 
 from .errors import (
-    BatchError, ChecksumMismatchError, InvalidArgumentError, InvalidKeyError, KeyExistsError,
-    KeyNotFoundError, KvpoolError, NoSpaceError, PutExpiredError, StaleReplicaError,
-    UnavailableError, ValueTooLargeError,
+    BatchError, ChecksumMismatchError, ClusterUnavailableError, DeadlineExceededError, InvalidArgumentError,
+    InvalidKeyError, KeyExistsError, KeyNotFoundError, KvpoolError, NoSpaceError, PutExpiredError,
+    PutOutcomeUnknownError, StaleReplicaError, UnavailableError, ValueTooLargeError,
 )
 
 __version__ = "0.1.0"
@@ -18,6 +18,7 @@ __all__ = [
     "Client", "AsyncClient", "KvpoolError", "KeyNotFoundError", "KeyExistsError", "NoSpaceError",
     "ValueTooLargeError", "InvalidKeyError", "InvalidArgumentError", "UnavailableError",
     "StaleReplicaError", "ChecksumMismatchError", "PutExpiredError", "BatchError",
+    "DeadlineExceededError", "PutOutcomeUnknownError", "ClusterUnavailableError",
 ]
 
 

@@ -64,6 +64,23 @@ class UnavailableError(KvpoolError, ConnectionError):
     code = Code.UNAVAILABLE
 
 
+class DeadlineExceededError(UnavailableError, TimeoutError):
+    """A client call ran past its deadline (`Client(..., timeout=)` or the call's own `timeout=`): it was
+    given up on, and whatever it had under way at a node or the master was abandoned."""
+
+
+class PutOutcomeUnknownError(UnavailableError):
+    """A put whose end reached, or may have reached, the master, with no answer to tell whether it
+    took (the answer was lost, or its deadline came first) and no master to ask where the key is:
+    the value may or may not be stored. Only such a put can end this way; every other put error
+    means the value is not stored."""
+
+
+class ClusterUnavailableError(UnavailableError):
+    """The master cannot serve: etcd is silent to it beyond what its lease allows, so no leader can be
+    confirmed (puts, removes and lookups fail at once until etcd answers again)."""
+
+
 class StaleReplicaError(KvpoolError):
     """The extent no longer holds the (key, generation) asked for."""
 

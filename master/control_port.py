@@ -32,7 +32,7 @@ from kvpool.security.auth import NONCE, PROOF, ServerHandshake, Verifier, refusa
 from kvpool.errors import Code, ForbiddenError, KvpoolError
 
 from .metrics import CallCounter
-from .service import MasterService, NotLeading
+from .service import EtcdSilent, MasterService, NotLeading
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,8 @@ def _body(response) -> bytes:
 
 def _error_frame(op: int, req_id: int, name: str, exc: Exception) -> bytes:
     """The answer to a call that raised `exc` instead of answering."""
+    if isinstance(exc, EtcdSilent):  # no leader can be confirmed: the caller fails at once
+        return control.pack_error(op, req_id, Code.UNAVAILABLE, str(exc))
     if isinstance(exc, NotLeading):
         return control.pack_answer(op, req_id, _NOT_LEADER, control.not_leader_body(exc.leader, exc.control_address))
     if isinstance(exc, KvpoolError):  # a request refused whole (e.g. past --max-batch)

@@ -126,6 +126,17 @@ class NotLeading(Exception):
         self.control_address = control_address
 
 
+class EtcdSilent(NotLeading):
+    """This master cannot tell who leads: etcd has been silent to it for longer than a lease allows
+    (answered on the control port as UNAVAILABLE, which clients raise at once as
+    ClusterUnavailableError instead of waiting for a leader; over gRPC, as NOT_LEADER naming nobody)."""
+
+    def __init__(self, master: str):
+        NotLeading.__init__(self, "", "")
+        self.args = (f"master {master} cannot serve: etcd has not answered it for over half a lease, so no "
+                     f"leader can be confirmed; retry once etcd is reachable",)
+
+
 _HANDLERS = {}  # RPC name (or control.LOOKUP) -> handler(self, request), for dispatch
 _COROUTINE = types.CoroutineType
 
@@ -194,6 +205,8 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         gate = self.leadership
         if gate is not None and name not in FOLLOWER_RPCS and not gate.answering():
             leader = gate.leader_address if gate.leader_address != self.address else ""
+            if not leader and gate.etcd_in_doubt(0.0):
+                raise EtcdSilent(self.address)
             raise NotLeading(leader, gate.leader_control_address if leader else "")
         batch_size = _BATCH_SIZE.get(name)
         if batch_size is not None:

@@ -107,9 +107,10 @@ class NodeConnections:
 
     async def close(self) -> None:
         self._closed = True
-        for opening in list(self._connecting.values()):
+        openings = list(self._connecting.values())  # a caller past its deadline may have left one going
+        for opening in openings:
             opening.cancel()
         connections = list(self._connections.values())
         for connection in connections:
             connection.fail("transport closed")
-        await asyncio.gather(*(c.reader for c in connections), return_exceptions=True)
+        await asyncio.gather(*openings, *(c.reader for c in connections), return_exceptions=True)

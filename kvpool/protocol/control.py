@@ -7,14 +7,16 @@ write the frames `ControlCalls.start` packs and feed what they read to
 (replies may overtake each other; one whose call gave up is skipped) and says
 what it means: the response, or the typed error it stands for. A call on a
 connection found closed never leaves: NotSent, which the caller may safely send
-again elsewhere. No I/O here.
+again elsewhere. A reply whose frame status is UNAVAILABLE comes from a master
+that cannot serve because etcd is silent to it (no leader can be confirmed):
+ClusterUnavailableError, raised at once rather than waited out. No I/O here.
 A frame is wire.REQUEST (no key) or wire.REPLY, then `length` bytes of body; see
 the wire.py docstring for what the bodies and reply statuses are.
 """
 
 import json
 
-from ..errors import Code, NotLeaderError, ProtocolError, UnavailableError, error_for
+from ..errors import ClusterUnavailableError, Code, NotLeaderError, ProtocolError, UnavailableError, error_for
 from ..proto import kvpool_pb2 as pb
 from .wire import MAGIC, REPLY, REQUEST, VERSION, Op
 
@@ -100,7 +102,7 @@ def parse_not_leader(body: bytes) -> tuple[str, str]:
 
 # -- a caller's side: its calls in flight on one connection, and what each reply means
 
-_OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
+_OK, _NOT_LEADER, _UNAVAILABLE = int(Code.OK), int(Code.NOT_LEADER), int(Code.UNAVAILABLE)
 _REPLY_SIZE = REPLY.size
 _unpack_reply = REPLY.unpack_from
 
@@ -134,6 +136,8 @@ def answer(address: str, method: str, status: int, body):
         leader, control_address = parse_not_leader(bytes(body))
         raise LeaderHint(f"master {address} {method}: not leader", leader, control_address)
     message = bytes(body).decode("utf-8", "replace")
+    if status == _UNAVAILABLE:
+        raise ClusterUnavailableError(f"master {address} {method}: {message}")
     raise error_for(status, f"master {address} {method}: {message}")
 
 

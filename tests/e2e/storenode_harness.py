@@ -236,4 +236,4 @@ def metric_total(samples: dict, name: str, **labels) -> float:
 
 PATIENT = 30.0  # every timeout of a client made with PATIENT_TIMEOUTS
 FAIL_FAST = 10.0  # well above what a fast failure takes on two busy cores, well below PATIENT
-PATIENT_TIMEOUTS = {"rpc_timeout": PATIENT, "connect_timeout": PATIENT, "read_timeout": PATIENT}
+PATIENT_TIMEOUTS = {"rpc_timeout": PATIENT, "connect_timeout": PATIENT, "read_timeout": PATIENT, "timeout": PATIENT}

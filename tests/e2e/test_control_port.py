@@ -193,7 +193,7 @@ def test_a_client_given_one_master_fails_over_to_the_others(own_cluster):
     wait_until(lambda: follower.info["address"] in cluster.master_stats().followers, 10,
                what="the leader to list the standby master")
     # The address `kvpool up --masters 2` prints: the first master's alone.
-    with Client(cluster.master_address, rpc_timeout=20) as client:
+    with Client(cluster.master_address, rpc_timeout=20, timeout=20) as client:
         client.put("before-kill", b"v" * 1000)
         leader.kill()
         killed_at = time.monotonic()

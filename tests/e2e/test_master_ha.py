@@ -61,7 +61,7 @@ def test_leader_kill_under_load_loses_no_committed_object(own_cluster):
     stop = threading.Event()
 
     def load():
-        with Client(cluster.master_addresses, rpc_timeout=10) as client:
+        with Client(cluster.master_addresses, rpc_timeout=10, timeout=10) as client:
             i = 0
             while not stop.is_set():
                 key = f"load-{i}"
@@ -201,7 +201,7 @@ def test_a_hundred_thousand_objects_survive_a_leader_kill(own_cluster):
         client.batch_put(keys[:500], [b"second" + value(i) for i in range(500)], overwrite=True)
     old.kill()
     wait_until(lambda: stats_of(new.info["address"]).leader == new.info["address"], 15, what="the follower to lead")
-    with Client(new.info["address"], rpc_timeout=30) as client:
+    with Client(new.info["address"], rpc_timeout=30, timeout=30) as client:
         wrong = []
         for start in range(0, count, batch):  # answered once the new leader has rebuilt its table
             got = client.batch_get(keys[start:start + batch])

@@ -165,12 +165,13 @@ def test_ucx_tickets_are_one_use_short_lived_and_bounded():
 
 
 def test_engine_options_take_the_token_from_a_file(tmp_path):
-    from kvpool.connectors.client_settings import client_settings
+    from kvpool.connectors.client_settings import CONNECTOR_TIMEOUT, client_settings
     from kvpool.errors import InvalidArgumentError
 
     path = tmp_path / "client.token"
     auth.write_private(path, auth.client_token(SECRET))
     settings = client_settings({"master": "h:1", "token_file": str(path), "tls_ca": "/ca.pem"}, "in test")
-    assert settings == {"address": "h:1", "token": auth.client_token(SECRET), "tls_ca": "/ca.pem"}
+    assert settings == {"address": "h:1", "token": auth.client_token(SECRET), "tls_ca": "/ca.pem",
+                        "timeout": CONNECTOR_TIMEOUT}
     with pytest.raises(InvalidArgumentError, match="in test"):
         client_settings({"master": "h:1", "token_file": str(tmp_path / "missing")}, "in test")
