@@ -208,7 +208,7 @@ class MasterLink:
         async with self.io.timeout(max(deadline - time.monotonic(), 0.0)):
             return await self.call(method, request, failed, deadline)
 
-    def lookup_now(self, keys: list[str], batch_exists):
+    def lookup_now(self, keys: list[str], batch_exists, deadline: float | None = None):
         """Whether each of `keys` (valid) exists, for the blocking io: a LOOKUP (control.LOOKUP, BatchExists
         without a hold in a frame without protobuf) answered in this thread on the leader's control
         connection: a list of bools. Anything else, as call_now does: BatchExists (the request
@@ -217,16 +217,16 @@ class MasterLink:
         follow a NOT_LEADER or a lost connection. A lookup changes nothing: asking again is safe."""
         control = self._controls.get(self.address) if self.address is not None and self.lookups else None
         if not control:
-            return self.call_now("BatchExists", batch_exists())
+            return self.call_now("BatchExists", batch_exists(), deadline)
         now = time.monotonic()  # the event loop's clock
-        deadline = now + self.rpc_timeout
+        deadline = self._deadline(now, deadline)
         try:
             return self._links.call_now(control, LOOKUP, pack_keys(keys), self._attempt_end(now, deadline))
         except ProtocolError:
             self.lookups = False
-            return self.call_now("BatchExists", batch_exists())
+            return self.call_now("BatchExists", batch_exists(), deadline)
         except (LeaderHint, UnavailableError) as exc:
-            return self.io.run(self.call("BatchExists", batch_exists(), exc, deadline))
+            return self.io.run(self._call_by(deadline, "BatchExists", batch_exists(), exc))
 
     def post(self, method: str, request, callback) -> bool:
         """Send Master.<method> to the leader's control port without waiting for the answer, which

@@ -88,9 +88,13 @@ class Client:
 
     def _call(self, method: str, request, timeout: float | None):
         """Master.<method>, answered in this thread (MasterLink.call_now) within the call's deadline."""
-        call = self._core.bounded(timeout, method, armed=False)
+        return self._bounded(timeout, method, self._call_now, method, request)
+
+    def _bounded(self, timeout: float | None, name: str, fn, *args):
+        """fn(*args, deadline) dispatched within the deadline of a call named `name` (a typed error past it)."""
+        call = self._core.bounded(timeout, name, armed=False)
         try:
-            return self._dispatch(self._call_now, method, request, call.when)
+            return self._dispatch(fn, *args, call.when)
         except Exception as exc:
             error = call.overdue(exc)
             if error is None:
@@ -103,11 +107,11 @@ class Client:
                 raise UnavailableError("client is closed")
             return self._core.master.call_now(method, request, deadline)
 
-    def _lookup_now(self, keys: list):
+    def _lookup_now(self, keys: list, deadline: float):
         with self._turn:
             if self._closed:
                 raise UnavailableError("client is closed")
-            return self._core.master.lookup_now(keys, lambda: convert.batch_exists_request(keys, 0))
+            return self._core.master.lookup_now(keys, lambda: convert.batch_exists_request(keys, 0), deadline)
 
     put = _forwarded(writes.put, AsyncClient.put)
     get = _blocking(AsyncClient.get)
@@ -136,7 +140,7 @@ class Client:
             validate_keys(keys)
             if not keys:
                 return []
-            return convert.batch_exists_answer(self._dispatch(self._lookup_now, keys), len(keys))
+            return convert.batch_exists_answer(self._bounded(timeout, "BatchExists", self._lookup_now, keys), len(keys))
         request = convert.batch_exists_request(keys, hold)
         if request is None:
             return []

@@ -47,6 +47,30 @@ def test_a_silent_node_holds_no_call_past_its_deadline(own_cluster):
                    what="the node to serve again")
 
 
+def test_a_silent_master_holds_no_lookup_past_its_deadline(own_cluster):
+    """A blocking batch_exists goes as a LOOKUP on the control socket: the call's deadline bounds it too."""
+    cluster = own_cluster(nodes=1)
+    options = dict(transports="tcp", rpc_timeout=PATIENT)
+    with Client(cluster.master_address, timeout=PATIENT, **options) as client, \
+            Client(cluster.master_address, timeout=1.0, **options) as quick:
+        client.put("lookup-deadline/k", b"v" * 1000)
+        assert client.batch_exists(["lookup-deadline/k", "lookup-deadline/none"]) == [True, False]
+        assert quick.batch_exists(["lookup-deadline/k"]) == [True]
+        master = cluster.masters[0]
+        master.proc.send_signal(signal.SIGSTOP)  # the control connection stays open; nothing is answered
+        try:
+            for call in (lambda: client.batch_exists(["lookup-deadline/k"], timeout=1.0),  # the call's own
+                         lambda: quick.batch_exists(["lookup-deadline/k"])):  # the client's
+                started = time.monotonic()
+                with pytest.raises(DeadlineExceededError, match="deadline"):
+                    call()
+                assert time.monotonic() - started < 1.0 + MARGIN
+        finally:
+            master.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: _works(lambda: client.batch_exists(["lookup-deadline/k"], timeout=2.0)), timeout=20,
+                   interval=0.2, what="the master to answer again")
+
+
 def _works(call) -> bool:
     try:
         call()
