@@ -44,6 +44,28 @@ def test_a_node_serves_until_its_grant_lapses_then_only_after_an_inventory_and_a
     grant.check()
 
 
+def test_a_new_leaders_inventory_reconciles_a_node_whose_grant_lapses_before_its_first_report():
+    """A takeover: the new leader's INVENTORY (a new term) arrives while the old leader's grant still holds,
+    and that grant lapses before the new leader's first REPORT (adopting a large inventory takes seconds).
+    The new leader knows only what the inventory said and REPORTs only over confirmed FREEs: its REPORT
+    renews the grant (else every node refuses reads after each takeover until inventoried once more)."""
+    clock = Clock()
+    grant = ReadGrant(period=3.0, clock=clock)
+    assert grant.reported()  # the old leader's last REPORT
+    clock.now += 1.0
+    grant.inventoried(new_term=True)  # the new leader's first INVENTORY, the grant still holding
+    clock.now += 2.5
+    with pytest.raises(StaleReplicaError):
+        grant.check()  # lapsed meanwhile: no reads until the new leader reports
+    assert grant.reported()
+    grant.check()
+    clock.now += 3.5  # and a later lapse within the same term needs an INVENTORY again
+    grant.inventoried()
+    assert grant.reported()
+    clock.now += 3.5
+    assert not grant.reported()
+
+
 def test_an_etcd_lease_plays_no_part_a_node_serves_on_the_leaders_reports_alone():
     clock = Clock()
     grant = ReadGrant(period=3.0, clock=clock)
