@@ -167,8 +167,9 @@ class MemberOps:
         return report
 
     def inventory(self, term: int) -> bytes:
+        newer = term > self.node.term
         if self._believe(term):  # a new leader asks this first: older writes end here
-            self.node.grant.inventoried()
+            self.node.grant.inventoried(newer)
         return self.store.inventory_reply()
 
     def _check_leads(self, term: int) -> None:

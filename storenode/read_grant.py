@@ -34,9 +34,12 @@ class ReadGrant:
             raise StaleReplicaError("this node lost contact with the leader and is not reconciled yet; "
                                     "ask the master again")
 
-    def inventoried(self) -> None:
-        """An INVENTORY of the current term arrived."""
-        if self.lapsed():
+    def inventoried(self, new_term: bool = False) -> None:
+        """An INVENTORY of the current term arrived (`new_term`: the first of a new leader's term, which
+        reconciles the node whatever its grant: the new leader knows only what this inventory says, and
+        REPORTs only once it owes the node no FREE, so its first REPORT renews the grant even if the
+        previous leader's lapsed meanwhile)."""
+        if new_term or self.lapsed():
             self._reconciling = True
 
     def reported(self) -> bool:
