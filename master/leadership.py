@@ -79,7 +79,7 @@ class Leader:
         # these inventories are adopted. Serving begins once they are in: they are adopted meanwhile.
         asked = loop.time()
         answered, silent = await asyncio.wait_for(
-            takeover.inventories(self._node_io, joins, STARTUP_INVENTORY_TIMEOUT), STARTUP_INVENTORY_TIMEOUT * 2)
+            takeover.inventories(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT), STARTUP_INVENTORY_TIMEOUT * 2)
         received = loop.time()
         left = takeover.start_adopting(self._table, self._node_io, answered)
         indexed = loop.time()

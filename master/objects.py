@@ -134,13 +134,16 @@ class ObjectTable:
     def adopt_columns(self, node_id: str, instance: str, columns: Columns) -> Adopted:
         return self._inventory.adopt_columns(node_id, instance, columns)
 
-    def start_adopting(self, inventories) -> int:
-        """A new leader's inventories ((node_id, instance, Reply) each), to adopt while it serves: no
-        generation any of them holds is handed out again, and keys held at several generations are
-        adopted at once (unadopted.py). Returns how many entries are left to adopt_next."""
+    def take_inventory(self, node_id: str, instance: str, reply) -> None:
+        """A new leader's INVENTORY reply of one node, indexed (unadopted.py) as it comes, to adopt
+        once start_adopting has seen them all."""
+        self._unadopted.add(node_id, instance, reply)
+
+    def start_adopting(self) -> int:
+        """Adopt the inventories take_inventory was given while serving: no generation any of them
+        holds is handed out again, and keys held at several generations are adopted at once
+        (unadopted.py). Returns how many entries are left to adopt_next."""
         unadopted = self._unadopted
-        for node_id, instance, reply in inventories:
-            unadopted.add(node_id, instance, reply)
         self._ledger.generation_seen(unadopted.max_generation())
         self._adopt_named(unadopted.disputed_keys())
         return unadopted.left

@@ -65,9 +65,10 @@ async def adopt_in_slices(table: ObjectTable, node_io: NodeIO, node_id: str, ins
     return outcome
 
 
-async def inventories(node_io: NodeIO, nodes: list[tuple[str, str, str]], timeout: float):
-    """The INVENTORY of each of `nodes` ((node_id, instance, address) each), all asked at once:
-    ([(node_id, instance, Reply) of each that answered], [the nodes that did not])."""
+async def inventories(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, str, str]], timeout: float):
+    """The INVENTORY of each of `nodes` ((node_id, instance, address) each), all asked at once, given
+    to the table as each comes (ObjectTable.take_inventory: indexed while the others are built):
+    ([(node_id, instance) of each that answered], [the nodes that did not])."""
     answered, silent = [], []
 
     async def one(node_id: str, instance: str, address: str) -> None:
@@ -75,21 +76,22 @@ async def inventories(node_io: NodeIO, nodes: list[tuple[str, str, str]], timeou
         if reply is None:
             silent.append((node_id, instance, address))
         else:
-            answered.append((node_id, instance, reply))
+            table.take_inventory(node_id, instance, reply)
+            answered.append((node_id, instance))
 
     await asyncio.gather(*(one(*node) for node in nodes))
     return answered, silent
 
 
 def start_adopting(table: ObjectTable, node_io: NodeIO, answered: list) -> int:
-    """Take the inventories in to adopt while serving (ObjectTable.start_adopting); returns the entries
+    """Adopt the inventories of `answered` while serving (ObjectTable.start_adopting); returns the entries
     left to adopt_rest. The nodes that answered may be REPORTed (their read grants renewed) from now:
     every key held at more than one generation is adopted already, so none of them holds a version
     another holds a newer one of, and a version this term replaces is adopted first and freed, its
     FREE owed (no REPORT until confirmed)."""
-    left = table.start_adopting(answered)
+    left = table.start_adopting()
     node_io.submit_frees(table.take_frees())
-    for node_id, instance, _ in answered:
+    for node_id, instance in answered:
         node = table.nodes.get(node_id)
         if node is not None and node.instance == instance:
             node.reconciled = True

@@ -149,14 +149,22 @@ class Unadopted:
         counts too): an overwrite or a remove the previous leader did not see through everywhere.
         Adopted before anything is served, so no node is trusted to serve reads (REPORTed) while it
         holds a version another holds a newer one of."""
-        if not self._nodes:
-            return []
-        # Each node's hashes are sorted already: a stable sort of them end to end merges the runs.
-        hashes = np.concatenate([node.sorted for node in self._nodes])
-        generations = np.concatenate([node.reply.records["generation"][node.order] for node in self._nodes])
-        order = np.argsort(hashes, kind="stable")
-        hashes, generations = hashes[order], generations[order]
-        disputed = _disputed_hashes(hashes, generations)
+        clashes = []
+        nodes = self._nodes
+        for i, node in enumerate(nodes):
+            here = node.sorted
+            twice = here[1:] == here[:-1]  # a hash twice on one node (rare): settled whatever its generations
+            if twice.any():
+                clashes.append(here[1:][twice])
+            generations = node.reply.records["generation"][node.order]
+            for other in nodes[i + 1:]:
+                there = other.sorted
+                if not len(there):
+                    continue
+                at = np.minimum(np.searchsorted(there, here), len(there) - 1)
+                other_generations = other.reply.records["generation"][other.order]
+                clashes.append(here[(there[at] == here) & (other_generations[at] != generations)])
+        disputed = np.unique(np.concatenate(clashes)) if clashes else np.zeros(0, dtype=np.uint64)
         if not len(disputed):
             return []
         keys = []
@@ -165,12 +173,3 @@ class Unadopted:
             keys += node.reply.columns_at(positions).keys
         return keys
 
-
-def _disputed_hashes(hashes: np.ndarray, generations: np.ndarray) -> np.ndarray:
-    """The hashes of sorted `hashes` whose run of equal hashes holds more than one generation."""
-    starts = np.flatnonzero(np.concatenate(([True], hashes[1:] != hashes[:-1])))
-    if len(starts) == len(hashes):  # every hash once: nothing to compare
-        return hashes[:0]
-    low = np.minimum.reduceat(generations, starts)
-    high = np.maximum.reduceat(generations, starts)
-    return hashes[starts[low != high]]

@@ -54,7 +54,7 @@ def encode_columns(keys: list[bytes], **columns) -> bytes:
     records = np.zeros(len(keys), dtype=RECORD_DTYPE)
     for name, values in columns.items():
         records[name] = values
-    records["key_length"] = [len(k) for k in keys]
+    records["key_length"] = np.fromiter(map(len, keys), dtype=np.uint16, count=len(keys))
     return _COUNT.pack(len(keys)) + records.tobytes() + b"".join(keys)
 
 

@@ -30,7 +30,9 @@ def adopting_table(n2_extra=()) -> ObjectTable:
     table.upsert_node(node("n2"))
     n1 = [Entry(f"a/{i}", 1000 + i, 10, i) for i in range(HELD)]
     n2 = [Entry(f"b/{i}", 5000 + i, 10, i) for i in range(HELD)] + list(n2_extra)
-    left = table.start_adopting([("n1", "n1-i1", reply(n1)), ("n2", "n2-i1", reply(n2))])
+    table.take_inventory("n1", "n1-i1", reply(n1))
+    table.take_inventory("n2", "n2-i1", reply(n2))
+    left = table.start_adopting()
     assert left == len(n1) + len(n2) - 2 * len(n2_extra)  # a disputed key is adopted at once
     return table
 
