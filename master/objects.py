@@ -24,6 +24,11 @@ pending and in time: nothing to release, free or refuse) and keeps it to fold
 into the table later; exists_many reads through the kept ends, and every other
 method folds them first (_folds_first), so no reader and no change ever sees
 the table without them. The owner folds them soon after (fold_ends).
+
+Adopting while serving: a new leader's inventories are given to take_inventory and
+start_adopting, and adopted by adopt_next in the background; until then every
+method naming keys adopts their entries first (_adopt_named, unadopted.py), so no
+answer depends on how far the background adoption got.
 """
 
 import functools
