@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS = 3
 RETRY_DELAY = 0.3
-SLICE = 20_000  # entries adopted between yields: the election lease is refreshed on this loop too
+SLICE = 5_000  # entries adopted between yields: the election lease is refreshed on this loop, and calls are served
 
 
 async def _inventory(node_io: NodeIO, address: str, timeout: float) -> inventory.Reply | None:
