@@ -83,6 +83,7 @@ class Leader:
         received = loop.time()
         left = takeover.start_adopting(self._table, self._node_io, answered)
         indexed = loop.time()
+        self._adopter.initial_adoption(True)  # before any node is handed to it (the silent ones, below)
         self.tasks.append(loop.create_task(self._adopt_rest(), name="adopt-inventories"))
         for node in silent:
             self._adopter.node_joined(*node)
@@ -99,7 +100,6 @@ class Leader:
                  indexed - received, len(silent))
 
     async def _adopt_rest(self) -> None:
-        self._adopter.initial_adoption(True)
         try:
             await takeover.adopt_rest(self._table, self._node_io)
         finally:
@@ -130,6 +130,7 @@ class Leader:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        self._adopter.initial_adoption(False)  # the adoption task may have been cancelled before it ran
 
 
 async def _first_of(*events: asyncio.Event) -> None:
