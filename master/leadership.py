@@ -72,7 +72,8 @@ class Leader:
                                 etcd_in_doubt=self._election.etcd_in_doubt)
         self.tasks.append(loop.create_task(membership.run(), name="membership"))
         await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
-        if self._election.etcd_in_doubt(membership.grace):
+        in_doubt = self._election.etcd_in_doubt(membership.grace)
+        if in_doubt:
             await self._until_registered()
         joins, self._joins = self._joins, None
         # Every node at once; later joins (and nodes that did not answer now) go to the adopter, once
@@ -84,7 +85,10 @@ class Leader:
         left = takeover.start_adopting(self._table, self._node_io, answered)
         indexed = loop.time()
         self._adopter.initial_adoption(True)  # before any node is handed to it (the silent ones, below)
-        self.tasks.append(loop.create_task(self._adopt_rest(), name="adopt-inventories"))
+        if in_doubt:  # nodes may still be registering again after etcd's silence: the whole table first
+            await self._adopt_rest()
+        else:
+            self.tasks.append(loop.create_task(self._adopt_rest(), name="adopt-inventories"))
         for node in silent:
             self._adopter.node_joined(*node)
         self.tasks.append(loop.create_task(_reclaim_loop(self._table, self._node_io), name="reclaim"))
