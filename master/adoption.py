@@ -28,6 +28,17 @@ class Adopter:
         self._timeout = timeout
         self._retry_delay = retry_delay
         self._tasks: set[asyncio.Task] = set()
+        self._initial_done = asyncio.Event()  # a new leader's first inventories are all adopted
+        self._initial_done.set()
+
+    def initial_adoption(self, running: bool) -> None:
+        """A new leader adopts its first inventories in the background (takeover.py) while `running`:
+        an inventory asked again meanwhile waits until they are adopted, so no entry of a node's first
+        inventory is adopted after (over) what its second one says."""
+        if running:
+            self._initial_done.clear()
+        else:
+            self._initial_done.set()
 
     def node_joined(self, node_id: str, instance: str, address: str) -> None:
         """Called for every new node instance; the inventory is fetched in the background."""
@@ -44,6 +55,7 @@ class Adopter:
         # A node this leader stopped REPORTing (silent, lapsed or dropped) is trusted again only once the
         # grant its last REPORTs gave has surely ended: no REPORT still under way can then renew it.
         await self._node_io.grants.until_ended(address)
+        await self._initial_done.wait()  # bounded: the background adoption yields only between slices
         attempt = 0
         while True:  # until it answers, or leaves (its lease ends) or restarts: it serves no read before
             attempt += 1

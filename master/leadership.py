@@ -72,13 +72,23 @@ class Leader:
                                 etcd_in_doubt=self._election.etcd_in_doubt)
         self.tasks.append(loop.create_task(membership.run(), name="membership"))
         await asyncio.wait_for(membership.synced.wait(), ETCD_CONNECT_TIMEOUT)
-        if self._election.etcd_in_doubt(membership.grace):
+        in_doubt = self._election.etcd_in_doubt(membership.grace)
+        if in_doubt:
             await self._until_registered()
         joins, self._joins = self._joins, None
-        # Every node at once; later joins (and nodes that did not answer now) go to the adopter.
-        silent = await asyncio.wait_for(
-            takeover.rebuild(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT),
-            STARTUP_INVENTORY_TIMEOUT * 2)
+        # Every node at once; later joins (and nodes that did not answer now) go to the adopter, once
+        # these inventories are adopted. Serving begins once they are in: they are adopted meanwhile.
+        asked = loop.time()
+        answered, silent = await asyncio.wait_for(
+            takeover.inventories(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT), STARTUP_INVENTORY_TIMEOUT * 2)
+        received = loop.time()
+        left = takeover.start_adopting(self._table, self._node_io, answered)
+        indexed = loop.time()
+        self._adopter.initial_adoption(True)  # before any node is handed to it (the silent ones, below)
+        if in_doubt:  # nodes may still be registering again after etcd's silence: the whole table first
+            await self._adopt_rest()
+        else:
+            self.tasks.append(loop.create_task(self._adopt_rest(), name="adopt-inventories"))
         for node in silent:
             self._adopter.node_joined(*node)
         self.tasks.append(loop.create_task(_reclaim_loop(self._table, self._node_io), name="reclaim"))
@@ -89,8 +99,15 @@ class Leader:
                                            name="eviction-watch"))
         self.tasks.append(loop.create_task(Repairer(self._table, self._node_io, args.repair_rate).run(),
                                            name="repair"))
-        log.info("took over with term %d: %d objects on %d nodes (%d did not answer yet)", self._election.term,
-                 self._table.object_count, len(self._table.nodes), len(silent))
+        log.info("took over with term %d: %d inventory entries from %d nodes (in %.2fs, indexed in %.2fs) to adopt "
+                 "while serving (%d did not answer yet)", self._election.term, left, len(answered), received - asked,
+                 indexed - received, len(silent))
+
+    async def _adopt_rest(self) -> None:
+        try:
+            await takeover.adopt_rest(self._table, self._node_io)
+        finally:
+            self._adopter.initial_adoption(False)
 
     async def _until_registered(self) -> None:
         """etcd was silent just now, so nodes may have lost their leases for that alone and be registering
@@ -117,6 +134,7 @@ class Leader:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        self._adopter.initial_adoption(False)  # the adoption task may have been cancelled before it ran
 
 
 async def _first_of(*events: asyncio.Event) -> None:

@@ -24,6 +24,11 @@ pending and in time: nothing to release, free or refuse) and keeps it to fold
 into the table later; exists_many reads through the kept ends, and every other
 method folds them first (_folds_first), so no reader and no change ever sees
 the table without them. The owner folds them soon after (fold_ends).
+
+Adopting while serving: a new leader's inventories are given to take_inventory and
+start_adopting, and adopted by adopt_next in the background; until then every
+method naming keys adopts their entries first (_adopt_named, unadopted.py), so no
+answer depends on how far the background adoption got.
 """
 
 import functools
@@ -32,7 +37,7 @@ import time
 from collections.abc import Callable
 
 from kvpool.protocol.cluster_layout import NodeRecord
-from kvpool.errors import KeyNotFoundError, KvpoolError
+from kvpool.errors import KeyNotFoundError, KvpoolError, UnavailableError
 from kvpool.protocol.inventory import Columns
 
 from .inventory_match import Adopted, InventoryMatch
@@ -42,6 +47,7 @@ from .node_state import NodeState
 from .pending_puts import MAX_REPLICAS, PendingPuts
 from .placement import PlacementPolicy
 from .replication import Replication
+from .unadopted import Unadopted
 from .versions import NO_OPTIONS, ObjectVersion, PutOptions
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,7 @@ class ObjectTable:
         self._replication = Replication(ledger)
         self._waiting_ends: list[tuple[list, list, float]] = []  # (keys, generations, arrived at), in order
         self._waiting_keys: set[str] = set()  # every key of _waiting_ends
+        self._unadopted = Unadopted()  # a new leader's inventories not adopted yet (unadopted.py)
 
     def reset(self) -> None:
         """Forget every node, object and pending put (a deposed leader's table may be stale; the next
@@ -65,6 +72,7 @@ class ObjectTable:
         so no generation is ever handed out twice."""
         self._ledger.reset()
         self._puts.reset()
+        self._unadopted = Unadopted()
 
     # ----- what the table holds -----
 
@@ -109,12 +117,18 @@ class ObjectTable:
         return self._node_events.report_mark()
 
     def apply_report(self, node_id: str, instance: str, report: dict, mark: int) -> list[str]:
+        if self._unadopted and report.get("evicted"):
+            self._adopt_named(_evicted_keys(report["evicted"]))
         return self._node_events.apply_report(node_id, instance, report, mark)
 
     def apply_evictions(self, node_id: str, instance: str, evicted) -> list[str]:
+        if self._unadopted:
+            self._adopt_named(_evicted_keys(evicted))
         return self._node_events.apply_evictions(node_id, instance, evicted)
 
     def drop_replica(self, key: str, generation: int, node_id: str) -> bool:
+        if self._unadopted:
+            self._adopt_named((key,))
         return self._node_events.drop_replica(key, generation, node_id)
 
     # ----- inventories (inventory_match.py) -----
@@ -125,12 +139,49 @@ class ObjectTable:
     def adopt_columns(self, node_id: str, instance: str, columns: Columns) -> Adopted:
         return self._inventory.adopt_columns(node_id, instance, columns)
 
+    def take_inventory(self, node_id: str, instance: str, reply) -> None:
+        """A new leader's INVENTORY reply of one node, indexed (unadopted.py) as it comes, to adopt
+        once start_adopting has seen them all."""
+        self._unadopted.add(node_id, instance, reply)
+
+    def start_adopting(self) -> int:
+        """Adopt the inventories take_inventory was given while serving: no generation any of them
+        holds is handed out again, and keys held at several generations are adopted at once
+        (unadopted.py). Returns how many entries are left to adopt_next."""
+        unadopted = self._unadopted
+        self._ledger.generation_seen(unadopted.max_generation())
+        self._adopt_named(unadopted.disputed_keys())
+        return unadopted.left
+
+    def adopt_next(self, size: int) -> Adopted | None:
+        """Adopt up to `size` more entries of one node's inventory given to start_adopting; None once
+        every entry was adopted."""
+        found = self._unadopted.next_slice(size)
+        return None if found is None else self.adopt_columns(*found)
+
+    @property
+    def adopting(self) -> int:
+        """Inventory entries given to start_adopting not adopted yet."""
+        return self._unadopted.left
+
+    def _adopt_named(self, keys) -> None:
+        """Adopt every entry still unadopted of `keys`, before a call that names them reads or changes them."""
+        for found in self._unadopted.take(keys):
+            self._inventory.adopt_columns(*found)
+
+    def _unless_adopting(self, what: str) -> None:
+        if self._unadopted:
+            raise UnavailableError(f"{what} needs every object known: this leader is still adopting "
+                                   f"{self._unadopted.left} inventory entries; try again in a moment")
+
     # ----- puts (pending_puts.py) -----
 
     def put_start(self, key: str, size: int, checksum: int, overwrite: bool = False, replicas: int = 1,
                   options: PutOptions = NO_OPTIONS, compressed: bool = False, raw_size: int = 0,
                   min_replicas: int = 0) -> ObjectVersion:
         """Choose nodes for a new version of `key`; it stays invisible until put_end (PendingPuts.start_many)."""
+        if self._unadopted:
+            self._adopt_named((key,))
         (started,) = self._puts.start_many((key,), (size,), (checksum,), overwrite, replicas, options,
                                            (compressed,), (raw_size,), min_replicas)
         if isinstance(started, KvpoolError):
@@ -140,13 +191,19 @@ class ObjectTable:
     def put_start_many(self, keys, sizes, checksums, overwrite: bool = False, replicas: int = 1,
                        options: PutOptions = NO_OPTIONS, compressed=None, raw_sizes=None,
                        min_replicas: int = 0) -> list:
+        if self._unadopted:
+            self._adopt_named(keys)
         return self._puts.start_many(keys, sizes, checksums, overwrite, replicas, options, compressed,
                                      raw_sizes, min_replicas)
 
     def put_end(self, key: str, generation: int, failed_nodes=()) -> ObjectVersion:
+        if self._unadopted:  # a put the previous leader started, asked again: maybe adopted already
+            self._adopt_named((key,))
         return self._puts.end(key, generation, failed_nodes)
 
     def put_end_many(self, keys, generations) -> list:
+        if self._unadopted:
+            self._adopt_named(keys)
         return self._puts.end_many(keys, generations)
 
     def end_later(self, keys, generations) -> bool:
@@ -185,6 +242,8 @@ class ObjectTable:
     # ----- reads and removes -----
 
     def get(self, key: str) -> ObjectVersion:
+        if self._unadopted:
+            self._adopt_named((key,))
         ledger = self._ledger
         committed = ledger.committed
         if committed.expiring:
@@ -198,12 +257,16 @@ class ObjectTable:
 
     def lookup(self, key: str) -> ObjectVersion | None:
         """The live committed version, without counting a hit or miss."""
+        if self._unadopted:
+            self._adopt_named((key,))
         ledger = self._ledger
         if ledger.committed.expiring:
             ledger.expire_if_due(key)
         return ledger.committed.get(key)
 
     def exists(self, key: str) -> bool:
+        if self._unadopted:
+            self._adopt_named((key,))
         ledger = self._ledger
         committed = ledger.committed
         if committed.expiring:
@@ -212,6 +275,8 @@ class ObjectTable:
 
     def exists_many(self, keys: list[str]) -> list[bool]:
         """exists() of each key, in order; a key of an end still waiting is there (it is new)."""
+        if self._unadopted:  # no waiting end's key is left to adopt: its put adopted it
+            self._adopt_named(keys)
         ledger = self._ledger
         committed = ledger.committed
         if committed.expiring:
@@ -226,6 +291,8 @@ class ObjectTable:
 
     def remove(self, key: str) -> None:
         """Drop the committed version of `key` (a pending put of it is left alone)."""
+        if self._unadopted:
+            self._adopt_named((key,))
         ledger = self._ledger
         ledger.expire_if_due(key)
         if ledger.discard(key) is None:
@@ -234,6 +301,7 @@ class ObjectTable:
 
     def remove_by_prefix(self, prefix: str) -> int:
         """Remove every live committed key starting with `prefix`; returns how many."""
+        self._unless_adopting("removing by prefix")
         keys = [k for k in self._ledger.committed if k.startswith(prefix)]
         removed = 0
         for key in keys:
@@ -305,13 +373,21 @@ class ObjectTable:
         return self._replication.under_replicated()
 
     def start_drain(self, node_id: str) -> int:
+        self._unless_adopting("a drain")
         return self._replication.start_drain(node_id)
 
     def add_replica(self, key: str, generation: int, node_id: str, tier: str) -> bool:
+        if self._unadopted:
+            self._adopt_named((key,))
         return self._replication.add_replica(key, generation, node_id, tier)
 
     def settle_drain(self, key: str) -> None:
         self._replication.settle_drain(key)
+
+
+def _evicted_keys(evicted) -> list[str]:
+    """The keys of a node's evictions ([key, generation] each; malformed ones are skipped later)."""
+    return [str(entry[0]) for entry in evicted or () if isinstance(entry, (list, tuple)) and entry]
 
 
 # What may run with ends still waiting: exists_many reads through them, end_later adds to them (a key

@@ -1,4 +1,4 @@
-"""A new leader's start: the object table rebuilt from what the nodes hold.
+"""A new leader's start: the object table rebuilt from what the nodes hold, while it serves.
 
 There is no per-object record in etcd: every node keeps, for each object it
 stores, its key, generation, size, checksum and options, and a put is
@@ -8,7 +8,9 @@ for all at once, are the record: the table adopts them by its inventory rule
 wins and the older copies are freed). The INVENTORY request carries the new
 leader's term, so from that moment the node refuses WRITEs placed by an older
 leader: whatever such a leader placed before is in the inventory, whatever it
-places after never lands.
+places after never lands. The leader serves as soon as the inventories are in,
+and adopts them in the background (unadopted.py: a call naming keys adopts
+theirs first); generations it hands out are above every one they hold.
 """
 
 import asyncio
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS = 3
 RETRY_DELAY = 0.3
-SLICE = 5_000  # entries adopted between yields: the election lease is refreshed on this loop too
+SLICE = 5_000  # entries adopted between yields: the election lease is refreshed on this loop, and calls are served
 
 
 async def _inventory(node_io: NodeIO, address: str, timeout: float) -> inventory.Reply | None:
@@ -63,20 +65,48 @@ async def adopt_in_slices(table: ObjectTable, node_io: NodeIO, node_id: str, ins
     return outcome
 
 
-async def rebuild(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, str, str]],
-                  timeout: float) -> list[tuple[str, str, str]]:
-    """Adopt the inventories of `nodes` ((node_id, instance, address) each), all asked at once;
-    returns the nodes that did not answer."""
-    silent = []
+async def inventories(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, str, str]], timeout: float):
+    """The INVENTORY of each of `nodes` ((node_id, instance, address) each), all asked at once, given
+    to the table as each comes (ObjectTable.take_inventory: indexed while the others are built):
+    ([(node_id, instance) of each that answered], [the nodes that did not])."""
+    answered, silent = [], []
 
     async def one(node_id: str, instance: str, address: str) -> None:
-        entries = await _inventory(node_io, address, timeout)
-        if entries is None:
+        reply = await _inventory(node_io, address, timeout)
+        if reply is None:
             silent.append((node_id, instance, address))
-            return
-        outcome = await adopt_in_slices(table, node_io, node_id, instance, entries)
-        if outcome.rejected:
-            log.info("node %s holds %d stale versions; freeing them", node_id, len(outcome.rejected))
+        else:
+            table.take_inventory(node_id, instance, reply)
+            answered.append((node_id, instance))
 
     await asyncio.gather(*(one(*node) for node in nodes))
-    return silent
+    return answered, silent
+
+
+def start_adopting(table: ObjectTable, node_io: NodeIO, answered: list) -> int:
+    """Adopt the inventories of `answered` while serving (ObjectTable.start_adopting); returns the entries
+    left to adopt_rest. The nodes that answered may be REPORTed (their read grants renewed) from now:
+    every key held at more than one generation is adopted already, so none of them holds a version
+    another holds a newer one of, and a version this term replaces is adopted first and freed, its
+    FREE owed (no REPORT until confirmed)."""
+    left = table.start_adopting()
+    node_io.submit_frees(table.take_frees())
+    for node_id, instance in answered:
+        node = table.nodes.get(node_id)
+        if node is not None and node.instance == instance:
+            node.reconciled = True
+            node_io.grants.reconciled(node.address)
+    return left
+
+
+async def adopt_rest(table: ObjectTable, node_io: NodeIO) -> None:
+    """Adopt what start_adopting left, a slice at a time, yielding to the loop between slices (calls
+    naming keys adopt theirs first, whenever they come)."""
+    loop = asyncio.get_running_loop()
+    started, left, rejected = loop.time(), table.adopting, 0
+    while (outcome := table.adopt_next(SLICE)) is not None:
+        rejected += len(outcome.rejected)
+        node_io.submit_frees(table.take_frees())
+        await asyncio.sleep(0)
+    log.info("adopted the nodes' inventories in %.2fs: %d entries left when serving began, %d objects now; "
+             "%d stale versions freed", loop.time() - started, left, table.object_count, rejected)

@@ -54,7 +54,7 @@ def encode_columns(keys: list[bytes], **columns) -> bytes:
     records = np.zeros(len(keys), dtype=RECORD_DTYPE)
     for name, values in columns.items():
         records[name] = values
-    records["key_length"] = [len(k) for k in keys]
+    records["key_length"] = np.fromiter(map(len, keys), dtype=np.uint16, count=len(keys))
     return _COUNT.pack(len(keys)) + records.tobytes() + b"".join(keys)
 
 
@@ -93,6 +93,28 @@ class Reply:
 
     def __len__(self) -> int:
         return self.count
+
+    @property
+    def records(self) -> np.ndarray:
+        """Every record (RECORD_DTYPE), in reply order."""
+        return self._records
+
+    @property
+    def key_bytes(self) -> tuple[bytes, np.ndarray]:
+        """Every key's bytes back to back, and where each ends (int64, cumulative)."""
+        return self._keys, self._ends
+
+    def columns_at(self, positions: np.ndarray) -> Columns:
+        """The entries at `positions` (indices into the reply, any order)."""
+        ends = self._ends[positions].tolist()
+        starts = (self._ends[positions] - self._records["key_length"][positions]).tolist()
+        if self._text is not None:
+            text = self._text
+            keys = [text[a:b] for a, b in zip(starts, ends)]
+        else:
+            blob = self._keys
+            keys = [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
+        return Columns(keys, self._records[positions])
 
     def __iter__(self):
         return (entry for part in self.slices() for entry in part)
