@@ -23,8 +23,10 @@ from .selector import TransportSelector
 from .transport import Transport
 from .commits import Commits
 
-DEFAULT_READ_TIMEOUT = 5.0
-DEFAULT_WRITE_TIMEOUT = 5.0
+# A silent node gets less than a call's default deadline (deadlines.DEFAULT_TIMEOUT, 5 s), so a read moves on
+# to another replica, and a put with min_replicas returns without that copy, before the call itself runs out.
+DEFAULT_READ_TIMEOUT = 3.0
+DEFAULT_WRITE_TIMEOUT = 3.0
 CLOSE_FLUSH_TIMEOUT = 2.0  # how long close() waits for the master's answers to posted put ends
 
 

@@ -15,7 +15,7 @@ before freeing anything, so a late order is harmless).
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .node_state import NodeState
 from .version_store import VersionStore
@@ -29,6 +29,10 @@ class FreeOrder:
     address: str
     key: bytes
     generation: int
+    # Whether readers may have been given this version and a newer one (or a remove) replaced it: the answer
+    # that replaced it waits until the node confirms the FREE or its read grant ends. A pending put's copy
+    # (never named to a reader) is owed the same way, but nobody waits for it.
+    replaced: bool = field(default=True, compare=False)
 
 
 @dataclass
@@ -214,7 +218,7 @@ class Ledger:
             node = self.nodes.get(r.node_id)
             if node is not None and version.generation in node.pending:
                 node.unreserve(version.generation)
-                self._frees.append(FreeOrder(r.address, raw_key, version.generation))
+                self._frees.append(FreeOrder(r.address, raw_key, version.generation, replaced=False))
 
     def release_committed(self, version: ObjectVersion) -> None:
         """Tell the nodes of a committed version's replicas to forget it (nodes gone or already told are

@@ -123,10 +123,11 @@ class NodeIO:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
         await asyncio.wait(tasks, timeout=wait)
+        replaced = {order.address for order in orders if order.replaced}
         for task, address in tasks.items():
-            # Not confirmed: the node may still serve the version; wait until it stops on its own.
+            # Not confirmed: the node may still serve the replaced version; wait until it stops on its own.
             ends = self.grants.grant_ends(address, sent)
-            if not _confirmed(task) and ends > time.monotonic():
+            if address in replaced and not _confirmed(task) and ends > time.monotonic():
                 await asyncio.wait([task], timeout=ends - time.monotonic())
                 if not _confirmed(task) and ends > time.monotonic():
                     await asyncio.sleep(ends - time.monotonic())

@@ -22,9 +22,9 @@ CUT_S = 13.0
 AFTER_S = 6.0  # load after the heal
 SIZE = 32 * 1024
 KEYS = [f"cut/{i}" for i in range(12)]
-DEADLINE_S = 5.0  # a node request's deadline: the client's read_timeout and write_timeout defaults
-# What a call may take beyond a node's deadline: a put's master calls (PutStart, and PutEnd with the 1 s it may
-# wait for the cut node to confirm a FREE), a get's next replica, and two cores shared with other runs.
+DEADLINE_S = 5.0  # a call's deadline (the client's default timeout); a node request's is shorter (3 s), so a put
+# needing two of three copies returns without the silent one's, and a get moves on to another replica, within it.
+# What a call may take beyond its deadline on two cores shared with other runs:
 CALL_MARGIN_S = 3.0
 SERVING_AGAIN_S = 5.0  # the bound from the heal to the node taking writes again ...
 SERVING_MARGIN_S = 3.0  # ... and what load on two shared cores adds to it

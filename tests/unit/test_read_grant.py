@@ -179,3 +179,39 @@ def test_a_report_answered_while_the_masters_loop_was_busy_past_its_deadline_cou
         assert node_io.grants.may_report("n:1")
 
     asyncio.run(scenario())
+
+
+def test_an_answer_waits_out_an_unconfirmed_free_only_of_a_replaced_version():
+    """A FREE of a version readers may hold (replaced=True) keeps the answer until the silent node's grant ends;
+    that of a pending put's copy (a put ending without the copy it could not write, or revoked: never named to a
+    reader) is owed just the same but holds nobody (else a put with min_replicas waits a grant past its deadline)."""
+
+    class Silent:
+        async def free_many(self, address, pairs):
+            await asyncio.sleep(10)
+
+        async def report(self, address, term):
+            return {}
+
+    async def answered_in(order: FreeOrder) -> float:
+        node_io = NodeIO(Silent())
+        assert await node_io.report(order.address, 1.0) == {}  # the node's grant: READ_GRANT from now
+        started = time.monotonic()
+        await node_io.free_now([order], wait=0.05)
+        took = time.monotonic() - started
+        assert order in node_io.grants.owed(order.address)  # owed either way: no REPORT until confirmed
+        await node_io.close()
+        return took
+
+    assert asyncio.run(answered_in(FreeOrder("n:1", b"k", 1, replaced=False))) < 1.0
+    assert asyncio.run(answered_in(FreeOrder("n:1", b"k", 1))) > 1.0
+    table = ObjectTable(first_generation=100)
+    table.upsert_node(record("n1"))
+    table.upsert_node(record("n2", port=7001))
+    version = table.put_start("k/partial", 100, 7, replicas=2, min_replicas=1)
+    table.take_frees()
+    failed = version.replicas[0].node_id
+    table.put_end("k/partial", version.generation, [failed])
+    assert [order.replaced for order in table.take_frees()] == [False]  # the copy it could not write
+    table.put_end("k/partial", table.put_start("k/partial", 100, 7, overwrite=True).generation)
+    assert all(order.replaced for order in table.take_frees())  # the version it replaced
