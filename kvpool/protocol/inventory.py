@@ -106,15 +106,18 @@ class Reply:
 
     def columns_at(self, positions: np.ndarray) -> Columns:
         """The entries at `positions` (indices into the reply, any order)."""
-        ends = self._ends[positions].tolist()
-        starts = (self._ends[positions] - self._records["key_length"][positions]).tolist()
+        records = self._records[positions]
+        return Columns(self._keys_ending_at(self._ends[positions], records), records)
+
+    def _keys_ending_at(self, ends: np.ndarray, records: np.ndarray) -> list[str]:
+        """The keys of `records`, whose bytes end at `ends` in the reply's key blob."""
+        starts = (ends - records["key_length"]).tolist()
+        ends = ends.tolist()
         if self._text is not None:
             text = self._text
-            keys = [text[a:b] for a, b in zip(starts, ends)]
-        else:
-            blob = self._keys
-            keys = [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
-        return Columns(keys, self._records[positions])
+            return [text[a:b] for a, b in zip(starts, ends)]
+        blob = self._keys
+        return [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
 
     def __iter__(self):
         return (entry for part in self.slices() for entry in part)
@@ -122,16 +125,7 @@ class Reply:
     def column_slices(self, size: int = 20_000):
         for first in range(0, self.count, size):
             records = self._records[first:first + size]
-            ends = self._ends[first:first + size]
-            starts = (ends - records["key_length"]).tolist()
-            ends = ends.tolist()
-            if self._text is not None:
-                text = self._text
-                keys = [text[a:b] for a, b in zip(starts, ends)]
-            else:
-                blob = self._keys
-                keys = [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
-            yield Columns(keys, records)
+            yield Columns(self._keys_ending_at(self._ends[first:first + size], records), records)
 
     def slices(self, size: int = 20_000):
         return (columns.entries() for columns in self.column_slices(size))
