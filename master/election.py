@@ -55,6 +55,8 @@ class LeadershipState(Protocol):
 
     def etcd_in_doubt(self, window: float) -> bool: ...
 
+    def etcd_silent(self) -> bool: ...
+
     def answering(self) -> bool: ...
 
 
@@ -75,6 +77,9 @@ class Election:
         self._lease = None
         self._refreshed = 0.0  # monotonic time of the last refresh etcd confirmed
         self._etcd_back = float("-inf")  # when etcd last answered after a silence (a refresh late, a lease lost)
+        # etcd was asked (a refresh, registering again) and did not answer in time; cleared by an answer. A
+        # refresh late only because this master's loop was busy is not that: callers then retry, not give up.
+        self._asked_unanswered = False
         self._task: asyncio.Task | None = None
         self.is_leader = False
         self.term = 0         # this master's term while it leads
@@ -140,6 +145,7 @@ class Election:
                 reply = await asyncio.wait_for(self._etcd.refresh_lease(self._lease.id), self.ttl / 3)
                 if reply is None or reply.TTL <= 0:
                     self._etcd_back = time.monotonic()
+                    self._asked_unanswered = False  # an answer, if not the one hoped for
                     self._lease_expired()
                     if not self.is_leader and not self.lost.is_set():
                         # A follower just registers again; it had nothing to lose.
@@ -147,6 +153,7 @@ class Election:
                         await asyncio.wait_for(self._etcd.put(self._member_key, self._value, lease=self._lease),
                                                self.ttl)
                 else:
+                    self._asked_unanswered = False
                     if asked - self._refreshed > self.ttl / 2:
                         self._etcd_back = time.monotonic()
                     self._refreshed = asked
@@ -155,6 +162,7 @@ class Election:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd away: a leader that cannot refresh steps down
                 log.warning("refreshing the master lease failed (%s: %s)", type(exc).__name__, exc)
+                self._asked_unanswered = True
                 if self.is_leader:
                     pause = RETRY_DELAY  # try again soon: the lease runs out meanwhile
             if self.is_leader and time.monotonic() - self._refreshed > self.ttl:
@@ -173,6 +181,10 @@ class Election:
         within the last `window` seconds: leases of others may have expired for that silence alone."""
         now = time.monotonic()
         return now - self._refreshed > self.ttl / 2 or now - self._etcd_back < window
+
+    def etcd_silent(self) -> bool:
+        """Whether etcd, asked, has not answered this master since (not merely: its lease is late)."""
+        return self._asked_unanswered
 
     def answering(self) -> bool:
         """Whether this master may answer requests now: it has taken over and its lease holds."""
@@ -215,10 +227,12 @@ class Election:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd away: try again
                 log.warning("registering again failed (%s: %s); retrying", type(exc).__name__, exc)
+                self._asked_unanswered = True
                 await asyncio.sleep(RETRY_DELAY)
         self._lease = lease
         self._refreshed = asked
         self._etcd_back = time.monotonic()
+        self._asked_unanswered = False
         self.lost.clear()  # armed again for the next term
         log.info("registered again; campaigning")
 

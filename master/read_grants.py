@@ -103,5 +103,8 @@ class ReadGrants:
         (at once if none was given)."""
         if address not in self._answered and address not in self._unanswered:
             return
-        while (left := self.grant_ends(address, self._clock()) - self._clock()) > 0:
+        # The bound as of now, taken once: for a node that never answered a REPORT it counts from the
+        # moment asked, so asking again each turn would never end.
+        ends = self.grant_ends(address, self._clock())
+        while (left := ends - self._clock()) > 0:
             await asyncio.sleep(left)

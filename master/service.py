@@ -127,13 +127,13 @@ class NotLeading(Exception):
 
 
 class EtcdSilent(NotLeading):
-    """This master cannot tell who leads: etcd has been silent to it for longer than a lease allows
+    """This master cannot tell who leads: etcd, asked (a lease refresh), has not answered it since
     (answered on the control port as UNAVAILABLE, which clients raise at once as
     ClusterUnavailableError instead of waiting for a leader; over gRPC, as NOT_LEADER naming nobody)."""
 
     def __init__(self, master: str):
         NotLeading.__init__(self, "", "")
-        self.args = (f"master {master} cannot serve: etcd has not answered it for over half a lease, so no "
+        self.args = (f"master {master} cannot serve: etcd, asked, has not answered it, so no "
                      f"leader can be confirmed; retry once etcd is reachable",)
 
 
@@ -205,7 +205,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         gate = self.leadership
         if gate is not None and name not in FOLLOWER_RPCS and not gate.answering():
             leader = gate.leader_address if gate.leader_address != self.address else ""
-            if not leader and gate.etcd_in_doubt(0.0):
+            if not leader and gate.etcd_silent():  # asked and silent: no leader can be confirmed
                 raise EtcdSilent(self.address)
             raise NotLeading(leader, gate.leader_control_address if leader else "")
         batch_size = _BATCH_SIZE.get(name)

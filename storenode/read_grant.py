@@ -22,7 +22,9 @@ class ReadGrant:
     def __init__(self, period: float = READ_GRANT, clock=time.monotonic):
         self.period = period
         self._clock = clock
-        self.until = math.inf  # no leader has reported yet: nothing was freed here to miss
+        # No leader has taken this node in yet: nothing was freed here to miss. Open until a grant after
+        # the first INVENTORY, so a node cut off before its first REPORT stops serving too.
+        self.until = math.inf
         self._reconciling = False  # an INVENTORY came since the grant lapsed: the next REPORT renews it
 
     def lapsed(self) -> bool:
@@ -39,6 +41,8 @@ class ReadGrant:
         reconciles the node whatever its grant: the new leader knows only what this inventory says, and
         REPORTs only once it owes the node no FREE, so its first REPORT renews the grant even if the
         previous leader's lapsed meanwhile)."""
+        if new_term and self.until == math.inf:  # the open start ends a grant after a leader takes the node in
+            self.until = self._clock() + self.period
         if new_term or self.lapsed():
             self._reconciling = True
 

@@ -78,3 +78,23 @@ def client(cluster):
 
     with Client(cluster.master_address) as c:
         yield c
+
+
+LOG_TAIL_LINES = 60
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that ran a cluster under its tmp_path shows the end of each process's log: a
+    failure seen only on another machine can then be read from the report alone."""
+    report = yield
+    if report.failed and call.when == "call":
+        tmp_path = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+        if tmp_path is not None:
+            for log in sorted(tmp_path.glob("**/logs/*.log")):
+                try:
+                    lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                except OSError:
+                    continue
+                report.sections.append((f"end of {log.relative_to(tmp_path)}", "\n".join(lines)))
+    return report

@@ -215,3 +215,35 @@ def test_an_answer_waits_out_an_unconfirmed_free_only_of_a_replaced_version():
     assert [order.replaced for order in table.take_frees()] == [False]  # the copy it could not write
     table.put_end("k/partial", table.put_start("k/partial", 100, 7, overwrite=True).generation)
     assert all(order.replaced for order in table.take_frees())  # the version it replaced
+
+
+def test_a_node_no_leader_reported_to_yet_stops_serving_a_grant_after_a_leaders_inventory():
+    """Cut off before the first REPORT (a partition right after joining): the open start must end, else the
+    node serves versions overwritten meanwhile for ever."""
+    clock = Clock()
+    grant = ReadGrant(period=3.0, clock=clock)
+    grant.inventoried()  # an INVENTORY of no newer term (an operator's tool): the open start stays
+    clock.now += 100.0
+    grant.check()
+    grant.inventoried(new_term=True)  # the first leader takes the node in
+    clock.now += 2.9
+    grant.check()
+    clock.now += 0.2
+    with pytest.raises(StaleReplicaError):
+        grant.check()
+    assert grant.reported()  # its first REPORT, however late, renews it (the leader reconciled the node)
+    grant.check()
+
+
+def test_waiting_out_the_grant_of_a_node_that_never_answered_a_report_ends():
+    """A node cut off before answering this leader's first REPORT, then back: taking it in again waits one
+    grant, not for ever (it was asked with a bound that moved with the clock)."""
+    async def scenario():
+        grants = ReadGrants(period=0.2)
+        grants.report_sent("n:1")
+        grants.report_unanswered("n:1")
+        started = time.monotonic()
+        await asyncio.wait_for(grants.until_ended("n:1"), 5)
+        return time.monotonic() - started
+
+    assert 0.15 < asyncio.run(scenario()) < 2
