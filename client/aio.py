@@ -13,6 +13,7 @@ so callers only ever see raw values.
 """
 
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
+from kvpool.protocol.keys import validate_keys
 from kvpool.errors import BatchError, InvalidArgumentError, InvalidKeyError, KeyNotFoundError
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
@@ -214,6 +215,13 @@ class AsyncClient:
     async def batch_exists(self, keys, hold: float = 0, *, timeout: float | None = None) -> list:
         """exists() for every key, in one round trip."""
         keys = list(keys)
+        if hold == 0 and type(hold) in (int, float):  # no hold: a LOOKUP (MasterLink.lookup)
+            validate_keys(keys)
+            if not keys:
+                return []
+            async with self._core.bounded(timeout, "BatchExists"):
+                found = await self._core.master.lookup(keys, lambda: convert.batch_exists_request(keys, 0))
+            return convert.batch_exists_answer(found, len(keys))
         request = convert.batch_exists_request(keys, hold)
         if request is None:
             return []
