@@ -8,35 +8,48 @@ ttl/3, made here by a thread that runs whenever the loop's Python work lets go o
 names it. What a refresh learns goes to the Election (election.py) through three callbacks.
 """
 
+import http.client
 import json
 import logging
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
+
+from kvpool.protocol.cluster_layout import parse_hostport
 
 log = logging.getLogger(__name__)
 
 
 class GatewayLease:
-    """Refreshes a lease by POST /v3/lease/keepalive on an etcd endpoint (HOST:PORT)."""
+    """Refreshes a lease by POST /v3/lease/keepalive on an etcd endpoint (HOST:PORT), on a connection of its
+    own each time (no proxy; a connection a partition left dead is never reused)."""
 
     def __init__(self, endpoint: str, context: ssl.SSLContext | None = None):
-        self._url = f"{'https' if context is not None else 'http'}://{endpoint}/v3/lease/keepalive"
-        self._context = context
+        host, port = parse_hostport(endpoint)
+        self._host, self._port, self._context = host, port, context
 
     def refresh(self, lease_id: int, timeout: float) -> int:
         """The lease's remaining ttl in seconds (0: etcd no longer has it); OSError or ValueError when
         etcd does not answer in `timeout` or answers something else."""
-        request = urllib.request.Request(self._url, data=json.dumps({"ID": str(lease_id)}).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(request, timeout=timeout, context=self._context) as reply:
-            body = json.loads(reply.read().split(b"\n", 1)[0] or b"{}")
-        result = body.get("result")
+        if self._context is not None:
+            connection = http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._context)
+        else:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        try:
+            connection.request("POST", "/v3/lease/keepalive", json.dumps({"ID": str(lease_id)}),
+                               {"Content-Type": "application/json"})
+            reply = connection.getresponse()
+            body = reply.read()
+        except http.client.HTTPException as exc:
+            raise ValueError(f"etcd lease keepalive: {exc}") from None
+        finally:
+            connection.close()
+        if reply.status != 200:
+            raise ValueError(f"etcd lease keepalive answered HTTP {reply.status}: {body[:200]!r}")
+        result = json.loads(body.split(b"\n", 1)[0] or b"{}").get("result")
         if not isinstance(result, dict):  # an error reply: {"error": {...}}
-            raise ValueError(f"etcd lease keepalive answered {str(body)[:200]}")
+            raise ValueError(f"etcd lease keepalive answered {body[:200]!r}")
         return int(result.get("TTL", 0))  # proto3 JSON leaves a zero out: no TTL is a lease gone
 
 
@@ -66,7 +79,7 @@ class LeaseRefresher:
             lease_id = self._lease_id()
             try:
                 ttl_left = self._refresh(lease_id, self.period)
-            except (OSError, ValueError, urllib.error.URLError) as exc:
+            except (OSError, ValueError) as exc:
                 if not self._stop.is_set():
                     self._failed(exc)
                 continue
