@@ -12,6 +12,7 @@ import http.client
 import json
 import logging
 import ssl
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from kvpool.protocol.cluster_layout import parse_hostport
 
 log = logging.getLogger(__name__)
+
+RETRY_DELAY = 0.5  # after a refresh that failed: the lease runs out meanwhile
 
 
 class GatewayLease:
@@ -54,11 +57,12 @@ class GatewayLease:
 
 
 class LeaseRefresher:
-    """Calls `refresh(lease_id(), timeout)` every `period` seconds on a daemon thread; each outcome to
-    answered(lease_id, asked_at, ttl_left) or failed(exc), from that thread."""
+    """Calls `refresh(lease_id, timeout)` every `period` seconds (again after RETRY_DELAY when one failed) on a
+    daemon thread, for the lease `lease_id()` names (None: none now, e.g. the loop that wants it is stuck);
+    each outcome to answered(lease_id, asked_at, ttl_left) or failed(lease_id, exc), from that thread."""
 
-    def __init__(self, refresh: Callable[[int, float], int], lease_id: Callable[[], int], period: float,
-                 answered: Callable[[int, float, int], None], failed: Callable[[BaseException], None]):
+    def __init__(self, refresh: Callable[[int, float], int], lease_id: Callable[[], int | None], period: float,
+                 answered: Callable[[int, float, int], None], failed: Callable[[int, BaseException], None]):
         self._refresh = refresh
         self._lease_id = lease_id
         self.period = period
@@ -70,22 +74,32 @@ class LeaseRefresher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
+        pause = self.period
+        while not self._stop.wait(pause):
             asked = time.monotonic()  # etcd counts the ttl from no earlier than this
+            pause = self.period
             lease_id = self._lease_id()
+            if lease_id is None:
+                continue
             try:
                 ttl_left = self._refresh(lease_id, self.period)
-            except (OSError, ValueError) as exc:
-                if not self._stop.is_set():
-                    self._failed(exc)
-                continue
-            except Exception as exc:  # noqa: BLE001 - a bug here must not end the refreshing
-                log.error("lease refresh failed unexpectedly", exc_info=exc)
-                self._failed(exc)
-                continue
-            if not self._stop.is_set():
-                self._answered(lease_id, asked, ttl_left)
+            except Exception as exc:  # noqa: BLE001 - no answer, or a bad one: tried again soon
+                if not isinstance(exc, (OSError, ValueError)):
+                    log.error("lease refresh failed unexpectedly", exc_info=exc)
+                outcome = functools.partial(self._failed, lease_id, exc)
+                pause = min(RETRY_DELAY, self.period)
+            else:
+                outcome = functools.partial(self._answered, lease_id, asked, ttl_left)
+                pause = max(0.0, asked + self.period - time.monotonic())
+            if self._stop.is_set():
+                return
+            try:
+                outcome()
+            except Exception as exc:  # noqa: BLE001 - e.g. the loop closed under a master stopping
+                log.debug("lease refresh outcome not delivered: %s", exc)

@@ -57,3 +57,35 @@ def test_a_lease_etcd_no_longer_has_reads_as_gone(etcd):
     assert asyncio.run(scenario()) == (TTL, 0)
     with pytest.raises(OSError):
         GatewayLease("127.0.0.1:1").refresh(1, 1.0)  # nothing listens: an error, not "gone"
+
+
+def test_a_loop_stuck_for_good_lets_the_lease_go():
+    """Busy is not stuck: once the loop has not run its lease task for LOOP_STALL ttls the thread stops
+    refreshing, the lease lapses and a follower can take over."""
+    from types import SimpleNamespace
+
+    from kvpool.master.election import LOOP_STALL
+
+    election = Election(None, "c", "m1", "127.0.0.1:1", ttl=TTL)
+    election._lease = SimpleNamespace(id=7)
+    election._loop_beat = time.monotonic()
+    assert election._lease_to_refresh() == 7
+    election._loop_beat -= LOOP_STALL * TTL + 0.1
+    assert election._lease_to_refresh() is None
+
+
+def test_without_the_json_gateway_the_lease_is_refreshed_on_the_loop(etcd):
+    async def scenario():
+        host, port = etcd.rsplit(":", 1)
+        async with EtcdClient(host, int(port), member_credential()) as client:
+            election = Election(client, "nogw", "m1", "127.0.0.1:1", ttl=TTL,
+                                refresh=GatewayLease("127.0.0.1:1").refresh)  # nothing answers there
+            await election.start()
+            try:
+                assert await election.campaign(give_up_after=10)
+                await asyncio.sleep(TTL * 1.5)
+                return election._refresher is None, election.is_leader and election.holds_lease()
+            finally:
+                await election.resign()
+
+    assert asyncio.run(scenario()) == (True, True)
