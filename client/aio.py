@@ -13,13 +13,14 @@ so callers only ever see raw values.
 """
 
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
+from kvpool.protocol.keys import validate_keys
 from kvpool.errors import BatchError, InvalidArgumentError, InvalidKeyError, KeyNotFoundError
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 
 from . import convert, reads, writes
 from .convert import check
-from .core import DEFAULT_READ_TIMEOUT, DEFAULT_WRITE_TIMEOUT, Core
+from .core import Core
 from .deadlines import DEFAULT_TIMEOUT, check_timeout
 from .master_link import DEFAULT_RPC_TIMEOUT
 from .placement_cache import DEFAULT_CAPACITY
@@ -34,11 +35,12 @@ class AsyncClient:
     compress_above: values larger than this many bytes are lz4-compressed when that makes them
     smaller, unless a put says compress=False (None: only puts with compress=True are compressed).
     read_timeout: seconds a replica may take to answer a read (plus one second per 100 MB read)
-    before the read moves on to the next replica: a hung node must not hang its readers.
+    before the read moves on to the next replica: a hung node must not hang its readers (default 3 s, or
+    0.6 of `timeout` when that is less, so a silent replica leaves the call time for another).
     write_timeout: seconds a node may take to store a put's copy (plus one second per 100 MB) before
     that copy counts as failed: the put then fails (and is revoked) unless min_replicas copies were
     written, in which case it returns and the master is told which nodes failed. A silent node
-    (a partition) thus costs a put at most this long.
+    (a partition) thus costs a put at most this long (default as read_timeout's).
     transports: which data transports value bytes may take, e.g. "shm,tcp" (default
     $KVPOOL_TRANSPORTS, else all: shared memory with nodes on this host, UCX, TCP).
     token: the client token (`kvpool token --client`) or the cluster secret, proved to the master and
@@ -60,9 +62,9 @@ class AsyncClient:
                  cluster: str = DEFAULT_CLUSTER, replicas: int = 1, cache_size: int = DEFAULT_CAPACITY,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  transport: Transport | None = None, compress_above: int | None = None,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
+                 read_timeout: float | None = None, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
-                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, timeout: float = DEFAULT_TIMEOUT,
+                 write_timeout: float | None = None, timeout: float = DEFAULT_TIMEOUT,
                  _core: Core | None = None):
         # _core: the parts to run on, made by the blocking Client (with its blocking io).
         self._core = _core or Core(address, etcd=etcd, cluster=cluster, replicas=replicas, cache_size=cache_size,
@@ -214,6 +216,13 @@ class AsyncClient:
     async def batch_exists(self, keys, hold: float = 0, *, timeout: float | None = None) -> list:
         """exists() for every key, in one round trip."""
         keys = list(keys)
+        if hold == 0 and type(hold) in (int, float):  # no hold: a LOOKUP (MasterLink.lookup)
+            validate_keys(keys)
+            if not keys:
+                return []
+            async with self._core.bounded(timeout, "BatchExists"):
+                found = await self._core.master.lookup(keys, lambda: convert.batch_exists_request(keys, 0))
+            return convert.batch_exists_answer(found, len(keys))
         request = convert.batch_exists_request(keys, hold)
         if request is None:
             return []

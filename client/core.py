@@ -27,6 +27,9 @@ from .commits import Commits
 # to another replica, and a put with min_replicas returns without that copy, before the call itself runs out.
 DEFAULT_READ_TIMEOUT = 3.0
 DEFAULT_WRITE_TIMEOUT = 3.0
+# Unless given, a node's share of a call is at most this part of the call's timeout: a silent replica then leaves
+# the call time to move on to another (a connector's 2 s calls wait 1.2 s for one node, not 3 s).
+NODE_SHARE = 0.6
 CLOSE_FLUSH_TIMEOUT = 2.0  # how long close() waits for the master's answers to posted put ends
 
 
@@ -37,9 +40,9 @@ class Core:
                  cluster: str = DEFAULT_CLUSTER, replicas: int = 1, cache_size: int = DEFAULT_CAPACITY,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  transport: Transport | None = None, compress_above: int | None = None,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT, transports: str | None = None,
+                 read_timeout: float | None = None, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
-                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, timeout: float = DEFAULT_TIMEOUT,
+                 write_timeout: float | None = None, timeout: float = DEFAULT_TIMEOUT,
                  io: LoopIO = LOOP_IO):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
@@ -62,13 +65,17 @@ class Core:
         self.cache = PlacementCache(cache_size)
         self.commits = Commits(self.master, self.cache.invalidate, confirm_puts)
         self.replicas = replicas  # copies written per put unless it says otherwise
+        self.timeout = check_timeout(timeout)
+        if read_timeout is None:
+            read_timeout = min(DEFAULT_READ_TIMEOUT, NODE_SHARE * self.timeout)
+        if write_timeout is None:
+            write_timeout = min(DEFAULT_WRITE_TIMEOUT, NODE_SHARE * self.timeout)
         if not read_timeout > 0:
             raise InvalidArgumentError(f"read_timeout must be positive, got {read_timeout!r}")
         self.read_timeout = read_timeout
         if not write_timeout > 0:
             raise InvalidArgumentError(f"write_timeout must be positive, got {write_timeout!r}")
         self.write_timeout = write_timeout
-        self.timeout = check_timeout(timeout)
 
     def bounded(self, timeout: float | None, what: str, nbytes: int = 0, armed: bool = True) -> CallDeadline:
         """The deadline of one public call (`async with`): its own `timeout`, else the client's plus a

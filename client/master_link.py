@@ -228,6 +228,22 @@ class MasterLink:
         except (LeaderHint, UnavailableError) as exc:
             return self.io.run(self._call_by(deadline, "BatchExists", batch_exists(), exc))
 
+    async def lookup(self, keys: list[str], batch_exists):
+        """lookup_now on the loop (AsyncClient): a LOOKUP on the leader's control connection when one is
+        open, else, and to follow an older master, a NOT_LEADER or a lost connection, BatchExists by call()."""
+        control = self._controls.get(self.address) if self.address is not None and self.lookups else None
+        if not control:
+            return await self.call("BatchExists", batch_exists())
+        now = asyncio.get_running_loop().time()
+        deadline = self._deadline(now, None)
+        try:
+            return await self._links.call(control, LOOKUP, pack_keys(keys), self._attempt_end(now, deadline))
+        except ProtocolError:
+            self.lookups = False
+            return await self.call("BatchExists", batch_exists(), None, deadline)
+        except (LeaderHint, UnavailableError) as exc:
+            return await self.call("BatchExists", batch_exists(), exc, deadline)
+
     def post(self, method: str, request, callback) -> bool:
         """Send Master.<method> to the leader's control port without waiting for the answer, which
         goes to callback(response or error) once read; later calls through this link reach the

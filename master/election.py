@@ -17,7 +17,9 @@ import contextlib
 import json
 import logging
 import math
+import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import aetcd
@@ -25,10 +27,13 @@ from aetcd.rtypes import EventKind
 
 from kvpool.protocol import cluster_layout
 
+from .lease_refresh import LeaseRefresher
+
 log = logging.getLogger(__name__)
 
 RETRY_DELAY = 0.5
 LEASE_MARGIN = 0.2  # part of the ttl a leader gives up early, against scheduling delays and clock drift
+LOOP_STALL = 3  # ttls the event loop may go without running the lease task before the lease is let go
 
 
 def control_address_of(value: bytes) -> str:
@@ -65,8 +70,17 @@ class Election:
     the rest of the master may read of it)."""
 
     def __init__(self, etcd: aetcd.Client, cluster: str, master_id: str, address: str, ttl: int = 5,
-                 control_address: str = ""):
+                 control_address: str = "", refresh: Callable[[int, float], int] | None = None):
+        """refresh: refresh(lease_id, timeout) -> ttl left, blocking (lease_refresh.GatewayLease.refresh): the
+        lease is then refreshed on a thread of its own, whatever this master's loop is busy with; else on
+        the loop."""
         self._etcd = etcd
+        self._refresh = refresh
+        self._refresher: LeaseRefresher | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reregister = False  # a follower's lease is gone: register again (on the loop)
+        self._lease_lock = threading.Lock()  # the refresh thread's check-and-note against a lease replaced
+        self._loop_beat = 0.0  # when the lease task last ran on the loop: a loop stuck for good lets the lease go
         self.key = cluster_layout.master_key(cluster)
         self._members_prefix = cluster_layout.masters_prefix(cluster)
         self._member_key = self._members_prefix + master_id.encode()
@@ -104,6 +118,18 @@ class Election:
         self._refreshed = asked
         await self._etcd.put(self._member_key, self._value, lease=self._lease)
         await self._read_members()
+        self._loop = asyncio.get_running_loop()
+        self._loop_beat = time.monotonic()
+        if self._refresh is not None:
+            try:  # one refresh through the gateway first: without it, refresh on the loop
+                await asyncio.wait_for(asyncio.to_thread(self._refresh, self._lease.id, self.ttl / 3), self.ttl)
+            except Exception as exc:  # noqa: BLE001 - no gateway (disabled, a gRPC-only proxy): the loop refreshes
+                log.warning("etcd's JSON gateway did not refresh the lease (%s: %s); refreshing it on the event "
+                            "loop instead", type(exc).__name__, exc)
+            else:
+                self._refresher = LeaseRefresher(self._refresh, self._lease_to_refresh, self.ttl / 3,
+                                                 self._refreshed_on_thread, self._refresh_failed)
+                self._refresher.start()
         self._task = asyncio.get_running_loop().create_task(self._keep_alive(), name="master-lease")
         self._members_task = asyncio.get_running_loop().create_task(self._watch_members(), name="master-members")
 
@@ -134,39 +160,78 @@ class Election:
         self.members = sorted(set(members) | {self.address})
 
     async def _keep_alive(self) -> None:
-        """Refresh the lease every ttl/3. Each refresh (and the members' read) is bounded by the clock:
-        a silent etcd never answers, and this master steps down by its own clock, not etcd's."""
+        """Refresh the lease every ttl/3 (unless a thread does: lease_refresh.py), and read the members.
+        Each refresh (and the members' read) is bounded by the clock: a silent etcd never answers, and this
+        master steps down by its own clock, not etcd's."""
         pause = self.ttl / 3
         while True:
             await asyncio.sleep(pause)
             pause = self.ttl / 3
+            self._loop_beat = time.monotonic()
             try:
-                asked = time.monotonic()  # etcd counts the ttl from no earlier than this
-                reply = await asyncio.wait_for(self._etcd.refresh_lease(self._lease.id), self.ttl / 3)
-                if reply is None or reply.TTL <= 0:
-                    self._etcd_back = time.monotonic()
-                    self._asked_unanswered = False  # an answer, if not the one hoped for
-                    self._lease_expired()
-                    if not self.is_leader and not self.lost.is_set():
-                        # A follower just registers again; it had nothing to lose.
-                        self._lease = await asyncio.wait_for(self._etcd.lease(self.ttl), self.ttl)
-                        await asyncio.wait_for(self._etcd.put(self._member_key, self._value, lease=self._lease),
-                                               self.ttl)
-                else:
-                    self._asked_unanswered = False
-                    if asked - self._refreshed > self.ttl / 2:
-                        self._etcd_back = time.monotonic()
-                    self._refreshed = asked
+                if self._refresher is None:
+                    asked = time.monotonic()  # etcd counts the ttl from no earlier than this
+                    reply = await asyncio.wait_for(self._etcd.refresh_lease(self._lease.id), self.ttl / 3)
+                    if self._refreshed_at(asked, reply.TTL if reply is not None else 0):
+                        self._lease_gone(self._lease.id)
+                if self._reregister:
+                    # A follower just registers again; it had nothing to lose.
+                    lease = await asyncio.wait_for(self._etcd.lease(self.ttl), self.ttl)
+                    await asyncio.wait_for(self._etcd.put(self._member_key, self._value, lease=lease), self.ttl)
+                    with self._lease_lock:
+                        self._lease, self._reregister = lease, False
                 await asyncio.wait_for(self._read_members(), self.ttl / 3)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd away: a leader that cannot refresh steps down
-                log.warning("refreshing the master lease failed (%s: %s)", type(exc).__name__, exc)
-                self._asked_unanswered = True
+                if self._refresher is None:
+                    self._refresh_failed(self._lease.id, exc)
+                else:  # the thread judges the lease; reading the members may fail for a busy loop alone
+                    log.debug("reading the masters failed (%s: %s)", type(exc).__name__, exc)
                 if self.is_leader:
                     pause = RETRY_DELAY  # try again soon: the lease runs out meanwhile
             if self.is_leader and time.monotonic() - self._refreshed > self.ttl:
                 self._lease_expired()
+
+    def _refreshed_at(self, asked: float, ttl_left: int) -> bool:
+        """etcd answered a refresh asked at `asked`; whether the lease is gone (ttl_left 0)."""
+        self._asked_unanswered = False  # an answer, if not the one hoped for
+        if ttl_left <= 0:
+            self._etcd_back = time.monotonic()
+            return True
+        if asked - self._refreshed > self.ttl / 2:
+            self._etcd_back = time.monotonic()
+        self._refreshed = max(self._refreshed, asked)
+        return False
+
+    def _lease_to_refresh(self) -> int | None:
+        """The lease the thread refreshes; None once this master's loop has not run its lease task for
+        LOOP_STALL ttls (stuck for good, not busy): the lease then lapses and a follower takes over."""
+        if time.monotonic() - self._loop_beat > LOOP_STALL * self.ttl:
+            return None
+        return self._lease.id
+
+    def _refreshed_on_thread(self, lease_id: int, asked: float, ttl_left: int) -> None:
+        with self._lease_lock:
+            if self._lease is None or lease_id != self._lease.id:
+                return  # a lease replaced meanwhile (registered again)
+            gone = self._refreshed_at(asked, ttl_left)
+        if gone:
+            self._loop.call_soon_threadsafe(self._lease_gone, lease_id)
+
+    def _refresh_failed(self, lease_id: int, exc: BaseException) -> None:
+        if self._lease is None or lease_id != self._lease.id:
+            return
+        log.warning("refreshing the master lease failed (%s: %s)", type(exc).__name__, exc)
+        self._asked_unanswered = True
+
+    def _lease_gone(self, lease_id: int) -> None:
+        """etcd no longer has this master's lease: a leader steps down, a follower registers again."""
+        if self._lease is None or lease_id != self._lease.id:
+            return
+        self._lease_expired()
+        if not self.is_leader and not self.lost.is_set():
+            self._reregister = True
 
     def holds_lease(self) -> bool:
         """Whether this master leads with a lease etcd cannot have expired yet, by this master's own
@@ -229,10 +294,11 @@ class Election:
                 log.warning("registering again failed (%s: %s); retrying", type(exc).__name__, exc)
                 self._asked_unanswered = True
                 await asyncio.sleep(RETRY_DELAY)
-        self._lease = lease
-        self._refreshed = asked
-        self._etcd_back = time.monotonic()
-        self._asked_unanswered = False
+        with self._lease_lock:
+            self._lease = lease
+            self._refreshed = asked
+            self._etcd_back = time.monotonic()
+            self._asked_unanswered = False
         self.lost.clear()  # armed again for the next term
         log.info("registered again; campaigning")
 
@@ -309,6 +375,8 @@ class Election:
 
     async def resign(self) -> None:
         """Give the leadership (and this master's registration) up at once."""
+        if self._refresher is not None:
+            self._refresher.stop()
         for task in (self._task, self._members_task):
             if task is not None:
                 task.cancel()

@@ -32,6 +32,7 @@ from .health_service import MasterHealth
 from .key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
 from .key_feed import KeyFeed
 from .key_watch import KeyWatch
+from .lease_refresh import GatewayLease
 from .leadership import ETCD_CONNECT_TIMEOUT, Leadership
 from .metrics import MasterMetrics
 from .node_io import NodeIO
@@ -146,7 +147,9 @@ async def serve(args) -> int:
                   file=sys.stderr, flush=True)
             return 1
         service.control_address = f"{args.advertise_host or args.host}:{control_port}"
-        election = Election(etcd, args.cluster, master_id, address, args.election_ttl, service.control_address)
+        lease = GatewayLease(f"{etcd_host}:{etcd_port}", args.tls.client_context() if args.tls else None)
+        election = Election(etcd, args.cluster, master_id, address, args.election_ttl, service.control_address,
+                            refresh=lease.refresh)
         service.leadership = election
         leadership = Leadership(args, etcd, election, table, node_io, adopter)
         feed = KeyFeed(table, args.key_feed_size)  # opened by a term's first subscriber (key_feed.py)

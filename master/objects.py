@@ -242,17 +242,12 @@ class ObjectTable:
     # ----- reads and removes -----
 
     def get(self, key: str) -> ObjectVersion:
-        if self._unadopted:
-            self._adopt_named((key,))
-        ledger = self._ledger
-        committed = ledger.committed
-        if committed.expiring:
-            ledger.expire_if_due(key)
-        version = committed.get(key)
+        version = self.lookup(key)
+        counters = self._ledger.counters
         if version is None:
-            ledger.counters.misses += 1
+            counters.misses += 1
             raise KeyNotFoundError(f"{key!r} not found")
-        ledger.counters.hits += 1
+        counters.hits += 1
         return version
 
     def lookup(self, key: str) -> ObjectVersion | None:

@@ -17,9 +17,11 @@ one such REPORT. A node the leader stopped REPORTing is adopted again only once 
 """
 
 import asyncio
+import math
 import time
 
 from kvpool.errors import KeyNotFoundError
+from kvpool.net.netutil import SILENT_PEER_SECONDS
 from kvpool.protocol.wire import READ_GRANT
 
 from .ledger import FreeOrder
@@ -29,9 +31,11 @@ SLACK = 0.05
 
 
 class ReadGrants:
-    def __init__(self, clock=time.monotonic, period: float = READ_GRANT):
+    def __init__(self, clock=time.monotonic, period: float = READ_GRANT, delivery: float = SILENT_PEER_SECONDS):
         self._clock = clock
         self.period = period
+        self.delivery = delivery  # a REPORT not delivered this long after it was sent never is (netutil.long_lived)
+        self._sent: dict[str, float] = {}  # address -> when its last REPORT was sent
         self._owed: dict[str, dict[tuple[bytes, int], FreeOrder]] = {}
         self._answered: dict[str, float] = {}  # address -> when its last REPORT was answered
         self._unanswered: set[str] = set()  # addresses with a REPORT out and no answer (yet)
@@ -65,6 +69,7 @@ class ReadGrants:
 
     def report_sent(self, address: str) -> None:
         self._unanswered.add(address)
+        self._sent[address] = self._clock()
 
     def reporting(self, address: str) -> asyncio.Lock:
         lock = self._reporting.get(address)
@@ -103,8 +108,12 @@ class ReadGrants:
         (at once if none was given)."""
         if address not in self._answered and address not in self._unanswered:
             return
-        # The bound as of now, taken once: for a node that never answered a REPORT it counts from the
-        # moment asked, so asking again each turn would never end.
-        ends = self.grant_ends(address, self._clock())
-        while (left := ends - self._clock()) > 0:
-            await asyncio.sleep(left)
+        while True:
+            if address in self._answered:  # one grant past the last answered REPORT, two with one unanswered
+                ends = self.grant_ends(address, math.inf)
+            else:  # never answered: the REPORT out reached the node within `delivery` of its sending, or never
+                ends = self._sent[address] + self.delivery + self.period * RATE_MARGIN + SLACK
+            left = ends - self._clock()
+            if left <= 0:
+                return
+            await asyncio.sleep(left)  # asked again after: a REPORT answered meanwhile moves the end

@@ -186,22 +186,39 @@ def test_the_traceback_comes_only_on_request(dead_port, switch):
 
 
 def test_ctrl_c_ends_quietly_with_130():
-    # A "master" that accepts connections and never answers: status waits on it until interrupted.
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
-        proc = subprocess.Popen([*KVPOOL, "status", "--master", f"127.0.0.1:{silent.getsockname()[1]}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-        try:
-            silent.settimeout(60)
-            conn, _ = silent.accept()  # the command is now inside its call
-            with conn:
-                proc.send_signal(signal.SIGINT)
-                _, stderr = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    # A "master" that takes the call and never answers it: status waits on it until interrupted. (A socket that
+    # accepts and stays silent is no such master: the client gives up on it at once, before any Ctrl-C.)
+    import threading
+    from concurrent import futures
+
+    import grpc
+
+    inside, release = threading.Event(), threading.Event()
+
+    def never_answers(request, context):
+        inside.set()
+        release.wait(60)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "test over")
+
+    class Handler(grpc.GenericRpcHandler):
+        def service(self, details):
+            return grpc.unary_unary_rpc_method_handler(never_answers)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=(Handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    proc = subprocess.Popen([*KVPOOL, "status", "--master", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert inside.wait(60), "the command never made its call"
+        proc.send_signal(signal.SIGINT)  # the command is now inside its call
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        release.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop(None)
     assert proc.returncode == 130, stderr[-3000:]
     assert stderr == "", stderr[-3000:]
 

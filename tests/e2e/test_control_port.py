@@ -98,6 +98,39 @@ def test_hot_calls_go_over_the_control_port_on_one_connection(port_cluster):
     assert accepted == 2
 
 
+def test_an_async_clients_lookup_goes_in_the_lean_frame_and_sees_its_own_posted_puts(port_cluster):
+    import asyncio
+
+    from kvpool import AsyncClient
+    from kvpool.errors import InvalidKeyError
+
+    url = port_cluster.metrics_urls["master"]
+    keys = [f"alookup/{i}" for i in range(16)]
+
+    async def scenario():
+        async with AsyncClient(port_cluster.master_address) as client:
+            await client.put("alookup/warm", b"w" * 100)  # the leader's control port is known from here on
+            before = metric_samples(url)
+            assert await client.batch_exists(keys) == [False] * 16
+            for i, key in enumerate(keys[:4]):
+                await client.put(key, bytes([i]) * 1000)  # its PutEnd is posted: the lookup right after sees it
+                assert await client.batch_exists(keys) == [k in keys[:i + 1] for k in keys]
+            assert await client.batch_exists([]) == []
+            with pytest.raises(InvalidKeyError):
+                await client.batch_exists(["alookup/fine", "nul\x00key"])
+            after = metric_samples(url)
+            await client.remove_prefix("alookup/")
+        return before, after
+
+    before, after = asyncio.run(scenario())
+
+    def served(method):
+        return metric_total(after, "kvpool_master_rpcs_total", method=method) - metric_total(
+            before, "kvpool_master_rpcs_total", method=method)
+
+    assert served("Lookup") == 5 and served("BatchExists") == 0
+
+
 def test_pipelined_calls_take_effect_in_arrival_order(port_cluster):
     with Client(port_cluster.master_address) as client:
         client.put("order/a", b"x" * 100)

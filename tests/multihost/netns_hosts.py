@@ -15,11 +15,13 @@ Healing takes it up again.
 Needs root, `ip` (iproute2) and `unshare` (util-linux); `unavailable()` says why not when they are missing.
 """
 
+import contextlib
 import ipaddress
 import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 
 PREFIX = "kvpmh"  # every namespace this module makes is named PREFIX<owner pid>-<role>
@@ -133,6 +135,14 @@ class Host:
         return tuple(self.command([]))
 
 
+@dataclass
+class CutSpan:
+    """When a host was cut off and healed (time.monotonic)."""
+
+    at: float
+    healed: float = 0.0
+
+
 class Network:
     """The bridge's namespace and the hosts joined to it; a context manager that deletes all of it on exit,
     whatever happened inside.
@@ -199,6 +209,24 @@ class Network:
 
     def heal(self, host: Host) -> None:
         ip("link", "set", host.port, "up", ns=self.bridge_ns)
+
+    @contextlib.contextmanager
+    def cut(self, host: Host):
+        """`host` cut off (partition) for the body of the `with`, healed after it even if it raises; yields the
+        CutSpan, whose times (time.monotonic) are set as the cut and the heal happen."""
+        span = CutSpan(time.monotonic())
+        self.partition(host)
+        try:
+            yield span
+        finally:
+            self.heal(host)
+            span.healed = time.monotonic()
+
+    def cut_for(self, host: Host, seconds: float) -> "CutSpan":
+        """`host` cut off for `seconds` (the length of the partition: the experiment, not a wait for anything)."""
+        with self.cut(host) as span:
+            time.sleep(seconds)
+        return span
 
     def is_cut(self, host: Host) -> bool:
         return "state DOWN" in ip("link", "show", host.port, ns=self.bridge_ns)

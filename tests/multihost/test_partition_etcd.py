@@ -59,13 +59,9 @@ def test_etcd_cut_off_longer_than_the_leases_loses_nothing_and_puts_return_soon_
             wait_until(lambda: all(served(out, "put" if out.name.startswith("writer") else "get") for out in outs),
                        60, interval=0.2, what="the writer and the reader to be served once")
             etcd = cluster.host_of("etcd")
-            cut, cut_wall = time.monotonic(), time.time()
-            network.partition(etcd)
-            try:
-                time.sleep(CUT)  # the length of the partition: the experiment, not a wait for anything
-            finally:
-                network.heal(etcd)
-                heal = time.monotonic()
+            cut_wall = time.time()
+            span = network.cut_for(etcd, CUT)
+            cut, heal = span.at, span.healed
             time.sleep(AFTER)  # load after the heal
         finally:
             stop.touch()

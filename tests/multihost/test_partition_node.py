@@ -62,19 +62,15 @@ def test_a_silently_cut_node_stalls_no_call_past_its_deadline_and_serves_again_s
             wait_until(lambda: all(served(out, "put" if out.name.startswith("writer") else "get") for out in outs),
                        60, interval=0.2, what="the writer and the reader to be served")
             assert put_on_every_node()
-            cut = time.monotonic()
-            network.partition(cut_node)
-            try:
+            with network.cut(cut_node) as span:
                 # A put on all three nodes that needs two: the silent one fails by the write deadline, the
                 # put returns (the master told which node failed) and reads back later. Small enough that its
                 # WRITE leaves whole: the probe's connection to the cut node is left waiting for an answer.
                 partial = probe.call("put", client="p", key="cut/partial", version=1, size=1024, replicas=3,
                                      min_replicas=2)
                 cluster.wait_for_nodes(2, timeout=CUT_S + 20)  # its lease expired: the master dropped it
-                time.sleep(max(0.0, cut + CUT_S - time.monotonic()))  # the partition's length: the experiment
-            finally:
-                network.heal(cut_node)
-                heal = time.monotonic()
+                time.sleep(max(0.0, span.at + CUT_S - time.monotonic()))  # the partition's length: the experiment
+            cut, heal = span.at, span.healed
             placed = wait_until(put_on_every_node, 30, interval=0.1, what="a put written on the healed node")
             serving_after = placed["t1"] - heal
             time.sleep(max(0.0, heal + AFTER_S - time.monotonic()))  # the load goes on after the heal

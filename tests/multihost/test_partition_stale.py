@@ -35,13 +35,8 @@ def test_no_reader_gets_a_version_overwritten_while_a_node_was_cut_off(network, 
             wait_until(lambda: served(outs[0], "put") and served(outs[1], "get"), 60, interval=0.2,
                        what="the writer and the reader to be served once")
             cut_host = cluster.host_of("node-0")
-            cut = time.monotonic()
-            network.partition(cut_host)
-            try:
-                time.sleep(CUT_S)  # the length of the partition: the experiment, not a wait for anything
-            finally:
-                network.heal(cut_host)
-                heal = time.monotonic()
+            span = network.cut_for(cut_host, CUT_S)
+            cut, heal = span.at, span.healed
             time.sleep(AFTER_S)  # readers keep reading, with their warm caches, after the heal
         finally:
             stop.touch()

@@ -95,6 +95,20 @@ def test_connectors_bound_every_call_below_the_cost_of_recomputing():
             client_settings({"master": "h:1", "timeout": bad}, "in test")
 
 
+def test_a_nodes_share_of_a_call_leaves_it_time_for_another_replica():
+    """Unless given, read and write timeouts are 3 s, or 0.6 of the call's timeout when that is less: a
+    connector's 2 s call waits 1.2 s for a silent replica and still has time for the next one."""
+    shares = {}
+    for timeout in (5.0, 2.0, CONNECTOR_TIMEOUT, 30.0):
+        client = AsyncClient("127.0.0.1:1", timeout=timeout)
+        shares[timeout] = (client._core.read_timeout, client._core.write_timeout)
+    assert shares[5.0] == (3.0, 3.0) and shares[30.0] == (3.0, 3.0)
+    assert shares[2.0] == pytest.approx((1.2, 1.2))
+    assert max(shares[CONNECTOR_TIMEOUT]) < CONNECTOR_TIMEOUT
+    given = AsyncClient("127.0.0.1:1", timeout=2.0, read_timeout=1.9, write_timeout=0.3)._core
+    assert (given.read_timeout, given.write_timeout) == (1.9, 0.3)
+
+
 class _Leader(_Master):
     """What Commits needs of a master link: posted ends, calls, and an io to retry on."""
 

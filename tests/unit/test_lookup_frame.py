@@ -147,5 +147,31 @@ def test_a_master_that_predates_lookup_is_asked_batch_exists_from_then_on():
             served.close()
 
 
+def test_an_async_lookup_asks_a_master_that_predates_it_batch_exists_from_then_on():
+    """AsyncClient's path (MasterLink.lookup): the same frame and the same fallback as the blocking one."""
+    for knows_lookup in (True, False):
+        served = _ServedPort(knows_lookup)
+        try:
+            served._run(_put(served.table, "here"))
+
+            async def scenario():
+                link = MasterLink("127.0.0.1:1", rpc_timeout=5)
+                link._controls[link.address] = f"127.0.0.1:{served.number}"  # as learnt from its Stats
+                keys = ["here", "gone"]
+                try:
+                    for _ in range(2):
+                        answered = await link.lookup(keys, lambda: pb.BatchExistsRequest(keys=keys))
+                        found = answered if knows_lookup else list(answered.exists)
+                        assert found == [True, False]
+                    assert link.lookups is knows_lookup
+                finally:
+                    await link.close()
+
+            asyncio.run(scenario())
+            assert _asked(served) == ((2, 0) if knows_lookup else (0, 2))
+        finally:
+            served.close()
+
+
 async def _put(table: ObjectTable, key: str) -> None:
     put(table, key)  # on the port's loop, as every change to its table

@@ -239,11 +239,20 @@ def test_waiting_out_the_grant_of_a_node_that_never_answered_a_report_ends():
     """A node cut off before answering this leader's first REPORT, then back: taking it in again waits one
     grant, not for ever (it was asked with a bound that moved with the clock)."""
     async def scenario():
-        grants = ReadGrants(period=0.2)
+        grants = ReadGrants(period=0.2, delivery=0.3)
         grants.report_sent("n:1")
         grants.report_unanswered("n:1")
         started = time.monotonic()
         await asyncio.wait_for(grants.until_ended("n:1"), 5)
-        return time.monotonic() - started
+        waited = time.monotonic() - started
+        grants.report_sent("n:2")  # answered, then one more left unanswered: two grants past the answer
+        grants.report_answered("n:2")
+        grants.report_sent("n:2")
+        grants.report_unanswered("n:2")
+        started = time.monotonic()
+        await asyncio.wait_for(grants.until_ended("n:2"), 5)
+        return waited, time.monotonic() - started
 
-    assert 0.15 < asyncio.run(scenario()) < 2
+    never_answered, answered_then_silent = asyncio.run(scenario())
+    assert 0.45 < never_answered < 2  # the REPORT's delivery window, then a grant
+    assert 0.4 < answered_then_silent < 2  # two grants past the answered REPORT
