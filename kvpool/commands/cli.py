@@ -337,20 +337,51 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     argv = [arg for arg in argv if arg != "--debug"]
     given: dict = {}  # the command's options, once parsed: the addresses and the token it was given
+    interrupted, restore = _note_interrupts(argv)
     try:
-        return _run(argv, given)
-    except KeyboardInterrupt:
-        import logging
+        try:
+            status = _run(argv, given)
+        except KeyboardInterrupt:
+            return _quiet_interrupt()
+        except Exception as exc:  # noqa: BLE001 - every failure ends in one line saying why (the traceback on request)
+            if interrupted.is_set():  # Ctrl-C, whose KeyboardInterrupt a library caught (grpc.aio's callbacks can)
+                return _quiet_interrupt()
+            if debug:
+                import traceback
 
-        logging.getLogger("asyncio").disabled = True  # else it reports each call the interrupt abandoned
-        return 130
-    except Exception as exc:  # noqa: BLE001 - every failure ends in one line saying why (the traceback on request)
-        if debug:
-            import traceback
+                traceback.print_exc()
+            print(f"kvpool {argv[0] if argv else ''}: {failure_line(exc, given)}", file=sys.stderr, flush=True)
+            return 1
+        return _quiet_interrupt() if interrupted.is_set() else status
+    finally:
+        restore()
 
-            traceback.print_exc()
-        print(f"kvpool {argv[0] if argv else ''}: {failure_line(exc, given)}", file=sys.stderr, flush=True)
-        return 1
+
+def _note_interrupts(argv: list[str]):
+    """(An Event that Ctrl-C during a client command sets before raising KeyboardInterrupt as usual, and what
+    puts the usual handler back): a call that then ends otherwise (a library caught the interrupt) still ends
+    the command as interrupted, exit 130. The servers (`master`, `storenode`) handle their signals themselves."""
+    import signal
+    import threading
+
+    interrupted = threading.Event()
+    if (argv[:1] in (["master"], ["storenode"]) or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return interrupted, lambda: None
+
+    def on_interrupt(signum, frame):
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    return interrupted, lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _quiet_interrupt() -> int:
+    import logging
+
+    logging.getLogger("asyncio").disabled = True  # else it reports each call the interrupt abandoned
+    return 130
 
 
 def _run(argv: list[str], given: dict) -> int:

@@ -223,6 +223,33 @@ def test_ctrl_c_ends_quietly_with_130():
     assert stderr == "", stderr[-3000:]
 
 
+def test_ctrl_c_that_a_library_swallows_still_ends_the_command_as_interrupted():
+    """grpc.aio's callbacks can catch the KeyboardInterrupt of a Ctrl-C: the call then ends with some other
+    error (or none). The command still exits 130, quietly, not with that error's line."""
+    program = ("import sys, time\n"
+               "from kvpool.commands import cli\n"
+               "from kvpool.errors import UnavailableError\n"
+               "def swallowing(argv, given):\n"
+               "    print('inside', flush=True)\n"
+               "    try:\n"
+               "        time.sleep(30)\n"
+               "    except KeyboardInterrupt:\n"
+               "        raise UnavailableError('master 127.0.0.1:1 Stats: cancelled') from None\n"
+               "cli._run = swallowing\n"
+               "sys.exit(cli.main(['status']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env())
+    try:
+        assert proc.stdout.readline() == "inside\n"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, stderr) == (130, "")
+
+
 def test_a_tls_cluster_reached_without_its_ca_or_with_a_missing_one_says_what_to_give(own_cluster, tmp_path):
     running = own_cluster(nodes=1, tls=True, dram_per_node="32MiB")
     token = _env(KVPOOL_TOKEN_FILE=str(running.client_token_file))
