@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS = 3
 RETRY_DELAY = 0.3
-SLICE = 5_000  # entries adopted between yields: the election lease is refreshed on this loop, and calls are served
+SLICE = 5_000  # entries adopted between yields: calls are served on this loop in between
 
 
 async def _inventory(node_io: NodeIO, address: str, timeout: float) -> inventory.Reply | None:
@@ -47,8 +47,8 @@ async def _inventory(node_io: NodeIO, address: str, timeout: float) -> inventory
 async def adopt_in_slices(table: ObjectTable, node_io: NodeIO, node_id: str, instance: str,
                           reply: inventory.Reply) -> Adopted:
     """The table adopts a node's inventory a slice at a time, decoded just before, yielding to the
-    loop in between: a node may hold millions of objects, the election lease is refreshed on this
-    loop, and entries decoded all at once would leave the heap fragmented for good. FREEs of what
+    loop in between: a node may hold millions of objects, calls are served on this loop, and
+    entries decoded all at once would leave the heap fragmented for good. FREEs of what
     was rejected are sent as they come."""
     outcome = Adopted(node_id)
     for columns in reply.column_slices(SLICE):

@@ -185,6 +185,12 @@ def test_the_traceback_comes_only_on_request(dead_port, switch):
     assert _last_line(result).startswith(f"kvpool status: no master answers at 127.0.0.1:{dead_port}")
 
 
+def _interruptible() -> None:
+    """In the child before it runs: Ctrl-C reaches it as at a terminal, however this run was started (a suite
+    started in the background inherits SIGINT ignored, and so would the command)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_ends_quietly_with_130():
     # A "master" that takes the call and never answers it: status waits on it until interrupted. (A socket that
     # accepts and stays silent is no such master: the client gives up on it at once, before any Ctrl-C.)
@@ -208,7 +214,8 @@ def test_ctrl_c_ends_quietly_with_130():
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     proc = subprocess.Popen([*KVPOOL, "status", "--master", f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            preexec_fn=_interruptible)
     try:
         assert inside.wait(60), "the command never made its call"
         proc.send_signal(signal.SIGINT)  # the command is now inside its call
@@ -238,7 +245,7 @@ def test_ctrl_c_that_a_library_swallows_still_ends_the_command_as_interrupted():
                "cli._run = swallowing\n"
                "sys.exit(cli.main(['status']))\n")
     proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env())
+                            text=True, env=_env(), preexec_fn=_interruptible)
     try:
         assert proc.stdout.readline() == "inside\n"
         proc.send_signal(signal.SIGINT)
