@@ -53,12 +53,14 @@ def test_a_silent_node_fails_a_blocking_get_and_put_in_time(own_cluster):
         finally:
             node.proc.send_signal(signal.SIGCONT)
         # The node answers again (its lease may have lapsed meanwhile, its objects with it): a new connection.
+        # It takes writes at once, and serves reads once the leader has reconciled it (its read grant lapsed
+        # while it was stopped): until then a read of its only copy is refused.
         deadline = time.monotonic() + 20
         while True:
             try:
                 client.put("silent/after", b"z" * 1000, overwrite=True)
+                assert client.get("silent/after") == b"z" * 1000
                 break
             except KvpoolError:
                 assert time.monotonic() < deadline, "the node did not come back"
                 time.sleep(0.1)
-        assert client.get("silent/after") == b"z" * 1000
