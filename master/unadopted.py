@@ -156,14 +156,17 @@ class Unadopted:
             twice = here[1:] == here[:-1]  # a hash twice on one node (rare): settled whatever its generations
             if twice.any():
                 clashes.append(here[1:][twice])
-            generations = node.reply.records["generation"][node.order]
             for other in nodes[i + 1:]:
                 there = other.sorted
                 if not len(there):
                     continue
                 at = np.minimum(np.searchsorted(there, here), len(there) - 1)
-                other_generations = other.reply.records["generation"][other.order]
-                clashes.append(here[(there[at] == here) & (other_generations[at] != generations)])
+                # Generations are looked up for the hashes both hold only (few, usually): a gather over
+                # every record costs more than the rest of this together.
+                both = np.flatnonzero(there[at] == here)
+                generations = node.reply.records["generation"][node.order[both]]
+                other_generations = other.reply.records["generation"][other.order[at[both]]]
+                clashes.append(here[both][other_generations != generations])
         disputed = np.unique(np.concatenate(clashes)) if clashes else np.zeros(0, dtype=np.uint64)
         if not len(disputed):
             return []

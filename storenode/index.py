@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from kvpool.protocol.wire import WriteFlag
 
+from .inventory_columns import InventoryColumns
+
 _HARD_PIN = int(WriteFlag.HARD_PIN)  # plain int: IntFlag arithmetic is slow on the per-request path
 
 
@@ -28,6 +30,7 @@ class ObjectRecord:
     refcount: int = 0            # running transfers; nothing is freed or moved while > 0
     live: bool = True            # False once dropped from the index; extents go when refcount is 0
     promoting: bool = False
+    slot: int = -1               # its row in the index's InventoryColumns while indexed
 
     @property
     def hard_pin(self) -> bool:
@@ -57,6 +60,7 @@ class ObjectIndex:
         self._seq = 0
         self.count = 0
         self.hard_pinned_bytes = 0
+        self.columns = InventoryColumns()  # the live records as the INVENTORY reply carries them
 
     def __len__(self) -> int:
         return self.count
@@ -85,6 +89,7 @@ class ObjectIndex:
             by_key[key] = {generation: rec}
         else:
             generations[generation] = rec
+        self.columns.add(rec)
         self.count += 1
         if rec.flags & _HARD_PIN:
             self.hard_pinned_bytes += rec.size
@@ -101,6 +106,7 @@ class ObjectIndex:
         del generations[rec.generation]
         if not generations:
             del self._by_key[rec.key]
+        self.columns.remove(rec)
         self.count -= 1
         if rec.flags & _HARD_PIN:
             self.hard_pinned_bytes -= rec.size

@@ -11,8 +11,6 @@ import logging
 import time
 from typing import NamedTuple
 
-import numpy as np
-
 from kvpool.protocol import inventory
 from kvpool.errors import NoSpaceError, ValueTooLargeError
 from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
@@ -268,17 +266,7 @@ class ObjectStore:
 
     def inventory_reply(self) -> bytes:
         """Every live object, as the INVENTORY reply (kvpool/protocol/inventory.py) carries it."""
-        now = self.clock()
-        records = [rec for rec in self.index if not policy.expired(rec, now)]
-        expires = np.array([rec.expires_at for rec in records], dtype=np.float64)
-        # Remaining lifetime in ms, at least 1 while alive; 0 = no ttl (as ObjectRecord.ttl_ms).
-        ttl_ms = np.where(expires > 0, np.maximum(1, ((expires - now) * 1000).astype(np.int64)), 0)
-        tiers = [(DRAM_BIT if rec.dram is not None else 0) | (SSD_BIT if rec.ssd is not None else 0) for rec in records]
-        return inventory.encode_columns(
-            [rec.key for rec in records], generation=[rec.generation for rec in records],
-            size=[rec.size for rec in records], checksum=[rec.checksum for rec in records],
-            raw_size=[rec.raw_size for rec in records], ttl_ms=ttl_ms, flags=[rec.flags for rec in records],
-            tiers=tiers)
+        return self.index.columns.reply(self.clock())
 
     # -- bookkeeping
 
@@ -330,9 +318,11 @@ class ObjectStore:
 
     def join_tier(self, tier: StorageTier, rec: ObjectRecord) -> None:
         tier.members.add(rec)
+        self.index.columns.join(rec, DRAM_BIT if tier is self.dram else SSD_BIT)
         if rec.flags & _HARD_PIN:
             tier.pinned_bytes += rec.size
 
     def _leave(self, tier: StorageTier, rec: ObjectRecord) -> None:
+        self.index.columns.leave(rec, DRAM_BIT if tier is self.dram else SSD_BIT)
         if tier.members.discard(rec) and rec.flags & _HARD_PIN:
             tier.pinned_bytes -= rec.size

@@ -55,7 +55,12 @@ def encode_columns(keys: list[bytes], **columns) -> bytes:
     for name, values in columns.items():
         records[name] = values
     records["key_length"] = np.fromiter(map(len, keys), dtype=np.uint16, count=len(keys))
-    return _COUNT.pack(len(keys)) + records.tobytes() + b"".join(keys)
+    return encode_records(records, b"".join(keys))
+
+
+def encode_records(records: np.ndarray, keys: bytes) -> bytes:
+    """The reply from its records (RECORD_DTYPE) and every key's bytes back to back, in the records' order."""
+    return _COUNT.pack(len(records)) + records.tobytes() + keys
 
 
 class Columns(NamedTuple):

@@ -1,10 +1,14 @@
 """The node's object index and store logic on real (small, temporary) segments, without a server."""
 
 import os
+import random
 
 import pytest
 
+from kvpool.protocol import inventory
 from kvpool.protocol.checksum import checksum
+from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
+from kvpool.storenode import policy
 from kvpool.errors import NoSpaceError, ValueTooLargeError
 from kvpool.storenode.dram import DramSegment, remove_stale_segments, segment_name
 from kvpool.storenode.index import ObjectIndex, ObjectRecord
@@ -355,3 +359,98 @@ def test_allocator_claim_carves_a_given_extent():
     assert alloc.claim(0, 8192) == 8192
     assert alloc.free(8192) == 8192 and alloc.free(0) == 8192
     assert alloc.free_extents() == [(0, 64 * 1024)]
+
+
+# -- the INVENTORY reply, kept as columns (storenode/inventory_columns.py), against the records themselves:
+# random writes, overwrites, FREEs, evictions, copies gained and dropped between tiers, busy records and TTLs
+# run out; after every step the reply holds exactly the live, unexpired records, as built from each record.
+
+def from_records(store) -> list[Entry]:
+    """The reply's entries built from each live record (what the node sent before keeping columns)."""
+    now = store.clock()
+    return [Entry(rec.key.decode(), rec.generation, rec.size, rec.checksum, rec.flags, rec.raw_size,
+                  rec.ttl_ms(now),
+                  (DRAM_BIT if rec.dram is not None else 0) | (SSD_BIT if rec.ssd is not None else 0))
+            for rec in store.index if not policy.expired(rec, now)]
+
+
+def check(store) -> None:
+    assert sorted(store.inventory()) == sorted(from_records(store))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_reply_follows_every_change_of_the_records(make_store, seed):
+    rng = random.Random(seed)
+    store = make_store(dram=16 * 4096, ssd=16 * 4096)
+    generation = 0
+    for _ in range(400):
+        action = rng.random()
+        live = list(store.index)
+        if action < 0.45 or not live:
+            generation += 1
+            flags = rng.choice([0, 0, int(WriteFlag.PREFER_SSD)])
+            try:
+                put(store, f"k{rng.randrange(12)}".encode(), bytes([generation % 256]) * rng.randrange(1, 3000),
+                    generation, flags=flags, ttl_ms=rng.choice([0, 0, 500, 5000]))
+            except NoSpaceError:
+                pass
+        elif action < 0.55:
+            rec = rng.choice(live)
+            assert store.free(rec.key, rec.generation)
+        elif action < 0.62:
+            store.evict(rng.choice(live), "test")
+        elif action < 0.75:  # a copy gained in the other tier (a demotion's or a promotion's end)
+            rec = rng.choice(live)
+            tier = store.ssd if rec.ssd is None else store.dram
+            if rec.dram is None or rec.ssd is None:
+                offset = tier.alloc.allocate(tier.extent_length(rec))
+                if offset is not None:
+                    setattr(rec, tier.name, offset)
+                    store.join_tier(tier, rec)
+        elif action < 0.85:  # one of two copies dropped
+            both = [rec for rec in live if rec.dram is not None and rec.ssd is not None and not rec.refcount]
+            if both:
+                rec = rng.choice(both)
+                store.drop_copy(rec, rng.choice(store.tiers))
+        elif action < 0.92:  # a transfer holds a record across its FREE
+            rec = rng.choice(live)
+            store.acquire(rec)
+            store.free(rec.key, rec.generation)
+            check(store)
+            store.release(rec)
+        else:
+            store.clock.now += rng.choice([0.1, 1.0, 3.0])
+            if rng.random() < 0.5:
+                store.expire_due()
+        check(store)
+    assert len(store.index) > 0
+
+
+def test_expired_records_are_left_out_before_their_sweep(make_store):
+    store = make_store()
+    put(store, b"short", b"s" * 100, 1, ttl_ms=1000)
+    put(store, b"long", b"l" * 100, 2, ttl_ms=10_000)
+    put(store, b"none", b"n" * 100, 3)
+    store.clock.now += 2.5
+    entries = {e.key: e for e in store.inventory()}
+    assert set(entries) == {"long", "none"}
+    assert entries["long"].ttl_ms == 7500 and entries["none"].ttl_ms == 0
+    assert entries["long"].tiers == DRAM_BIT
+
+
+def test_slots_are_reused_and_the_reply_matches_the_old_encoding():
+    index = ObjectIndex()
+    a, b = ObjectRecord(b"a", 1, 10, 7, raw_size=10), ObjectRecord(b"bb", 2, 20, 8, raw_size=40)
+    index.add(a)
+    index.add(b)
+    index.columns.join(a, DRAM_BIT)
+    index.columns.join(b, SSD_BIT)
+    assert (a.slot, b.slot) == (0, 1)
+    index.remove(a)
+    assert a.slot == -1
+    c = ObjectRecord(b"ccc", 3, 30, 9, flags=4, raw_size=30)
+    index.add(c)
+    index.columns.join(c, DRAM_BIT | SSD_BIT)
+    assert c.slot == 0  # a's slot again
+    expected = inventory.encode([Entry("ccc", 3, 30, 9, 4, 30, 0, DRAM_BIT | SSD_BIT), Entry("bb", 2, 20, 8, 0, 40, 0, SSD_BIT)])
+    assert index.columns.reply(0.0) == expected
