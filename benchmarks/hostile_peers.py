@@ -30,15 +30,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpool import Client
-from kvpool.security import auth
+from kvpool.security import auth, roles
 from kvpool.protocol import wire
 from kvpool.protocol.checksum import checksum
 from kvpool.protocol.control import OP_BY_RPC, pack_call
-from kvpool.errors import Code
+from kvpool.errors import Code, ForbiddenError
 from kvpool.security.grpc_auth import blocking_channel
 from kvpool.launch.local_cluster import LocalCluster
 from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc
 
 FRAME_TIMEOUT = 2.0  # the nodes' and master's --frame-timeout for this run: stalls end quickly
 MASTER_RPCS = [m.name for m in pb.DESCRIPTOR.services_by_name["Master"].methods]
@@ -173,7 +174,7 @@ def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
     credential = auth.Credential.for_client(auth.client_token(secret))
     address = cluster.nodes[0].info["address"]
     tried = refused = 0
-    for op in sorted(auth.MEMBER_OPS):
+    for op in sorted(roles.MEMBER_OPS):
         tried += 1
         payload = cluster.nodes[1].info["address"].encode() if op == wire.Op.COPY else b""
         with connect(address, credential) as sock:
@@ -187,7 +188,28 @@ def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
             sock.sendall(wire.pack_request(wire.Op.WRITE, i, b"term/%d" % i, 10**15 + i, 10**12 + i, len(data),
                                            checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data)) + data)
         drain(sock, 1.0)
-    return {"member_ops_tried": tried, "member_ops_refused": refused, "high_term_writes": 20}
+    # An operator's master RPCs (Drain) with the client token, over the control port and over gRPC.
+    rpcs_tried = rpcs_refused = 0
+    node_id = cluster.nodes[0].info["node_id"]
+    with Client(cluster.master_address, token=auth.client_token(secret)) as client:
+        for rpc in sorted(roles.MEMBER_RPCS):
+            rpcs_tried += 1
+            try:
+                client.drain(node_id)  # the one such RPC today
+            except ForbiddenError:
+                rpcs_refused += 1
+    with blocking_channel(cluster.master_address, credential) as channel:
+        stub = kvpool_pb2_grpc.MasterStub(channel)
+        for rpc in sorted(roles.MEMBER_RPCS):
+            rpcs_tried += 1
+            try:
+                getattr(stub, rpc)(getattr(pb, f"{rpc}Request")(node_id=node_id), timeout=5)
+            except grpc.RpcError as exc:
+                rpcs_refused += exc.code() == grpc.StatusCode.PERMISSION_DENIED
+    with Client(cluster.master_address, token=secret) as operator:
+        draining = [n.node_id for n in operator.stats().nodes if n.draining]
+    return {"member_ops_tried": tried, "member_ops_refused": refused, "high_term_writes": 20,
+            "member_rpcs_tried": rpcs_tried, "member_rpcs_refused": rpcs_refused, "nodes_draining": draining}
 
 
 # -- random and mutated frames
@@ -382,7 +404,9 @@ def main() -> int:
         report.update(seconds=round(time.monotonic() - started, 1), processes_alive=alive, objects=len(stored),
                       objects_lost=len(lost), new_puts_accepted=accepted, rss_before=before, rss_after=after)
     ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0
-          and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"])
+          and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"]
+          and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
+          and not report["client_role"]["nodes_draining"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

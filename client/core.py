@@ -48,7 +48,7 @@ class Core:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self.compress_above = compression.check_threshold(compress_above)
         try:
-            credential = auth.client_credential(token)
+            credential = auth.caller_credential(token)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         tls = client_files(tls_ca)

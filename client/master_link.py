@@ -387,7 +387,7 @@ class MasterLink:
             return UnavailableError(text)
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return InvalidArgumentError(text)
-        if code == grpc.StatusCode.UNAUTHENTICATED:
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             return ForbiddenError(text)
         return InternalError(text)
 

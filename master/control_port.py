@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvpool.protocol import control, wire
 from kvpool.security.auth import NONCE, PROOF, ServerHandshake, Verifier, refusal
+from kvpool.security.roles import Role
 from kvpool.errors import Code, ForbiddenError, KvpoolError
 
 from .metrics import CallCounter
@@ -147,6 +148,7 @@ class _Connection(asyncio.Protocol):
         self.progress = 0.0  # loop time input last arrived while a frame was incomplete
         self.stall_timer: asyncio.TimerHandle | None = None
         self.handshake: ServerHandshake | None = ServerHandshake(port.verifier)  # None once authenticated
+        self.role = Role.MEMBER if port.verifier.open else Role.CLIENT  # what the peer proved (roles.py)
         self.auth_timer: asyncio.TimerHandle | None = None
 
     # -- connection
@@ -233,7 +235,7 @@ class _Connection(asyncio.Protocol):
             start = end
             if self.handshake is not None:
                 try:
-                    _role, reply = self.handshake.answer(op, req_id, key_len, _flags, length, body)
+                    self.role, reply = self.handshake.answer(op, req_id, key_len, _flags, length, body)
                 except ForbiddenError as exc:
                     self._unauthenticated(req_id, exc)
                     return
@@ -270,7 +272,7 @@ class _Connection(asyncio.Protocol):
             return
         self.port.requests.counts[labels] += 1
         try:
-            response = self.service.serve_now(name, request)
+            response = self.service.serve_now(name, request, self.role)
         except Exception as exc:  # noqa: BLE001 - answered as an error frame (_error_frame)
             self._reply(_error_frame(op, req_id, name, exc))
             return

@@ -17,11 +17,13 @@ import types
 
 import grpc
 
-from kvpool.errors import InvalidArgumentError, KeyNotFoundError, KvpoolError
+from kvpool.errors import ForbiddenError, InvalidArgumentError, KeyNotFoundError, KvpoolError
 from kvpool.protocol import control
 from kvpool.protocol.keys import validate_key, validate_keys
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
+from kvpool.security.grpc_auth import CALLER_ROLE
+from kvpool.security.roles import MEMBER_RPCS, Role, check_rpc
 
 from . import convert
 from .election import LeadershipState
@@ -151,7 +153,9 @@ def _rpc(handler):
     @functools.wraps(handler)
     async def method(self, request, context):
         try:
-            return await self.dispatch(name, request)
+            return await self.dispatch(name, request, CALLER_ROLE.get())
+        except ForbiddenError as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except NotLeading as exc:
             await _not_leader(context, exc.leader)
         except InvalidArgumentError as exc:  # a request refused whole (e.g. past --max-batch)
@@ -188,20 +192,23 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         self.master_id = master_id
         self.address = address
 
-    async def dispatch(self, name: str, request):
+    async def dispatch(self, name: str, request, role: Role):
         """Serve the RPC `name`, whichever port it came in by: the leadership gate (NotLeading),
         the handler, FREEs, metrics. The replicas a request released (an overwritten or removed
         version) are freed on their nodes before it is answered, so the caller's next read
         cannot get them."""
-        response = self.serve_now(name, request)
+        response = self.serve_now(name, request, role)
         if type(response) is _COROUTINE:
             response = await response
         return response
 
-    def serve_now(self, name: str, request):
+    def serve_now(self, name: str, request, role: Role):
         """dispatch without a coroutine when nothing needs waiting for (most calls): the response;
-        else a coroutine finishing the call (its hold, the FREEs it caused) and returning it."""
+        else a coroutine finishing the call (its hold, the FREEs it caused) and returning it.
+        role: what the caller proved; what it may call is kvpool/security/roles.py's, checked here only."""
         started = time.perf_counter()
+        if name in MEMBER_RPCS:
+            check_rpc(role, name)
         gate = self.leadership
         if gate is not None and name not in FOLLOWER_RPCS and not gate.answering():
             leader = gate.leader_address if gate.leader_address != self.address else ""

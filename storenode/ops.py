@@ -13,7 +13,7 @@ import asyncio
 from typing import NamedTuple
 
 from kvpool.protocol import wire
-from kvpool.security.auth import MEMBER_OPS, Role
+from kvpool.security.roles import MEMBER_OPS, Role
 from kvpool.errors import (ChecksumMismatchError, ForbiddenError, InvalidArgumentError, KeyNotFoundError,
                            NotLeaderError, StaleReplicaError)
 from kvpool.protocol.write_options import raw_size_problem
@@ -76,7 +76,7 @@ class NodeOps:
 
     def members(self, role: Role, op: int) -> "MemberOps":
         """The member-only operations, for a request `op` from a peer that proved `role`;
-        ForbiddenError unless that is the member role (kvpool/security/auth.py MEMBER_OPS)."""
+        ForbiddenError unless that is the member role (kvpool/security/roles.py MEMBER_OPS)."""
         if role is not Role.MEMBER:
             raise ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} may be sent by a master only")
         return self._members

@@ -24,13 +24,14 @@ import secrets
 import stat
 import time
 from dataclasses import dataclass
-from enum import IntEnum, IntFlag
+from enum import IntFlag
 from pathlib import Path
 
 from ..protocol import wire
 from ..errors import Code, ForbiddenError, ProtocolError, UnavailableError, error_for
 from ..sockets.socket_input import readable
 from ..sockets.socket_output import send_all
+from .roles import Role  # noqa: F401 - also imported from here
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +42,9 @@ MAX_REFUSAL = 8192  # longest AUTH reply a peer reads (a proof, or an error mess
 MAX_SECRET = 4096  # bytes of a secret or token file
 
 
-class Role(IntEnum):
-    CLIENT = 1
-    MEMBER = 2
-
-
 class ChallengeFlag(IntFlag):
     OPEN = 1  # the server has no secret: it takes any peer, and proves nothing
 
-
-# Ops on a node that only a member may send: they drop or move data, or carry a term.
-MEMBER_OPS = frozenset({wire.Op.FREE, wire.Op.HOLD, wire.Op.REPORT, wire.Op.INVENTORY,
-                        wire.Op.COPY, wire.Op.EVICTIONS})
 
 
 def _derive(secret: bytes, purpose: bytes) -> bytes:
@@ -320,6 +312,17 @@ def client_credential(token: str | None = None) -> Credential | None:
     if token is None:
         token = read_token()
     return Credential.for_client(token) if token else None
+
+
+def caller_credential(token: str | None = None) -> Credential | None:
+    """What a Client proves: `token` if given ("" for none), else the one its environment holds; a client
+    token proves the client role, the cluster secret the member role (an operator's client: only a member
+    may drain, kvpool/security/roles.py)."""
+    if token is None:
+        token = read_token()
+    if not token:
+        return None
+    return Credential.for_client(token) if token.startswith(CLIENT_TOKEN_PREFIX) else Credential.for_member(token)
 
 
 def write_private(path: str | os.PathLike, text: str) -> None:

@@ -6,6 +6,7 @@ takes a proof once, within WINDOW seconds of its time, so one seen on the wire c
 """
 
 import collections
+import contextvars
 import hashlib
 import hmac
 import secrets
@@ -144,12 +145,31 @@ class ServerAuth(grpc.aio.ServerInterceptor):
             if key == METADATA:
                 proof = value.decode() if isinstance(value, bytes) else value
         try:
-            self.calls.check(proof, handler_call_details.method)
+            role = self.calls.check(proof, handler_call_details.method)
         except ForbiddenError as exc:
             if self.on_refused is not None:
                 self.on_refused()
             return _refusal(await continuation(handler_call_details), str(exc))
-        return await continuation(handler_call_details)
+        return _as_role(await continuation(handler_call_details), role)
+
+
+# The role the current gRPC call proved, for the service's dispatch (kvpool/security/roles.py): set by
+# ServerAuth around each call's handler; a call that did not pass it proved nothing.
+CALLER_ROLE: contextvars.ContextVar[Role] = contextvars.ContextVar("kvpool_caller_role", default=Role.CLIENT)
+
+
+def _as_role(handler, role: Role):
+    """`handler` run with CALLER_ROLE set to `role` (a unary one: the server streams are the client's to
+    call, roles.py)."""
+    if handler is None or handler.response_streaming or handler.request_streaming:
+        return handler
+    behavior = handler.unary_unary
+
+    async def unary(request, context):
+        CALLER_ROLE.set(role)
+        return await behavior(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer, handler.response_serializer)
 
 
 def _refusal(handler, message: str):

@@ -118,8 +118,14 @@ def test_drain_against_a_dead_master_names_it(dead_port):
 
 def test_drain_of_an_unknown_node_keeps_the_masters_message(cluster):
     result = _fails("drain", "node-9", "--master", cluster.master_address,
-                    env=_env(KVPOOL_TOKEN_FILE=str(cluster.client_token_file)))
+                    env=_env(KVPOOL_TOKEN_FILE=str(cluster.secret_file)))
     _says(result, "drain", "no storage node 'node-9'")
+
+
+def test_drain_with_the_client_token_is_refused_naming_the_secret(cluster):
+    result = _fails("drain", "node-0", "--master", cluster.master_address,
+                    env=_env(KVPOOL_TOKEN_FILE=str(cluster.client_token_file)))
+    _says(result, "drain", "operator's call", "cluster secret")
 
 
 def test_router_without_the_client_token_fails_instead_of_retrying_forever(cluster):

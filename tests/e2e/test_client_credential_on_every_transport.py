@@ -11,7 +11,7 @@ import pytest
 from storenode_harness import (call, client_credential, closed_by_node, get, put, read_reply, recv_exact,
                                start_node)
 
-from kvpool.security import auth
+from kvpool.security import auth, roles
 from kvpool.protocol import wire
 from kvpool.net import ucx_common as layout
 from kvpool.protocol.checksum import checksum
@@ -132,7 +132,7 @@ def test_a_client_credential_never_raises_the_nodes_term(node, transport):
     assert_term_and_data_unchanged(node, f"term-{transport}")  # ...and is not believed
 
 
-@pytest.mark.parametrize("op", sorted(auth.MEMBER_OPS), ids=lambda op: op.name)
+@pytest.mark.parametrize("op", sorted(roles.MEMBER_OPS), ids=lambda op: op.name)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_client_credential_never_reaches_a_member_only_op(node, transport, op):
     # Each carries the guarded object's key and a term (HOLD: milliseconds) far ahead of the node's.

@@ -10,7 +10,7 @@ import pytest
 from storenode_harness import client_credential, closed_by_node, member_credential, read_reply
 
 from kvpool import Client
-from kvpool.security import auth
+from kvpool.security import auth, roles
 from kvpool.protocol import wire
 from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code, ForbiddenError, KeyNotFoundError
@@ -28,7 +28,9 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     assert unauthenticated["frames_tried"] >= 3 * 256 and unauthenticated["grpc_calls_tried"] >= 30
     assert unauthenticated["refused_fraction"] == 1.0, unauthenticated  # every request without the secret
     role = report["client_role"]
-    assert role["member_ops_refused"] == role["member_ops_tried"] == len(auth.MEMBER_OPS)
+    assert role["member_ops_refused"] == role["member_ops_tried"] == len(roles.MEMBER_OPS)
+    assert role["member_rpcs_refused"] == role["member_rpcs_tried"] == 2 * len(roles.MEMBER_RPCS)  # both planes
+    assert role["nodes_draining"] == []
     assert report["fuzz"]["frames"] >= 150 and report["fuzz"]["grpc_calls"] > 20
     assert report["stalls"]["closed_by_server"] == report["stalls"]["stalled_requests"]
     assert report["unread_replies"]["closed_by_server"] and report["unread_replies"]["node_logged_giving_up"]
@@ -56,7 +58,7 @@ def node_connection(cluster, index: int, credential):
     return sock
 
 
-@pytest.mark.parametrize("op", sorted(auth.MEMBER_OPS))
+@pytest.mark.parametrize("op", sorted(roles.MEMBER_OPS))
 def test_a_client_credential_cannot_send_what_only_a_master_may(secured, op):
     with Client(secured.master_address) as client:
         client.put(f"guarded/{op.name}", b"g" * 5000, overwrite=True)
