@@ -6,7 +6,7 @@ import math
 from kvpool.errors import InvalidArgumentError
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.protocol.wire import WriteFlag
-from kvpool.protocol.write_options import NO_OPTIONS, WriteOptions
+from kvpool.protocol.write_options import NO_OPTIONS, WriteOptions, lifetime_problem
 
 DEFAULT_SOFT_PIN_SECONDS = 600.0
 TIERS = {None: pb.TIER_UNSPECIFIED, "dram": pb.DRAM, "ssd": pb.SSD}
@@ -37,6 +37,9 @@ DEFAULT_CHOICES = PutChoices(None, 0, 0, 0)
 def _seconds(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise InvalidArgumentError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    problem = lifetime_problem(name, value)
+    if problem:
+        raise InvalidArgumentError(problem)
     return float(value)
 
 

@@ -8,6 +8,7 @@ batch carries many (no message built per item and copied in).
 
 from kvpool.errors import Code, InvalidArgumentError, KvpoolError
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.protocol.write_options import lifetime_problem
 
 from .ledger import Counters
 from .node_state import NodeState
@@ -26,6 +27,10 @@ def put_options(message: pb.PutOptions) -> PutOptions:
         raise InvalidArgumentError(f"unknown tier {message.tier}")
     if message.pin not in PIN_NAMES:
         raise InvalidArgumentError(f"unknown pin {message.pin}")
+    for name, seconds in (("ttl", message.ttl_seconds), ("pin_ttl", message.pin_ttl_seconds)):
+        problem = lifetime_problem(name, seconds)
+        if problem:
+            raise InvalidArgumentError(problem)
     return PutOptions(tier=TIER_NAMES.get(message.tier), pin=PIN_NAMES[message.pin],
                       pin_ttl_seconds=message.pin_ttl_seconds, ttl_seconds=message.ttl_seconds)
 

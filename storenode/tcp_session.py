@@ -15,6 +15,7 @@ ops.NodeOps.members).
 import asyncio
 import logging
 import ssl
+import struct
 import time
 
 from kvpool.protocol import transports, wire
@@ -271,7 +272,12 @@ class TcpSession(Framing):
             self.error(req.op, req.req_id, exc.code, str(exc))
             return
         if res.tier is not self.dram:
-            res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
+            try:
+                res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
+            except (OSError, struct.error, OverflowError) as exc:  # the extent goes back; the connection stays
+                self.store.abort(res)
+                self.error(req.op, req.req_id, Code.INTERNAL, f"SSD header not written: {exc}")
+                return
         self.store.commit(res, rec)
         self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, 0, 0)
 

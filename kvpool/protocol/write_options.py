@@ -23,6 +23,18 @@ class WriteOptions(NamedTuple):
 
 NO_OPTIONS = WriteOptions()
 
+# The longest TTL or pin anyone may ask for (100 years): what a node keeps an object until must fit the
+# SSD header's signed 64-bit milliseconds, whatever a peer sends.
+MAX_LIFETIME_SECONDS = 100 * 365 * 86400
+MAX_LIFETIME_MS = MAX_LIFETIME_SECONDS * 1000
+
+
+def lifetime_problem(name: str, seconds) -> str | None:
+    """Why `seconds` cannot be a TTL or pin time (0: none); None when it can."""
+    if not (0 <= seconds <= MAX_LIFETIME_SECONDS):  # also NaN
+        return f"{name} must be from 0 to {MAX_LIFETIME_SECONDS} seconds (100 years), got {seconds!r}"
+    return None
+
 # lz4 turns n stored bytes into at most about 255 n raw ones: a raw size beyond that is a lie, and whoever
 # believed it would allocate that much to decompress into.
 LZ4_MAX_RATIO = 255

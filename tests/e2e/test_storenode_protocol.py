@@ -394,3 +394,23 @@ def test_idle_timeout_closes_quiet_connections_only(etcd, tmp_path):
         assert get(node, b"kept", 1, 100) == (Code.OK, b"k" * 100)
     finally:
         node.stop()
+
+
+def test_a_write_asking_to_live_past_100_years_is_refused_before_any_room_is_taken(etcd, tmp_path):
+    """A TTL or pin that would not fit the SSD header (e.g. a client's ttl of 1.8e16 s) is refused at admission,
+    on a node writing to SSD: nothing reserved, nothing lost, the node serving on (before, the header pack failed
+    after the payload arrived and the extent stayed reserved until restart)."""
+    node = start_node(etcd, tmp_path, args=("--ssd", "8MiB", "--data-dir", str(tmp_path / "ssd-node")))
+    try:
+        payload = b"s" * 4000
+        before = report(node)["tiers"]["ssd"]
+        for options in ({"ttl_ms": 18 * 10**18}, {"soft_pin_ms": 10**16}, {"ttl_ms": 2**63}):
+            status, message = write_status(node, b"forever", 1, payload, flags=WriteFlag.PREFER_SSD, **options)
+            assert status == Code.INVALID_ARGUMENT and "100 years" in message, message
+        assert report(node)["tiers"]["ssd"]["used"] == before["used"]
+        put(node, b"ten-years", 2, payload, flags=WriteFlag.PREFER_SSD, ttl_ms=10 * 365 * 86400 * 1000)
+        assert get(node, b"ten-years", 2, len(payload)) == (Code.OK, payload)
+        assert report(node)["tiers"]["ssd"]["used"] > before["used"]
+    finally:
+        node.stop()
+    assert "Traceback" not in node.log()
