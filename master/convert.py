@@ -27,7 +27,7 @@ def put_options(message: pb.PutOptions) -> PutOptions:
         raise InvalidArgumentError(f"unknown tier {message.tier}")
     if message.pin not in PIN_NAMES:
         raise InvalidArgumentError(f"unknown pin {message.pin}")
-    for name, seconds in (("ttl", message.ttl_seconds), ("pin_ttl", message.pin_ttl_seconds)):
+    for name, seconds in (("ttl_seconds", message.ttl_seconds), ("pin_ttl_seconds", message.pin_ttl_seconds)):
         problem = lifetime_problem(name, seconds)
         if problem:
             raise InvalidArgumentError(problem)
