@@ -23,7 +23,7 @@ from kvpool.protocol.keys import validate_key, validate_keys
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 from kvpool.security.grpc_auth import CALLER_ROLE
-from kvpool.security.roles import MEMBER_RPCS, Role, check_rpc
+from kvpool.security.roles import Role, check_rpc
 
 from . import convert
 from .election import LeadershipState
@@ -207,8 +207,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         else a coroutine finishing the call (its hold, the FREEs it caused) and returning it.
         role: what the caller proved; what it may call is kvpool/security/roles.py's, checked here only."""
         started = time.perf_counter()
-        if name in MEMBER_RPCS:
-            check_rpc(role, name)
+        check_rpc(role, name)
         gate = self.leadership
         if gate is not None and name not in FOLLOWER_RPCS and not gate.answering():
             leader = gate.leader_address if gate.leader_address != self.address else ""

@@ -16,7 +16,7 @@ from kvpool.protocol import wire
 from kvpool.security.roles import MEMBER_OPS, Role
 from kvpool.errors import (ChecksumMismatchError, ForbiddenError, InvalidArgumentError, KeyNotFoundError,
                            NotLeaderError, StaleReplicaError)
-from kvpool.protocol.write_options import MAX_LIFETIME_MS, raw_size_problem
+from kvpool.protocol.write_options import lifetime_problem, raw_size_problem
 
 from .copier import Copier
 from .index import ObjectRecord
@@ -99,9 +99,9 @@ class NodeOps:
         problem = raw_size_problem(length, options[2], bool(req.flags & _COMPRESSED))
         if problem:  # a reader would believe it (and allocate it)
             raise InvalidArgumentError(problem)
-        if options[0] > MAX_LIFETIME_MS or options[1] > MAX_LIFETIME_MS:  # would not fit the SSD header
-            raise InvalidArgumentError(f"{req.name} asks to keep the object for more than 100 years "
-                                       f"(ttl {options[0]} ms, pin {options[1]} ms)")
+        problem = lifetime_problem("ttl", options[0] / 1000) or lifetime_problem("pin", options[1] / 1000)
+        if problem:  # would not fit the SSD header
+            raise InvalidArgumentError(f"{req.name}: {problem}")
         return self.store.reserve(req.key, length, req.flags, dram_only=dram_only)
 
     def checked_record(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> ObjectRecord:

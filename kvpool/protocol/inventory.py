@@ -48,16 +48,6 @@ def encode(entries: list[Entry]) -> bytes:
     return _COUNT.pack(len(entries)) + records + b"".join(keys)
 
 
-def encode_columns(keys: list[bytes], **columns) -> bytes:
-    """The reply from per-field sequences (RECORD_DTYPE's names but key_length), one item per key:
-    a node with millions of objects builds it without an object per entry."""
-    records = np.zeros(len(keys), dtype=RECORD_DTYPE)
-    for name, values in columns.items():
-        records[name] = values
-    records["key_length"] = np.fromiter(map(len, keys), dtype=np.uint16, count=len(keys))
-    return encode_records(records, b"".join(keys))
-
-
 def encode_records(records: np.ndarray, keys: bytes) -> bytes:
     """The reply from its records (RECORD_DTYPE) and every key's bytes back to back, in the records' order."""
     return _COUNT.pack(len(records)) + records.tobytes() + keys

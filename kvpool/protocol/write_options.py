@@ -26,7 +26,6 @@ NO_OPTIONS = WriteOptions()
 # The longest TTL or pin anyone may ask for (100 years): what a node keeps an object until must fit the
 # SSD header's signed 64-bit milliseconds, whatever a peer sends.
 MAX_LIFETIME_SECONDS = 100 * 365 * 86400
-MAX_LIFETIME_MS = MAX_LIFETIME_SECONDS * 1000
 
 
 def lifetime_problem(name: str, seconds) -> str | None:

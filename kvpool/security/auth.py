@@ -46,7 +46,6 @@ class ChallengeFlag(IntFlag):
     OPEN = 1  # the server has no secret: it takes any peer, and proves nothing
 
 
-
 def _derive(secret: bytes, purpose: bytes) -> bytes:
     return hmac.new(secret, b"kvpool key v1 " + purpose, hashlib.sha256).digest()
 
@@ -320,9 +319,9 @@ def caller_credential(token: str | None = None) -> Credential | None:
     may drain, kvpool/security/roles.py)."""
     if token is None:
         token = read_token()
-    if not token:
-        return None
-    return Credential.for_client(token) if token.startswith(CLIENT_TOKEN_PREFIX) else Credential.for_member(token)
+    if token and not token.startswith(CLIENT_TOKEN_PREFIX):
+        return Credential.for_member(token)
+    return client_credential(token)
 
 
 def write_private(path: str | os.PathLike, text: str) -> None:
