@@ -103,7 +103,7 @@ def test_token_sources_and_file_modes(tmp_path, monkeypatch):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert auth.read_token(path, env={}) == SECRET
     assert auth.read_token(None, env={"KVPOOL_TOKEN_FILE": str(path), "KVPOOL_TOKEN": "ignored"}) == SECRET
-    assert auth.read_token(None, env={"KVPOOL_TOKEN": "t"}) == "t"
+    assert auth.read_token(None, env={"KVPOOL_TOKEN": SECRET}) == SECRET
     assert auth.read_token(None, env={}) is None
     path.chmod(0o644)
     with pytest.raises(ValueError, match="open to other users"):
