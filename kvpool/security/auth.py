@@ -95,6 +95,16 @@ def client_token(secret: str) -> str:
     return CLIENT_TOKEN_PREFIX + _derive(secret.encode(), b"client").hex()
 
 
+def client_token_of(token: str) -> str:
+    """The client token `token` stands for: itself if it is one, else the one the secret `token` makes."""
+    return token if token.startswith(CLIENT_TOKEN_PREFIX) else client_token(token)
+
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """Whether an HTTP Authorization header presents `token` as its bearer token (compared in constant time)."""
+    return hmac.compare_digest((header or "").encode(), f"Bearer {token}".encode())
+
+
 @dataclass(frozen=True)
 class Credential:
     """What this process proves when it connects."""
