@@ -29,6 +29,7 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hostile_proofs
 from kvpool import Client
 from kvpool.security import auth, roles
 from kvpool.protocol import wire
@@ -372,7 +373,8 @@ def main() -> int:
     secret = auth.new_secret()
     timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
     with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts,
-                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT)]) as cluster:
+                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT),
+                                   *hostile_proofs.PROOF_MASTER_ARGS]) as cluster:
         client_token = auth.client_token(secret)
         client_credential = auth.Credential.for_client(client_token)
         rng = random.Random(1)
@@ -395,6 +397,7 @@ def main() -> int:
         holder = next(n for n in cluster.nodes if n.info["address"] == placed.replicas[0].address)
         report["unread_replies"] = unread_replies(holder, client_credential, "obj/0", placed.size, placed.generation)
         report["flood"] = flood(cluster, args.connections, client_token)
+        report["proofs"] = hostile_proofs.hostile_proofs(cluster, secret)
         alive = all(child.alive for child in [*cluster.nodes, cluster.master])
         with Client(cluster.master_address, token=client_token) as client:
             lost = [key for key, value in stored.items() if client.get(key) != value]
@@ -406,7 +409,7 @@ def main() -> int:
     ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0
           and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"]
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
-          and not report["client_role"]["nodes_draining"])
+          and not report["client_role"]["nodes_draining"] and report["proofs"]["ok"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

@@ -93,8 +93,10 @@ class MasterName:
         self.confirmed = True
 
     def proof(self, credential: Credential, method: str, request) -> str:
+        """The proof for `request`: a message, or bytes sent as they are (a channel call without a serializer)."""
         master = self.address if self.confirmed or method != STATS else ""
-        return call_proof(credential, method, master, request.SerializeToString())
+        body = request if isinstance(request, bytes) else request.SerializeToString()
+        return call_proof(credential, method, master, body)
 
 
 class ClientAuth:

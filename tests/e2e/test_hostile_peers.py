@@ -36,6 +36,12 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     assert report["unread_replies"]["closed_by_server"] and report["unread_replies"]["node_logged_giving_up"]
     assert report["flood"]["connections_held"] == 1100 and report["flood"]["served_meanwhile"]
     assert report["flood"]["closed_unauthenticated"] == 1100
+    proofs = report["proofs"]  # benchmarks/hostile_proofs.py
+    assert proofs["replays"]["refused"] == proofs["replays"]["tried"] >= 4 + proofs["replays"]["standbys"]
+    assert proofs["flood"]["tried"] > proofs["flood"]["remembered"] and proofs["flood"]["refused"] == 0
+    assert proofs["flood"]["honest_served"] and proofs["flood"]["honest_refused"] == 0
+    assert proofs["flood"]["seconds_to_honest_call"] < 1.0
+    assert proofs["router"]["refused"] == proofs["router"]["tried"] >= 10 and proofs["router"]["honest_status"] == 200
     assert report["processes_alive"] and report["objects_lost"] == 0 and report["new_puts_accepted"]
     assert report["ok"] and result.returncode == 0
 
