@@ -142,7 +142,7 @@ async def serve(args) -> int:
             print(cannot_listen("kvpool-master", args.host, args.port, "--port"), file=sys.stderr, flush=True)
             return 1
         address = f"{args.advertise_host or args.host}:{port}"
-        server_auth.master = address  # the name call proofs are made for (kvpool/security/grpc_auth.py)
+        server_auth.calls.master = address  # the name call proofs are made for (kvpool/security/grpc_auth.py)
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
                                 max_batch=args.max_batch)
         control = ControlPort(service, metrics.registry, args.control_frame_timeout, verifier=verifier)

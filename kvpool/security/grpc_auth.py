@@ -171,19 +171,11 @@ HEALTH_METHODS = "/grpc.health.v1.Health/"  # answered without a proof: they tel
 
 class ServerAuth(grpc.aio.ServerInterceptor):
     """Refuses (UNAUTHENTICATED) every call whose proof does not hold for this master, its method and its
-    request; counts them through `on_refused`. `master`: this master's advertised address, set once bound."""
+    request; counts them through `on_refused`. `calls.master`: this master's advertised address, set once bound."""
 
     def __init__(self, verifier: Verifier, on_refused=None, cache: ReplayCache | None = None):
         self.calls = CallVerifier(verifier, cache=cache)
         self.on_refused = on_refused
-
-    @property
-    def master(self) -> str:
-        return self.calls.master
-
-    @master.setter
-    def master(self, address: str) -> None:
-        self.calls.master = address
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
