@@ -186,7 +186,7 @@ def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
     with connect(address, credential) as sock:
         for i in range(20):
             sock.sendall(wire.pack_request(wire.Op.WRITE, i, b"term/%d" % i, 10**15 + i, 10**12 + i, len(data),
-                                           checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data)) + data)
+                                           checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data), wire.NO_SEAL) + data)
         drain(sock, 1.0)
     # An operator's master RPCs (Drain) with the client token, over the control port and over gRPC.
     rpcs_tried = rpcs_refused = 0
@@ -288,7 +288,7 @@ def stalls(cluster: LocalCluster, credential) -> dict:
     for i in range(20):  # header-only WRITEs reserving 1 MiB each, payload never sent
         sock = connect(address, credential)
         sock.sendall(wire.pack_request(wire.Op.WRITE, 1, b"stall/%d" % i, 1, 0, 1 << 20, 1)
-                     + wire.WRITE_OPTIONS.pack(0, 0, 1 << 20) + b"x" * 1000)
+                     + wire.WRITE_OPTIONS.pack(0, 0, 1 << 20, wire.NO_SEAL) + b"x" * 1000)
         held.append(sock)
     stalled_control = connect(cluster.master.info["control"], credential)
     stalled_control.sendall(pack_call(OP_BY_RPC["Stats"], 1, b"")[:10])  # half a header

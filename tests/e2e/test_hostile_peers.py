@@ -79,11 +79,10 @@ def test_no_frame_from_a_client_raises_a_nodes_term(secured):
             with node_connection(secured, index, client_credential()) as sock:
                 # Far ahead of any real term: taken as a fence only, never believed.
                 sock.sendall(wire.pack_request(wire.Op.WRITE, 1, b"term/forged", 7, 10**15, len(data),
-                                               checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data)) + data)
+                                               checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data), wire.NO_SEAL) + data)
                 _op, req_id, status, _sum, message = read_reply(sock)
-                # Stored on the node (README: a WRITE the master did not place is not refused yet), but as no
-                # master placed it, no client is shown it.
-                assert (req_id, status, message) == (1, Code.OK, b"")
+                # No leader placed it: refused before a byte is stored, and its term never believed.
+                assert (req_id, status) == (1, Code.FORBIDDEN) and b"seal" in message
         assert not client.exists("term/forged")
         with pytest.raises(KeyNotFoundError):
             client.get("term/forged")
