@@ -29,6 +29,7 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hostile_writes
 from kvpool import Client
 from kvpool.security import auth, roles
 from kvpool.protocol import wire
@@ -371,8 +372,8 @@ def main() -> int:
     args = parser.parse_args()
     secret = auth.new_secret()
     timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
-    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts,
-                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT)]) as cluster:
+    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts, masters=2,
+                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), "--election-ttl", "2"]) as cluster:
         client_token = auth.client_token(secret)
         client_credential = auth.Credential.for_client(client_token)
         rng = random.Random(1)
@@ -395,18 +396,21 @@ def main() -> int:
         holder = next(n for n in cluster.nodes if n.info["address"] == placed.replicas[0].address)
         report["unread_replies"] = unread_replies(holder, client_credential, "obj/0", placed.size, placed.generation)
         report["flood"] = flood(cluster, args.connections, client_token)
+        report["client_writes"] = hostile_writes.client_writes(cluster, secret)
         alive = all(child.alive for child in [*cluster.nodes, cluster.master])
         with Client(cluster.master_address, token=client_token) as client:
-            lost = [key for key, value in stored.items() if client.get(key) != value]
+            lost = [key for key, value in stored.items() if hostile_writes.value_or_none(client, key) != value]
             client.put("after/new", b"n" * 10_000)
             accepted = client.get("after/new") == b"n" * 10_000
         after = {name: rss(pid) for name, pid in processes.items()}
+        report["after_failover"] = hostile_writes.after_failover(cluster, stored, client_token)
         report.update(seconds=round(time.monotonic() - started, 1), processes_alive=alive, objects=len(stored),
                       objects_lost=len(lost), new_puts_accepted=accepted, rss_before=before, rss_after=after)
     ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0
           and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"]
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
-          and not report["client_role"]["nodes_draining"])
+          and not report["client_role"]["nodes_draining"] and report["client_writes"]["ok"]
+          and report["after_failover"]["objects_lost_or_changed"] == 0 and report["after_failover"]["new_puts_accepted"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

@@ -118,12 +118,16 @@ def fill_put_starts(response: pb.BatchPutStartResponse, started: list, term: int
     response.placement.extend([0 if v is None else index_of[id(v.replicas)] for v in started])
     response.refused.extend(refused)
     if sealer is not None:
-        seals, options, last = [], None, None
+        seals, plain, last = [], None, None
         for version in started:
             if version is None:
                 continue
-            if version.options is not last or version.compressed:  # a batch shares one options value
-                options, last = write_options(version), version.options
+            if version.compressed:  # its raw size is in its options
+                options = write_options(version)
+            else:  # a batch shares one PutOptions value: its WriteOptions are made once
+                if version.options is not last:
+                    plain, last = write_options(version), version.options
+                options = plain
             for replica in version.replicas:
                 seals.append(seal_of(sealer, version, replica.node_id, term, options))
         response.seals = b"".join(seals)

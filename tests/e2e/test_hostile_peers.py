@@ -36,6 +36,13 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     assert report["unread_replies"]["closed_by_server"] and report["unread_replies"]["node_logged_giving_up"]
     assert report["flood"]["connections_held"] == 1100 and report["flood"]["served_meanwhile"]
     assert report["flood"]["closed_unauthenticated"] == 1100
+    writes = report["client_writes"]  # WRITEs no leader placed: refused, nothing stored changed
+    for case in ("generation", "overwrite", "unplaced", "header_only", "huge_ttl", "other_node"):
+        assert writes[case]["refused"] == writes[case]["tried"] > 0, (case, writes[case])
+        assert writes[case]["next_honest_call_s"] < 1.0, (case, writes[case])
+    assert writes["placed_unchanged"] and not writes["unplaced_visible"]
+    failover = report["after_failover"]  # the new leader adopts nothing poisoned and takes puts
+    assert failover["objects"] == 60 and failover["objects_lost_or_changed"] == 0 and failover["new_puts_accepted"]
     assert report["processes_alive"] and report["objects_lost"] == 0 and report["new_puts_accepted"]
     assert report["ok"] and result.returncode == 0
 
