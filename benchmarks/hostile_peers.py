@@ -29,6 +29,7 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hostile_writes
 from kvpool import Client
 from kvpool.security import auth, roles
 from kvpool.protocol import wire
@@ -186,7 +187,7 @@ def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
     with connect(address, credential) as sock:
         for i in range(20):
             sock.sendall(wire.pack_request(wire.Op.WRITE, i, b"term/%d" % i, 10**15 + i, 10**12 + i, len(data),
-                                           checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data)) + data)
+                                           checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data), wire.NO_SEAL) + data)
         drain(sock, 1.0)
     # An operator's master RPCs (Drain) with the client token, over the control port and over gRPC.
     rpcs_tried = rpcs_refused = 0
@@ -288,7 +289,7 @@ def stalls(cluster: LocalCluster, credential) -> dict:
     for i in range(20):  # header-only WRITEs reserving 1 MiB each, payload never sent
         sock = connect(address, credential)
         sock.sendall(wire.pack_request(wire.Op.WRITE, 1, b"stall/%d" % i, 1, 0, 1 << 20, 1)
-                     + wire.WRITE_OPTIONS.pack(0, 0, 1 << 20) + b"x" * 1000)
+                     + wire.WRITE_OPTIONS.pack(0, 0, 1 << 20, wire.NO_SEAL) + b"x" * 1000)
         held.append(sock)
     stalled_control = connect(cluster.master.info["control"], credential)
     stalled_control.sendall(pack_call(OP_BY_RPC["Stats"], 1, b"")[:10])  # half a header
@@ -371,8 +372,8 @@ def main() -> int:
     args = parser.parse_args()
     secret = auth.new_secret()
     timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
-    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts,
-                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT)]) as cluster:
+    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts, masters=2,
+                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), "--election-ttl", "2"]) as cluster:
         client_token = auth.client_token(secret)
         client_credential = auth.Credential.for_client(client_token)
         rng = random.Random(1)
@@ -395,18 +396,21 @@ def main() -> int:
         holder = next(n for n in cluster.nodes if n.info["address"] == placed.replicas[0].address)
         report["unread_replies"] = unread_replies(holder, client_credential, "obj/0", placed.size, placed.generation)
         report["flood"] = flood(cluster, args.connections, client_token)
+        report["client_writes"] = hostile_writes.client_writes(cluster, secret)
         alive = all(child.alive for child in [*cluster.nodes, cluster.master])
         with Client(cluster.master_address, token=client_token) as client:
-            lost = [key for key, value in stored.items() if client.get(key) != value]
+            lost = [key for key, value in stored.items() if hostile_writes.value_or_none(client, key) != value]
             client.put("after/new", b"n" * 10_000)
             accepted = client.get("after/new") == b"n" * 10_000
         after = {name: rss(pid) for name, pid in processes.items()}
+        report["after_failover"] = hostile_writes.after_failover(cluster, stored, client_token)
         report.update(seconds=round(time.monotonic() - started, 1), processes_alive=alive, objects=len(stored),
                       objects_lost=len(lost), new_puts_accepted=accepted, rss_before=before, rss_after=after)
     ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0
           and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"]
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
-          and not report["client_role"]["nodes_draining"])
+          and not report["client_role"]["nodes_draining"] and report["client_writes"]["ok"]
+          and report["after_failover"]["objects_lost_or_changed"] == 0 and report["after_failover"]["new_puts_accepted"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

@@ -17,7 +17,7 @@ import sys
 import grpc
 from kvpool.proto import kvpool_pb2_grpc
 
-from kvpool.security import auth, tls
+from kvpool.security import auth, placement_seal, tls
 from kvpool.protocol import cluster_layout
 from kvpool.runtime import config
 from kvpool.cluster.etcd_client import EtcdClient
@@ -138,6 +138,7 @@ async def serve(args) -> int:
         address = f"{args.advertise_host or args.host}:{port}"
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
                                 max_batch=args.max_batch)
+        service.sealer = placement_seal.for_secret(args.secret)
         control = ControlPort(service, metrics.registry, args.control_frame_timeout, verifier=verifier)
         try:
             control_port = await control.bind(args.host, args.control_port,
