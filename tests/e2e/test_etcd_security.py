@@ -85,3 +85,22 @@ def test_a_storage_node_refuses_an_etcd_without_authentication_unless_allowed(op
         assert allowed.alive
     finally:
         allowed.stop()
+
+
+def test_kvpool_tls_etcd_peers_makes_material_a_member_serves_its_peer_port_with(tmp_path):
+    """The operator's step (docker-compose.yml, deploy/kubernetes): `kvpool tls DIR --etcd-peers`."""
+    material = tmp_path / "operator-made"
+    made = subprocess.run([*KVPOOL, "tls", str(material), "--etcd-peers", "--hosts", "127.0.0.1"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and "--peer-client-cert-auth" in made.stdout, made.stderr
+    assert {p.name: p.stat().st_mode & 0o777 for p in material.iterdir()} == \
+        {"ca.pem": 0o600, "cert.pem": 0o600, "key.pem": 0o600}
+    files = TlsFiles.in_dir(material)
+    server = EtcdServer(tmp_path / "etcd", log_path=tmp_path / "etcd.log", peer_tls=files).start()
+    try:
+        member = files.client_context()
+        member.load_cert_chain(files.cert, files.key)
+        assert b"kvpool-etcd" in _members(server.peer_url, member)
+        assert not (tmp_path / PEER_TLS_DIR).exists()  # the material given, none made
+    finally:
+        server.stop()
