@@ -12,8 +12,9 @@ as MEMBER_USER (read and write), clients as CLIENT_USER (read only: they look up
 leading master), each with a password derived from its role key, so neither is stored
 anywhere. `enable_auth` creates both on a fresh etcd and turns authentication on.
 
-An etcd with authentication off takes anyone's writes to membership and leadership: a client logging in finds
-it so and refuses to go on (OpenEtcdError) unless told to allow it (--allow-etcd-without-auth).
+An etcd with authentication off takes anyone's writes to membership and leadership: an EtcdClient given a
+credential finds it so at its first call and raises OpenEtcdError, unless made with allow_open (a master's or
+node's --allow-etcd-without-auth; a client's lookup of the leader, which the master then proves itself to).
 """
 
 import asyncio
