@@ -6,6 +6,8 @@ Against etcd, a master and two storage nodes (processes, real sockets, the clust
 - peers without the secret send every op, junk and replayed or forged proofs to each node port and
   the master's control port, every RPC to its gRPC port, and reads and writes to etcd: each must be
   refused (`refused_fraction` 1.0) and nothing listed, read, changed or freed;
+- a peer without etcd's peer certificate lists its members and renews a lease on its peer port
+  (benchmarks/hostile_etcd.py): refused, and the lease not renewed;
 - a peer with the client token sends what only a master may (FREE, COPY, HOLD, REPORT, INVENTORY,
   EVICTIONS) and WRITEs with a term far ahead of the leader's: refused, and the leader's puts go on;
 - random and mutated frames (hypothesis) on authenticated connections to every node and the control
@@ -29,7 +31,9 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hostile_etcd
 import hostile_writes
+
 from kvpool import Client
 from kvpool.security import auth, roles
 from kvpool.protocol import wire
@@ -127,7 +131,7 @@ def without_secret(cluster: LocalCluster, secret: str, keys: dict) -> dict:
                         next(iter(answer))
                 except grpc.RpcError as exc:
                     grpc_refused += exc.code() == grpc.StatusCode.UNAUTHENTICATED
-    etcd_tried, etcd_refused = _etcd_without_login(cluster)
+    etcd_tried, etcd_refused = hostile_etcd.etcd_without_login(cluster)
     return {"frames_tried": tried, "frames_refused": refused, "grpc_calls_tried": grpc_tried,
             "grpc_calls_refused": grpc_refused, "etcd_calls_tried": etcd_tried, "etcd_calls_refused": etcd_refused,
             "refused_fraction": (refused + grpc_refused + etcd_refused) / (tried + grpc_tried + etcd_tried)}
@@ -145,27 +149,6 @@ def _replay_refused(address: str, secret: str) -> bool:
         replies, closed = drain(sock)
     return closed and not any(op != wire.Op.AUTH and status == Code.OK for op, status in replies) \
         and (wire.Op.AUTH, Code.FORBIDDEN) in replies
-
-
-def _etcd_without_login(cluster: LocalCluster) -> tuple[int, int]:
-    import asyncio
-
-    import aetcd
-
-    async def attempts():
-        host, port = hostport(cluster.etcd_endpoint)
-        tried = refused = 0
-        async with aetcd.Client(host=host, port=port, timeout=5) as etcd:
-            for action in (lambda: etcd.get(b"/kvpool/default/master"), lambda: etcd.put(b"/kvpool/x", b"1"),
-                           lambda: etcd.delete_prefix(b"/kvpool/"), lambda: etcd.get_prefix(b"/kvpool/")):
-                tried += 1
-                try:
-                    await action()
-                except aetcd.ClientError:
-                    refused += 1
-        return tried, refused
-
-    return asyncio.run(attempts())
 
 
 # -- a client's credential against a master's operations
@@ -388,7 +371,8 @@ def main() -> int:
         before = {name: rss(pid) for name, pid in processes.items()}
         started = time.monotonic()
         report = {"without_secret": without_secret(cluster, secret, stored),
-                  "client_role": client_role_limits(cluster, secret)}
+                  "client_role": client_role_limits(cluster, secret),
+                  "etcd_peer": hostile_etcd.peer_port(cluster, secret)}
         targets = [n.info["address"] for n in cluster.nodes] + [cluster.master.info["control"]]
         report["fuzz"] = fuzz(targets, client_credential, args.examples)
         report["fuzz"]["grpc_calls"] = fuzz_grpc(cluster, client_credential, max(2, args.examples // 50))
@@ -409,8 +393,9 @@ def main() -> int:
     ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0
           and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"]
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
-          and not report["client_role"]["nodes_draining"] and report["client_writes"]["ok"]
-          and report["after_failover"]["objects_lost_or_changed"] == 0 and report["after_failover"]["new_puts_accepted"])
+          and not report["client_role"]["nodes_draining"] and hostile_etcd.held(report["etcd_peer"])
+          and report["client_writes"]["ok"] and report["after_failover"]["objects_lost_or_changed"] == 0
+          and report["after_failover"]["new_puts_accepted"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

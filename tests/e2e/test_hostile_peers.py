@@ -27,6 +27,9 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     unauthenticated = report["without_secret"]
     assert unauthenticated["frames_tried"] >= 3 * 256 and unauthenticated["grpc_calls_tried"] >= 30
     assert unauthenticated["refused_fraction"] == 1.0, unauthenticated  # every request without the secret
+    peer = report["etcd_peer"]  # etcd's peer port, by a peer without the members' certificate
+    assert peer["peer_calls_refused"] == peer["peer_calls_tried"] == 6 and peer["members_listed"] == 0, peer
+    assert not peer["lease_renewed"] and peer["lease_ttl_after"] <= peer["lease_ttl_before"], peer
     role = report["client_role"]
     assert role["member_ops_refused"] == role["member_ops_tried"] == len(roles.MEMBER_OPS)
     assert role["member_rpcs_refused"] == role["member_rpcs_tried"] == 2 * len(roles.MEMBER_RPCS)  # both planes
