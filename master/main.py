@@ -17,10 +17,10 @@ import sys
 import grpc
 from kvpool.proto import kvpool_pb2_grpc
 
-from kvpool.security import auth, tls
+from kvpool.security import auth, placement_seal, tls
 from kvpool.protocol import cluster_layout
 from kvpool.runtime import config
-from kvpool.cluster.etcd_client import EtcdClient
+from kvpool.cluster.etcd_client import EtcdClient, OpenEtcdError, add_open_etcd_argument
 from kvpool.security.grpc_auth import ServerAuth
 from kvpool.security.replay_cache import CAPACITY as REMEMBERED_PROOFS
 from kvpool.security.replay_cache import ReplayCache
@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gRPC call proofs remembered to refuse replays; when full the oldest is forgotten and "
                         f"proofs no newer than it refused (default {REMEMBERED_PROOFS})")
     auth.add_token_argument(p)
+    add_open_etcd_argument(p)
     tls.add_tls_argument(p)
     return p
 
@@ -116,9 +117,13 @@ async def serve(args) -> int:
                      tls=args.tls.client_context() if args.tls else None)
     adopter = Adopter(table, node_io)
     metrics = MasterMetrics(table)
-    async with EtcdClient(etcd_host, etcd_port, node_io.credential, tls=args.tls) as etcd:
+    async with EtcdClient(etcd_host, etcd_port, node_io.credential, tls=args.tls,
+                          allow_open=args.allow_etcd_without_auth) as etcd:
         try:
             await asyncio.wait_for(etcd.status(), ETCD_CONNECT_TIMEOUT)
+        except OpenEtcdError as exc:
+            print(f"kvpool-master: {exc}", file=sys.stderr, flush=True)
+            return 1
         except Exception as exc:  # noqa: BLE001
             print(cannot_reach_etcd("kvpool-master", args.etcd, exc), file=sys.stderr, flush=True)
             return 1
@@ -145,6 +150,7 @@ async def serve(args) -> int:
         server_auth.calls.master = address  # the name call proofs are made for (kvpool/security/grpc_auth.py)
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
                                 max_batch=args.max_batch)
+        service.sealer = placement_seal.for_secret(args.secret)
         control = ControlPort(service, metrics.registry, args.control_frame_timeout, verifier=verifier)
         try:
             control_port = await control.bind(args.host, args.control_port,

@@ -46,8 +46,8 @@ def test_changes_are_tracked_only_once_asked_for():
 
 
 def test_an_inventory_round_trips_in_slices_and_damage_is_a_protocol_error():
-    entries = [Entry(f"key/{i}é", 2**63 + i, i, 2**64 - 1 - i, i % 3, i * 2, i * 7, DRAM_BIT | SSD_BIT * (i % 2))
-               for i in range(50)]
+    entries = [Entry(f"key/{i}é", 2**63 - 50 + i, i, 2**64 - 1 - i, i % 3, i * 2, i * 7,
+                     DRAM_BIT | SSD_BIT * (i % 2)) for i in range(50)]
     body = encode(entries)
     assert decode(body) == entries and list(Reply(body)) == entries and len(Reply(body)) == 50
     assert [len(part) for part in Reply(body).slices(20)] == [20, 20, 10]
@@ -55,4 +55,6 @@ def test_an_inventory_round_trips_in_slices_and_damage_is_a_protocol_error():
     for damaged in (body[:3], body[:40], body[:-1], body + b"x"):
         with pytest.raises(ProtocolError):
             decode(damaged)
+    with pytest.raises(ProtocolError, match="generation beyond"):  # its successor would not fit 64 bits
+        decode(encode([Entry("k", 2**63, 1, 1)]))
     assert Entry("k", 1, 1, 1, tiers=SSD_BIT).tier_names == ["ssd"] and not Entry("k", 1, 1, 1, tiers=SSD_BIT).in_dram
