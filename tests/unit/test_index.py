@@ -58,6 +58,25 @@ def test_index_counts_hard_pinned_bytes_and_queues_expiry():
     assert index.hard_pinned_bytes == 0
 
 
+def test_records_gone_before_their_ttl_do_not_pile_up_in_the_expiry_queue():
+    import random
+
+    index, rng = ObjectIndex(), random.Random(5)
+    live = {}
+    for i in range(20_000):  # a client writing with long TTLs and removing (or being evicted) at once
+        rec = ObjectRecord(b"k%d" % i, 1, 10, 0, expires_at=1e6 + rng.random() * 1e6)
+        index.add(rec)
+        if i % 10 == 0:
+            live[rec.key] = rec
+        else:
+            index.remove(rec)
+        assert len(index._expiry) <= 2 * len(live) + 1025
+    assert len(index._expiry) < 5000  # 2,000 live; without the rebuild 20,000 stay queued until their TTL
+    due = index.due(1.5e6)  # still exactly the live records past their TTL, once each
+    assert sorted(r.key for r in due) == sorted(k for k, r in live.items() if r.expires_at <= 1.5e6)
+    assert sorted(r.key for r in index.due(3e6)) == sorted(k for k, r in live.items() if r.expires_at > 1.5e6)
+
+
 # -- ObjectStore
 
 @pytest.fixture
