@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostile_etcd
+import hostile_proofs
 import hostile_writes
 
 from kvpool import Client
@@ -356,7 +357,8 @@ def main() -> int:
     secret = auth.new_secret()
     timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
     with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts, masters=2,
-                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), "--election-ttl", "2"]) as cluster:
+                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), "--election-ttl", "2",
+                                   *hostile_proofs.PROOF_MASTER_ARGS]) as cluster:
         client_token = auth.client_token(secret)
         client_credential = auth.Credential.for_client(client_token)
         rng = random.Random(1)
@@ -381,6 +383,7 @@ def main() -> int:
         report["unread_replies"] = unread_replies(holder, client_credential, "obj/0", placed.size, placed.generation)
         report["flood"] = flood(cluster, args.connections, client_token)
         report["client_writes"] = hostile_writes.client_writes(cluster, secret)
+        report["proofs"] = hostile_proofs.hostile_proofs(cluster, secret)
         alive = all(child.alive for child in [*cluster.nodes, cluster.master])
         with Client(cluster.master_address, token=client_token) as client:
             lost = [key for key, value in stored.items() if hostile_writes.value_or_none(client, key) != value]
@@ -395,7 +398,7 @@ def main() -> int:
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
           and not report["client_role"]["nodes_draining"] and hostile_etcd.held(report["etcd_peer"])
           and report["client_writes"]["ok"] and report["after_failover"]["objects_lost_or_changed"] == 0
-          and report["after_failover"]["new_puts_accepted"])
+          and report["after_failover"]["new_puts_accepted"] and report["proofs"]["ok"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

@@ -37,7 +37,7 @@ from kvpool.proto import kvpool_pb2_grpc
 
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, master_key, parse_hostport
 from kvpool.protocol.control import LOOKUP, OP_BY_RPC, LeaderHint, NotSent, pack_keys
-from kvpool.security.grpc_auth import client_interceptors
+from kvpool.security.grpc_auth import MasterName, client_interceptors
 from kvpool.errors import (
     ClusterUnavailableError,
     ForbiddenError,
@@ -102,6 +102,7 @@ class MasterLink:
         self.attempt_timeout = min(rpc_timeout, ATTEMPT_TIMEOUT)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, kvpool_pb2_grpc.MasterStub] = {}
+        self._names: dict[str, MasterName] = {}  # master (address dialled) -> the name its call proofs are for
         self._controls: dict[str, str] = {}  # master (gRPC address) -> its control port ("": none)
         self._learning: dict[str, asyncio.Future] = {}  # Stats asked of a master, shared by its callers
         self.credential = credential  # proved on every call (kvpool/security/auth.py, kvpool/security/grpc_auth.py)
@@ -123,7 +124,8 @@ class MasterLink:
     def _stub(self, address: str) -> kvpool_pb2_grpc.MasterStub:
         stub = self._stubs.get(address)
         if stub is None:
-            interceptors = client_interceptors(self.credential)
+            name = self._names[address] = MasterName(address)
+            interceptors = client_interceptors(self.credential, name)
             if self.tls is not None:
                 channel = grpc.aio.secure_channel(address, self.tls.grpc_channel_credentials(),
                                                   options=_CHANNEL_OPTIONS, interceptors=interceptors)
@@ -282,6 +284,7 @@ class MasterLink:
     async def _ask_stats(self, address: str, deadline: float) -> str:
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
         stats = await self._stub(address).Stats(pb.StatsRequest(), timeout=remaining)
+        self._names[address].learned(stats.address)
         self._know(address, stats.control_address)
         for other in (stats.leader, *stats.followers):
             self._know(other, None)
@@ -311,9 +314,12 @@ class MasterLink:
         await self._links.drain(deadline)  # what this client posted comes first
         while True:
             address = self.address
-            call = getattr(self._stub(address), method)(request)
+            stub, call = self._stub(address), None
             try:
                 try:
+                    if not self._names[address].confirmed:  # its call proofs name the master: ask its Stats first
+                        await self._learn(address, deadline)
+                    call = getattr(stub, method)(request)
                     message = await asyncio.wait_for(call.read(), max(deadline - loop.time(), 0.001))
                 except TimeoutError:
                     raise UnavailableError(f"master {address} {method}: no answer in {self.rpc_timeout:g}s") from None
@@ -330,7 +336,8 @@ class MasterLink:
                         raise self._error(method, exc) from None
                 return
             finally:
-                call.cancel()
+                if call is not None:
+                    call.cancel()
 
     async def _move_on(self, method: str, exc: grpc.aio.AioRpcError, address: str, deadline: float,
                        pause: float) -> float:
@@ -421,6 +428,6 @@ class MasterLink:
     async def close(self) -> None:
         await self._links.close()
         channels = list(self._channels.values())
-        self._channels, self._stubs = {}, {}
+        self._channels, self._stubs, self._names = {}, {}, {}
         for channel in channels:
             await channel.close()

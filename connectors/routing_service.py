@@ -10,6 +10,10 @@ thread. serve_http() answers the same over HTTP for routers and gateways in othe
     GET  /engines                         ->  {NAME: {"blocks", "in_flight", "unmapped"}, ..., "pool_blocks": N}
     GET  /healthz, /readyz                ->  {"ok": true} while the service runs (probes)
 
+Every path but the probes asks for the cluster's client token, `Authorization: Bearer <client token>` (what
+`kvpool token client` prints, or KVPOOL_TOKEN_FILE as `kvpool up` gives clients): 401 without it. A router
+of a cluster without a secret answers anyone.
+
 `kvpool router` runs it from the command line.
 """
 
@@ -22,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import KvpoolError
+from kvpool.security import auth
 
 from .block_events import block_events
 from .block_keys import BlockNamespace
@@ -31,12 +36,16 @@ from .router import Router
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 << 20  # a /route body: token ids of the longest prompts, with room to spare
+PROBES = ("/healthz", "/readyz")  # answered without a token: they tell only whether it runs
+UNAUTHORIZED = ("this router needs the cluster's client token: send Authorization: Bearer <client token> "
+                "(`kvpool token client`, or the file KVPOOL_TOKEN_FILE names)")
 
 
 class RoutingService:
     """engines: name -> the ZMQ endpoint of its KV events ("" when it publishes none: its own cache is then
     unknown, the pool still counts); namespace: the blocks kvpool holds for these engines (the connector
-    reports it); master / etcd / token / tls_ca: the kvpool cluster, as the Client takes them."""
+    reports it); master / etcd / token / tls_ca: the kvpool cluster, as the Client takes them (token: by
+    default the one the environment holds); its client token is what HTTP callers must present."""
 
     def __init__(self, engines: dict[str, str], namespace: BlockNamespace, *, master: str | None = None,
                  etcd: str | None = None, cluster: str = DEFAULT_CLUSTER, token: str | None = None,
@@ -45,6 +54,8 @@ class RoutingService:
         self.endpoints = dict(engines)
         self.namespace = namespace
         self._cluster = {"master": master, "etcd": etcd, "cluster": cluster, "token": token}
+        given = token if token is not None else auth.read_token()
+        self.client_token = auth.client_token_of(given) if given else None  # None: HTTP callers prove nothing
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -113,6 +124,8 @@ class RoutingService:
                 pass
 
             def do_GET(self):
+                if self.path not in PROBES and not self._allowed():
+                    return
                 if self.path == "/engines":
                     self._answer(200, service.state())
                 elif self.path in ("/healthz", "/readyz"):  # probes: answering at all, and following engines
@@ -122,6 +135,8 @@ class RoutingService:
                     self._answer(404, {"error": f"no {self.path}"})
 
             def do_POST(self):
+                if not self._allowed():
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY:
                     self._answer(413, {"error": f"a body of {length} bytes"})
@@ -142,14 +157,26 @@ class RoutingService:
                 except (ValueError, KeyError, TypeError) as exc:
                     self._answer(400, {"error": f"{type(exc).__name__}: {exc}"})
 
-            def _answer(self, status: int, value) -> None:
+            def _allowed(self) -> bool:
+                """Whether the request carries the client token; if not, it is answered 401 here."""
+                if service.client_token is None or auth.bearer_matches(self.headers.get("Authorization"),
+                                                                       service.client_token):
+                    return True
+                self._answer(401, {"error": UNAUTHORIZED}, ("WWW-Authenticate", 'Bearer realm="kvpool router"'))
+                return False
+
+            def _answer(self, status: int, value, *headers: tuple[str, str]) -> None:
                 data = json.dumps(value).encode()
                 self.send_response(status)
+                for name, text in headers:
+                    self.send_header(name, text)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
+        if self.client_token is None:
+            log.warning("router: no cluster token, so its HTTP endpoints answer anyone who reaches them")
         self._http = ThreadingHTTPServer((host, port), Handler)
         threading.Thread(target=self._http.serve_forever, name="kvpool-router-http", daemon=True).start()
         return self._http.server_address[1]

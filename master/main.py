@@ -22,6 +22,8 @@ from kvpool.protocol import cluster_layout
 from kvpool.runtime import config
 from kvpool.cluster.etcd_client import EtcdClient, OpenEtcdError, add_open_etcd_argument
 from kvpool.security.grpc_auth import ServerAuth
+from kvpool.security.replay_cache import CAPACITY as REMEMBERED_PROOFS
+from kvpool.security.replay_cache import ReplayCache
 from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, run_server
 from kvpool.protocol.units import parse_size
 
@@ -89,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-feed-size", type=int, default=KEY_FEED_SIZE, metavar="N",
                    help="changes of committed keys the leader keeps for WatchKeys subscribers to resume from; "
                         f"one further behind gets a snapshot (default {KEY_FEED_SIZE})")
+    p.add_argument("--remembered-proofs", type=int, default=REMEMBERED_PROOFS, metavar="N",
+                   help="gRPC call proofs remembered to refuse replays; when full the oldest is forgotten and "
+                        f"proofs no newer than it refused (default {REMEMBERED_PROOFS})")
     auth.add_token_argument(p)
     add_open_etcd_argument(p)
     tls.add_tls_argument(p)
@@ -125,7 +130,8 @@ async def serve(args) -> int:
 
         # No SO_REUSEPORT: gRPC sets it by default, and a port another server holds (an earlier master's) would
         # then be shared with it, its connections dealt out between the two, instead of refused.
-        server = grpc.aio.server(interceptors=[ServerAuth(verifier, metrics.refused_call)],
+        server_auth = ServerAuth(verifier, metrics.refused_call, ReplayCache(args.remembered_proofs))
+        server = grpc.aio.server(interceptors=[server_auth],
                                  options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.so_reuseport", 0)])
@@ -141,6 +147,7 @@ async def serve(args) -> int:
             print(cannot_listen("kvpool-master", args.host, args.port, "--port"), file=sys.stderr, flush=True)
             return 1
         address = f"{args.advertise_host or args.host}:{port}"
+        server_auth.calls.master = address  # the name call proofs are made for (kvpool/security/grpc_auth.py)
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
                                 max_batch=args.max_batch)
         service.sealer = placement_seal.for_secret(args.secret)
@@ -201,7 +208,7 @@ def main(argv=None) -> int:
     args.tls = tls.files_of(parser, args)
     options = vars(args)
     for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "key_feed_size",
-                 "control_frame_timeout", "max_batch", "max_replicas"):
+                 "control_frame_timeout", "max_batch", "max_replicas", "remembered_proofs"):
         if not options[flag] > 0:  # also NaN
             print(f"kvpool-master: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
             return 2

@@ -66,6 +66,8 @@ def cmd_up(args) -> int:
 
     secret = args.token if args.token is not None else (
         auth.read_token(args.token_file) if args.token_file else None)
+    if args.token:
+        auth.checked_secret(args.token, "--token ($KVPOOL_UP_TOKEN, or token in the config file)")
     if secret:
         auth.Credential.for_member(secret)
     cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,

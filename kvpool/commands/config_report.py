@@ -8,6 +8,8 @@ from pathlib import Path
 from ..runtime import config
 
 REFERENCE_TITLE = "# Configuration reference"
+SECRET_SETTINGS = frozenset({"token"})  # settings that hold a secret: shown by where they come from, never in clear
+HIDDEN = '"(hidden)"'
 
 
 def _toml(value) -> str:
@@ -31,7 +33,8 @@ def effective(parsers: dict[str, argparse.ArgumentParser], commands: list[str], 
         for dest, action in config.options(parser).items():
             key = dest.replace("_", "-")
             if dest in values:
-                lines.append(f"{key} = {_toml(values[dest])}  # {sources[dest]}")
+                shown = HIDDEN if dest in SECRET_SETTINGS else _toml(values[dest])
+                lines.append(f"{key} = {shown}  # {sources[dest]}")
             elif action.required:
                 lines.append(f"# {key} = ?  # required: not set")
             elif action.default is None:

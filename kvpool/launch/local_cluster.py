@@ -175,6 +175,7 @@ class LocalCluster:
             else:
                 self.secret = auth.new_secret()
         if self.secret:
+            auth.checked_secret(self.secret, "the cluster's secret")  # before its members refuse it
             auth.write_private(self.secret_file, self.secret)
             auth.write_private(self.client_token_file, self.client_token)
             if auth.read_token() is None:

@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import stat
+import string
 import time
 from dataclasses import dataclass
 from enum import IntFlag
@@ -40,6 +41,9 @@ NONCE = 32  # bytes of each side's nonce
 PROOF = 32  # bytes of an HMAC-SHA256
 MAX_REFUSAL = 8192  # longest AUTH reply a peer reads (a proof, or an error message)
 MAX_SECRET = 4096  # bytes of a secret or token file
+MIN_SECRET_BITS = 128  # what a cluster secret must hold where one enters a server or a command (secret_problem)
+_KEY_HEX = 64  # hex digits of a client token's key (an HMAC-SHA256)
+_BASE64 = frozenset(string.ascii_letters + string.digits + "+/-_=")
 
 
 class ChallengeFlag(IntFlag):
@@ -59,9 +63,51 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
+def secret_bits(secret: str) -> int:
+    """About how many bits `secret` holds, from its length and the characters it draws on (hex: 4 a
+    character, base64: 6, anything else: 6.5, the printable ASCII's): a bound, not a measure of a
+    human-chosen one."""
+    per = 4 if all(c in string.hexdigits for c in secret) else 6 if all(c in _BASE64 for c in secret) else 6.5
+    return int(len(secret) * per)
+
+
+def secret_problem(token: str) -> str | None:
+    """Why `token` (a cluster secret or a client token) may not be used, or None: a secret of fewer than
+    MIN_SECRET_BITS bits, or a client token not of the form `kvpool token client` prints."""
+    if token.startswith(CLIENT_TOKEN_PREFIX):
+        key = token[len(CLIENT_TOKEN_PREFIX):]
+        if len(key) != _KEY_HEX or not all(c in string.hexdigits for c in key):
+            return (f"malformed client token (expected {CLIENT_TOKEN_PREFIX} and {_KEY_HEX} hex digits): "
+                    "make it with `kvpool token client`")
+        return None
+    bits = secret_bits(token)
+    if bits < MIN_SECRET_BITS:
+        return (f"the cluster secret holds about {bits} bits, fewer than {MIN_SECRET_BITS}: make one with "
+                "`kvpool token new` (64 hex digits)")
+    return None
+
+
+def checked_secret(token: str, source: str) -> str:
+    """`token` if it may be used (secret_problem), else ValueError naming `source`, where it came from."""
+    problem = secret_problem(token)
+    if problem:
+        raise ValueError(f"{source}: {problem}")
+    return token
+
+
 def client_token(secret: str) -> str:
     """The credential to give clients: proves the client role, cannot be turned into the member's."""
     return CLIENT_TOKEN_PREFIX + _derive(secret.encode(), b"client").hex()
+
+
+def client_token_of(token: str) -> str:
+    """The client token `token` stands for: itself if it is one, else the one the secret `token` makes."""
+    return token if token.startswith(CLIENT_TOKEN_PREFIX) else client_token(token)
+
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """Whether an HTTP Authorization header presents `token` as its bearer token (compared in constant time)."""
+    return hmac.compare_digest((header or "").encode(), f"Bearer {token}".encode())
 
 
 @dataclass(frozen=True)
@@ -286,12 +332,14 @@ def _recv_exactly_blocking(sock, size: int, server: str) -> bytes:
 
 def read_token(token_file: str | os.PathLike | None = None, env=None) -> str | None:
     """The token this process was given: --token-file, else $KVPOOL_TOKEN_FILE, else $KVPOOL_TOKEN;
-    None when there is none. A file readable by others is refused, as ssh refuses such a key."""
+    None when there is none. A file readable by others is refused, as ssh refuses such a key, and so is a
+    secret weaker than MIN_SECRET_BITS (secret_problem): this is where a token enters a process."""
     env = os.environ if env is None else env
     path = token_file or env.get("KVPOOL_TOKEN_FILE")
     if path:
-        return _read_file(Path(path))
-    return env.get("KVPOOL_TOKEN") or None
+        return checked_secret(_read_file(Path(path)), f"token file {path}")
+    token = env.get("KVPOOL_TOKEN")
+    return checked_secret(token, "$KVPOOL_TOKEN") if token else None
 
 
 def _read_file(path: Path) -> str:

@@ -1,11 +1,14 @@
 """The cluster credential on the master's gRPC calls (kvpool/security/auth.py holds the keys).
 
-gRPC gives no hook at connection time, so each call carries a proof in its metadata: the role,
-the time, a fresh nonce and an HMAC over them and the method, never the key itself. The master
-takes a proof once, within WINDOW seconds of its time, so one seen on the wire cannot be replayed.
+gRPC gives no hook at connection time, so each call carries a proof in its metadata: the role, the time
+(milliseconds), a fresh nonce, the master it is for and an HMAC over them, the method and a digest of the
+serialized request, never the key itself. A master takes a proof once (replay_cache.py), only if it is
+for this master and this very request: one seen on the wire cannot be replayed there, at another master
+or with another request. The master a proof is for is named by its advertised gRPC address (what etcd,
+Stats and NOT_LEADER name it by), which a caller learns from the master's Stats before any other call;
+Stats alone may be asked with a proof for no master in particular (it only tells who the masters are).
 """
 
-import collections
 import contextvars
 import hashlib
 import hmac
@@ -13,144 +16,216 @@ import secrets
 import time
 
 import grpc
+from kvpool.proto import kvpool_pb2 as pb
 
 from .auth import Credential, Role, Verifier
+from .replay_cache import ProofRefused, ReplayCache
 from ..errors import ForbiddenError
 
 METADATA = "kvpool-auth"
-WINDOW = 300.0  # seconds a proof's clock may be off the master's (and how long its nonce is remembered)
-MAX_REMEMBERED = 200_000  # nonces of recent calls kept to refuse replays; calls past it wait for room
+VERSION = "2"
+STATS = "/kvpool.Master/Stats"  # the one method a proof may be for no master in particular ("")
 
 
-def _mac(key: bytes, role: int, stamp: str, nonce: str, method: str) -> str:
-    message = f"kvpool grpc v1|{role}|{stamp}|{nonce}|{method}".encode()
+def _mac(key: bytes, role: int, made_ms: int, nonce: str, master: str, method: str, request_digest: bytes) -> str:
+    message = f"kvpool grpc v{VERSION}|{role}|{made_ms}|{nonce}|{master}|{method}|".encode() + request_digest
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-def call_proof(credential: Credential, method: str) -> str:
-    stamp, nonce = str(int(time.time())), secrets.token_hex(16)
-    return f"{int(credential.role)}.{stamp}.{nonce}.{_mac(credential.key, credential.role, stamp, nonce, method)}"
+def request_digest(request: bytes) -> bytes:
+    return hashlib.sha256(request).digest()
+
+
+def call_proof(credential: Credential, method: str, master: str, request: bytes, made_ms: int | None = None) -> str:
+    """The proof for calling `method` with the serialized `request` at the master advertised as `master`."""
+    made_ms = int(time.time() * 1000) if made_ms is None else made_ms
+    nonce = secrets.token_hex(16)
+    mac = _mac(credential.key, credential.role, made_ms, nonce, master, method, request_digest(request))
+    return f"{VERSION}.{int(credential.role)}.{made_ms}.{nonce}.{mac}.{master}"
 
 
 class CallVerifier:
-    """The master's check of each call's proof."""
+    """The master's check of each call's proof. master: this master's advertised address."""
 
-    def __init__(self, verifier: Verifier, clock=time.time):
+    def __init__(self, verifier: Verifier, master: str = "", clock=time.time, cache: ReplayCache | None = None):
         self.verifier = verifier
+        self.master = master
         self.clock = clock
-        self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()  # nonce -> when taken
+        self.cache = cache if cache is not None else ReplayCache()
 
-    def check(self, proof: str | None, method: str) -> Role:
+    def check(self, proof: str | None, method: str, digest: bytes) -> Role:
+        """The role `proof` proves for `method` called with a request of this `digest` (request_digest)."""
         if self.verifier.open:
             return Role.MEMBER
         if not proof:
             raise ForbiddenError("this master needs the cluster token (KVPOOL_TOKEN_FILE or KVPOOL_TOKEN)")
         try:
-            role_text, stamp, nonce, mac = proof.split(".")
-            role, when = int(role_text), int(stamp)
+            version, role_text, made, nonce, mac, master = proof.split(".", 5)
+            role, made_ms = int(role_text), int(made)
         except ValueError:
             raise ForbiddenError("malformed kvpool-auth metadata") from None
+        if version != VERSION:
+            raise ForbiddenError(f"call proof of version {version!r}; this master takes version {VERSION} "
+                                 "(upgrade the client)")
+        if master != self.master and not (method == STATS and master == ""):
+            raise ForbiddenError(f"call proof made for master {master or '(any)'!r}; this is {self.master!r}")
         key = self.verifier.key(role)
-        if key is None or not hmac.compare_digest(mac, _mac(key, role, stamp, nonce, method)):
-            raise ForbiddenError("wrong cluster token")
-        now = self.clock()
-        if abs(now - when) > WINDOW:
-            raise ForbiddenError(f"call proof made {now - when:+.0f}s from the master's clock (more than {WINDOW:g}s)")
-        self._forget_before(now - WINDOW)
-        if nonce in self._seen:
-            raise ForbiddenError("call proof already used (a replayed call)")
-        if len(self._seen) >= MAX_REMEMBERED:
-            raise ForbiddenError("too many calls in the replay window; try again")
-        self._seen[nonce] = now
+        if key is None or not hmac.compare_digest(mac, _mac(key, role, made_ms, nonce, master, method, digest)):
+            raise ForbiddenError("wrong cluster token, or a proof made for another method or request")
+        try:
+            self.cache.take(made_ms, nonce, int(self.clock() * 1000))
+        except ProofRefused as exc:
+            raise ForbiddenError(str(exc)) from None
         return Role(role)
 
-    def _forget_before(self, oldest: float) -> None:
-        seen = self._seen
-        while seen:
-            nonce, when = next(iter(seen.items()))
-            if when >= oldest:
-                return
-            del seen[nonce]
+
+class MasterName:
+    """Which master a channel's proofs are for: its advertised address, taken to be the address dialled
+    until its Stats names it (`confirmed`)."""
+
+    def __init__(self, dialled: str):
+        self.address = dialled
+        self.confirmed = False
+
+    def learned(self, advertised: str) -> None:
+        if advertised:
+            self.address = advertised
+        self.confirmed = True
+
+    def proof(self, credential: Credential, method: str, request) -> str:
+        """The proof for `request`: a message, or bytes sent as they are (a channel call without a serializer)."""
+        master = self.address if self.confirmed or method != STATS else ""
+        body = request if isinstance(request, bytes) else request.SerializeToString()
+        return call_proof(credential, method, master, body)
 
 
 class ClientAuth:
-    """Adds a fresh proof to every call of a channel (grpc.aio files an interceptor under its first
-    kind only, so each kind gets its own class below)."""
+    """Adds a fresh proof to every call of a channel to one master (grpc.aio files an interceptor under its
+    first kind only, so each kind gets its own class below)."""
 
-    def __init__(self, credential: Credential):
+    def __init__(self, credential: Credential, master: MasterName):
         self.credential = credential
+        self.master = master
 
-    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    def _details(self, details: grpc.aio.ClientCallDetails, request) -> grpc.aio.ClientCallDetails:
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         metadata = grpc.aio.Metadata(*(details.metadata or ()))
-        metadata.add(METADATA, call_proof(self.credential, method))
+        metadata.add(METADATA, self.master.proof(self.credential, method, request))
         return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
                                           details.wait_for_ready)
 
 
 class _UnaryAuth(ClientAuth, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
-        return await continuation(self._details(client_call_details), request)
+        return await continuation(self._details(client_call_details, request), request)
 
 
 class _StreamAuth(ClientAuth, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
-        return await continuation(self._details(client_call_details), request)
+        return await continuation(self._details(client_call_details, request), request)
 
 
-def client_interceptors(credential: Credential | None) -> list:
-    return [_UnaryAuth(credential), _StreamAuth(credential)] if credential is not None else []
+def client_interceptors(credential: Credential | None, master: MasterName) -> list:
+    """The interceptors of a channel to `master` (whose Stats the caller reads into it: MasterName.learned)."""
+    return [_UnaryAuth(credential, master), _StreamAuth(credential, master)] if credential is not None else []
 
 
 class _BlockingClientAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """ClientAuth for a blocking channel (tools and tests)."""
+    """ClientAuth for a blocking channel (tools and tests): asks the master's Stats on the first call that
+    needs its name."""
 
-    def __init__(self, credential: Credential):
+    def __init__(self, credential: Credential, channel: grpc.Channel, dialled: str):
         self.credential = credential
+        self.master = MasterName(dialled)
+        self._stats = channel.unary_unary(STATS, request_serializer=pb.StatsRequest.SerializeToString,
+                                          response_deserializer=pb.StatsResponse.FromString)
 
-    def _details(self, details):
+    def _details(self, details, request):
+        if not self.master.confirmed and details.method != STATS:
+            request_stats = pb.StatsRequest()
+            proof = self.master.proof(self.credential, STATS, request_stats)
+            self.master.learned(self._stats(request_stats, timeout=details.timeout or 10.0,
+                                            metadata=[(METADATA, proof)]).address)
         # grpc hands a blocking channel's interceptors its call details as a namedtuple
-        metadata = [*(details.metadata or ()), (METADATA, call_proof(self.credential, details.method))]
-        return details._replace(metadata=metadata)
+        proof = self.master.proof(self.credential, details.method, request)
+        return details._replace(metadata=[*(details.metadata or ()), (METADATA, proof)])
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
-        return continuation(self._details(client_call_details), request)
+        return continuation(self._details(client_call_details, request), request)
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
-        return continuation(self._details(client_call_details), request)
+        return continuation(self._details(client_call_details, request), request)
 
 
 def blocking_channel(address: str, credential: Credential | None, options=(), tls=None) -> grpc.Channel:
     """A blocking gRPC channel to a master whose calls carry `credential`'s proof (tls: TlsFiles)."""
     channel = grpc.secure_channel(address, tls.grpc_channel_credentials(), options=options) if tls is not None \
         else grpc.insecure_channel(address, options=options)
-    return grpc.intercept_channel(channel, _BlockingClientAuth(credential)) if credential is not None else channel
+    if credential is None:
+        return channel
+    return grpc.intercept_channel(channel, _BlockingClientAuth(credential, channel, address))
 
 
 HEALTH_METHODS = "/grpc.health.v1.Health/"  # answered without a proof: they tell only whether it serves
 
 
 class ServerAuth(grpc.aio.ServerInterceptor):
-    """Refuses (UNAUTHENTICATED) every call whose proof does not hold; counts them in `refused`."""
+    """Refuses (UNAUTHENTICATED) every call whose proof does not hold for this master, its method and its
+    request; counts them through `on_refused`. `calls.master`: this master's advertised address, set once bound."""
 
-    def __init__(self, verifier: Verifier, on_refused=None):
-        self.calls = CallVerifier(verifier)
+    def __init__(self, verifier: Verifier, on_refused=None, cache: ReplayCache | None = None):
+        self.calls = CallVerifier(verifier, cache=cache)
         self.on_refused = on_refused
 
     async def intercept_service(self, continuation, handler_call_details):
-        if handler_call_details.method.startswith(HEALTH_METHODS):
-            return await continuation(handler_call_details)  # serving or not, for orchestrators' probes
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(HEALTH_METHODS):
+            return handler  # serving or not, for orchestrators' probes
+        if self.calls.verifier.open:
+            return _as_role(handler, Role.MEMBER)
+        if handler.request_streaming:
+            return None  # the service has no client streams: UNIMPLEMENTED rather than a stream proved by nothing
         proof = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == METADATA:
                 proof = value.decode() if isinstance(value, bytes) else value
-        try:
-            role = self.calls.check(proof, handler_call_details.method)
-        except ForbiddenError as exc:
-            if self.on_refused is not None:
-                self.on_refused()
-            return _refusal(await continuation(handler_call_details), str(exc))
-        return _as_role(await continuation(handler_call_details), role)
+        return self._checked(handler, proof, handler_call_details.method)
+
+    def _checked(self, handler, proof: str | None, method: str):
+        """`handler`, run only once `proof` holds for `method` and the request's bytes (seen as they are
+        deserialized), with CALLER_ROLE set to the role it proved."""
+        deserialize = handler.request_deserializer
+        digest: list[bytes] = []
+
+        def deserializer(data: bytes):
+            digest.append(request_digest(data))
+            return deserialize(data) if deserialize is not None else data
+
+        async def proved(context) -> Role:
+            try:
+                if len(digest) != 1:
+                    raise ForbiddenError("no request to check the call proof against")
+                return self.calls.check(proof, method, digest[0])
+            except ForbiddenError as exc:
+                if self.on_refused is not None:
+                    self.on_refused()
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+
+        if handler.response_streaming:
+            streams = handler.unary_stream
+
+            async def stream(request, context):
+                CALLER_ROLE.set(await proved(context))
+                return await streams(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(stream, deserializer, handler.response_serializer)
+        behavior = handler.unary_unary
+
+        async def unary(request, context):
+            CALLER_ROLE.set(await proved(context))
+            return await behavior(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary, deserializer, handler.response_serializer)
 
 
 # The role the current gRPC call proved, for the service's dispatch (kvpool/security/roles.py): set by
@@ -161,7 +236,7 @@ CALLER_ROLE: contextvars.ContextVar[Role] = contextvars.ContextVar("kvpool_calle
 def _as_role(handler, role: Role):
     """`handler` run with CALLER_ROLE set to `role` (a unary one: the server streams are the client's to
     call, roles.py)."""
-    if handler is None or handler.response_streaming or handler.request_streaming:
+    if handler.response_streaming or handler.request_streaming:
         return handler
     behavior = handler.unary_unary
 
@@ -170,20 +245,3 @@ def _as_role(handler, role: Role):
         return await behavior(request, context)
 
     return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer, handler.response_serializer)
-
-
-def _refusal(handler, message: str):
-    """A handler of the same kind as `handler` that answers UNAUTHENTICATED."""
-    async def refuse(_request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    async def refuse_stream(_request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield  # pragma: no cover - makes this an async generator, as a streaming handler is
-
-    if handler is None:
-        return None
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse_stream, handler.request_deserializer,
-                                                    handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer, handler.response_serializer)

@@ -23,6 +23,7 @@ from kvpool.cluster.etcd_client import EtcdClient
 from kvpool.launch.etcd_server import EtcdServer
 from kvpool.launch.local_cluster import Child, stop_process
 from kvpool.net.netutil import wait_until
+from kvpool.security import auth
 
 KVPOOL = [sys.executable, "-m", "kvpool.commands.cli"]
 BS = 4
@@ -33,9 +34,14 @@ def _hostport(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _client_token() -> dict:
+    """The header that proves the cluster's client token (the router asks it on every path but the probes)."""
+    return {"Authorization": f"Bearer {auth.client_token(os.environ['KVPOOL_TOKEN'])}"}
+
+
 def _get_json(url: str) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=_client_token()), timeout=10) as reply:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -43,7 +49,7 @@ def _get_json(url: str) -> tuple[int, dict]:
 
 def _post_json(url: str, body) -> tuple[int, dict]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **_client_token()})
     with urllib.request.urlopen(request, timeout=10) as reply:
         return reply.status, json.loads(reply.read())
 
@@ -61,6 +67,9 @@ def test_the_router_command_follows_the_pool_and_answers_routes_and_probes(clust
         url = match.group(1)
         assert _get_json(f"{url}/healthz") == (200, {"ok": True})
         assert _get_json(f"{url}/readyz") == (200, {"ok": True})
+        with pytest.raises(urllib.error.HTTPError) as refused:  # without the client token
+            urllib.request.urlopen(f"{url}/engines", timeout=10)
+        assert refused.value.code == 401
         with Client(cluster.master_address) as client:
             client.batch_put([namespace.key(h) for h in block_hashes(prompt, BS)[:2]], [b"kv"] * 2)
             wait_until(lambda: _get_json(f"{url}/engines")[1]["pool_blocks"] == 2, 20,

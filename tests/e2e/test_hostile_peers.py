@@ -46,6 +46,12 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     assert writes["placed_unchanged"] and not writes["unplaced_visible"]
     failover = report["after_failover"]  # the new leader adopts nothing poisoned and takes puts
     assert failover["objects"] == 60 and failover["objects_lost_or_changed"] == 0 and failover["new_puts_accepted"]
+    proofs = report["proofs"]  # benchmarks/hostile_proofs.py
+    assert proofs["replays"]["refused"] == proofs["replays"]["tried"] >= 4 + proofs["replays"]["standbys"] >= 5  # and the standby
+    assert proofs["flood"]["tried"] > proofs["flood"]["remembered"] and proofs["flood"]["refused"] == 0
+    assert proofs["flood"]["honest_served"] and proofs["flood"]["honest_refused"] == 0
+    assert proofs["flood"]["seconds_to_honest_call"] < 1.0
+    assert proofs["router"]["refused"] == proofs["router"]["tried"] >= 10 and proofs["router"]["honest_status"] == 200
     assert report["processes_alive"] and report["objects_lost"] == 0 and report["new_puts_accepted"]
     assert report["ok"] and result.returncode == 0
 

@@ -2,25 +2,31 @@
 over HTTP."""
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
 
 import msgspec
+import pytest
 import zmq
 
 from kvpool import Client
 from kvpool.connectors.block_keys import BlockNamespace, block_hashes
 from kvpool.connectors.routing_service import RoutingService
 from kvpool.net.netutil import wait_until
+from kvpool.security import auth
 
 BS = 4
 NAMESPACE = BlockNamespace("router-test", "float32", "vllm-nhd", BS)
 
 
-def post(port: int, path: str, body) -> tuple[int, dict]:
+def post(port: int, path: str, body, token: str | None = None) -> tuple[int, dict]:
+    """POST `body` with `token` as the bearer token (None: the cluster's client token; "": none)."""
+    token = auth.client_token(os.environ["KVPOOL_TOKEN"]) if token is None else token
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
+                                     method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as reply:
             return reply.status, json.loads(reply.read())
@@ -66,6 +72,13 @@ def test_routes_by_the_engines_caches_and_the_pool(cluster):
         assert service.state()["a"]["in_flight"] == 0
         assert post(http, "/route", {"token_ids": "not tokens"})[0] == 400
         assert post(http, "/nowhere", {})[0] == 404
+        for refused in ("", "kvpool-client-v1:" + "00" * 32, os.environ["KVPOOL_TOKEN"]):  # none, wrong, the secret
+            status, answer = post(http, "/route", {"token_ids": prompt}, token=refused)
+            assert status == 401 and "client token" in answer["error"]
+        with pytest.raises(urllib.error.HTTPError) as engines:
+            urllib.request.urlopen(f"http://127.0.0.1:{http}/engines", timeout=10)
+        assert engines.value.code == 401
+        assert service.state()["b"]["in_flight"] == 1  # nothing refused was routed
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/readyz", timeout=10) as ready:
             assert ready.status == 200 and json.loads(ready.read()) == {"ok": True}
         client.remove_prefix(NAMESPACE.prefix())
