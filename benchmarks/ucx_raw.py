@@ -2,7 +2,8 @@
 
 For each UCX_TLS setting, starts a cluster with one node serving UCX (the node
 inherits the setting; the client gets it through UcxTransport's options), then
-times, over UCX and over kvpool's TCP transport against the same node:
+times, over UCX and over kvpool's TCP transport against the same node (as a member: no leader places
+these writes):
 read_into of a 4 MiB object, read_many of 64 x 1 MiB, write of 4 MiB and
 write_many of 64 x 1 MiB. Needs the extra kvpool[ucx]. Prints one JSON line.
 
@@ -21,6 +22,7 @@ from kvpool.client.tcp import TcpTransport
 from kvpool.client.transport import ReadItem, WriteItem
 from kvpool.client.ucx import UcxTransport
 from kvpool.launch.local_cluster import LocalCluster
+from kvpool.security import auth
 
 MiB = 1 << 20
 DEFAULT_TLS = ["tcp", "posix,cma,self", ""]  # "": UCX's choice minus cma (kvpool's default)
@@ -101,9 +103,9 @@ async def measure(transport, address: str, rounds: int, tag: str) -> dict:
     return figures
 
 
-async def run_setting(address: str, hello: dict, tls: str, rounds: int) -> dict:
-    ucx = UcxTransport(options={"TLS": tls} if tls else None)
-    tcp = TcpTransport()
+async def run_setting(address: str, hello: dict, tls: str, rounds: int, credential) -> dict:
+    ucx = UcxTransport(options={"TLS": tls} if tls else None, credential=credential)
+    tcp = TcpTransport(credential=credential)
     try:
         await ucx.attach(address, hello)
         return {"ucx": await measure(ucx, address, rounds, "ucx"), "tcp": await measure(tcp, address, rounds, "tcp")}
@@ -124,7 +126,8 @@ def main(argv=None) -> int:
             try:
                 address = cluster.nodes[0].info["address"]
                 hello = asyncio.run(hello_of(address))
-                report[tls or "default"] = asyncio.run(run_setting(address, hello, tls, args.rounds))
+                member = auth.Credential.for_member(cluster.secret) if cluster.secret else None
+                report[tls or "default"] = asyncio.run(run_setting(address, hello, tls, args.rounds, member))
             finally:
                 cluster.stop()
     print(json.dumps(report), flush=True)

@@ -13,6 +13,7 @@ import pytest
 from kvpool import Client
 from kvpool.protocol.checksum import checksum
 from kvpool.client.tcp import TcpTransport
+from kvpool.protocol.write_options import WriteOptions
 from kvpool.errors import KeyExistsError, KeyNotFoundError, UnavailableError
 from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
@@ -36,7 +37,8 @@ def test_object_invisible_between_put_start_and_put_end(cluster, client):
         transport = TcpTransport()
         try:
             await transport.write(replica.address, b"twophase/k", started.object.generation,
-                                  memoryview(value), checksum(value))
+                                  memoryview(value), checksum(value), WriteOptions(seal=replica.seal),
+                                  term=started.object.term)
         finally:
             await transport.close()
 
