@@ -353,6 +353,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=2000, help="hypothesis examples per fuzzed plane")
     parser.add_argument("--connections", type=int, default=1200, help="unauthenticated connections held at once")
     parser.add_argument("--objects", type=int, default=200)
+    parser.add_argument("--made-up", type=int, default=3000, help="puts per round with option sets of their own")
     args = parser.parse_args()
     secret = auth.new_secret()
     timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
@@ -384,6 +385,7 @@ def main() -> int:
         report["flood"] = flood(cluster, args.connections, client_token)
         report["client_writes"] = hostile_writes.client_writes(cluster, secret)
         report["proofs"] = hostile_proofs.hostile_proofs(cluster, secret)
+        report["made_up_options"] = hostile_writes.made_up_options(cluster, client_token, args.made_up)
         alive = all(child.alive for child in [*cluster.nodes, cluster.master])
         with Client(cluster.master_address, token=client_token) as client:
             lost = [key for key, value in stored.items() if hostile_writes.value_or_none(client, key) != value]

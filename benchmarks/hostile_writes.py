@@ -8,7 +8,8 @@ Each case is tried with the client token straight against a node, as a hostile e
 - header_only: a WRITE header claiming the node's whole DRAM, its payload never sent, to make it evict;
 - huge_ttl: a TTL past what the SSD header holds, through the client, PutStart and a raw WRITE;
 - other_node: an honest placement's seal presented to another node.
-Each reports tried / refused and the seconds until an honest client's next put and get succeed; then
+Each reports tried / refused and the seconds until an honest client's next put and get succeed.
+`made_up_options` measures what puts with option sets of their own, removed at once, leave on the heaps. Then
 `after_failover` kills the leader and checks, under its successor, that every object stored before is
 read back byte-exact and new puts are taken.
 """
@@ -190,3 +191,28 @@ def after_failover(cluster: LocalCluster, stored: dict, token: str) -> dict:
         accepted = client.get("after-failover/new") == b"n" * 10_000
     return {"seconds_to_lead": led, "objects": len(stored), "objects_lost_or_changed": len(wrong),
             "new_puts_accepted": accepted}
+
+
+def _heap(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+
+def made_up_options(cluster: LocalCluster, token: str, count: int) -> dict:
+    """Rounds of `count` puts, each with a TTL and pin time of its own, all removed at once: what a client
+    makes up must leave nothing behind (the master interned every option set; a node queued every TTL until
+    it ran out). Reports each round's growth of the master's and the nodes' heaps."""
+    leader = next(m for m in cluster.masters if m.info["address"] == cluster.leader_address())
+    processes = {"master": leader.proc.pid, **{n.name: n.proc.pid for n in cluster.nodes}}
+    rounds = []
+    with Client(cluster.master_address, token=token) as client:
+        for turn in range(3):
+            before = {name: _heap(pid) for name, pid in processes.items()}
+            for i in range(count):
+                client.put(f"made-up/{i}", b"m" * 64, ttl=10**6 + turn * count + i + 0.5, pin="soft",
+                           pin_ttl=10**5 + i + 0.25)
+            client.remove_prefix("made-up/")
+            rounds.append({name: _heap(pid) - before[name] for name, pid in processes.items()})
+    # The first round grows the allocators' pools; what later rounds add per put is what is kept.
+    kept = {name: round(max(r[name] for r in rounds[1:]) / count) for name in processes}
+    return {"puts_per_round": count, "heap_growth_per_round": rounds, "bytes_kept_per_put": kept}

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hostile_peers.py"), "--examples", "150",
-                             "--connections", "1100", "--objects", "60"],
+                             "--connections", "1100", "--objects", "60", "--made-up", "1000"],
                             capture_output=True, text=True, timeout=600)
     assert result.stdout.strip(), result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -44,6 +44,8 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
         assert writes[case]["refused"] == writes[case]["tried"] > 0, (case, writes[case])
         assert writes[case]["next_honest_call_s"] < 1.0, (case, writes[case])
     assert writes["placed_unchanged"] and not writes["unplaced_visible"]
+    made_up = report["made_up_options"]  # figures for the note; the bounds themselves: tests/unit (tracemalloc)
+    assert made_up["puts_per_round"] == 1000 and len(made_up["heap_growth_per_round"]) == 3
     failover = report["after_failover"]  # the new leader adopts nothing poisoned and takes puts
     assert failover["objects"] == 60 and failover["objects_lost_or_changed"] == 0 and failover["new_puts_accepted"]
     proofs = report["proofs"]  # benchmarks/hostile_proofs.py
