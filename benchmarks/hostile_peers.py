@@ -41,6 +41,9 @@ from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the cases of each area, beside this file
+from hostile_sockets import MASTER_CAPS, NODE_CAPS, hostile_sockets  # noqa: E402
+
 FRAME_TIMEOUT = 2.0  # the nodes' and master's --frame-timeout for this run: stalls end quickly
 MASTER_RPCS = [m.name for m in pb.DESCRIPTOR.services_by_name["Master"].methods]
 STREAMING = {"WatchKeys"}
@@ -371,8 +374,9 @@ def main() -> int:
     args = parser.parse_args()
     secret = auth.new_secret()
     timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
-    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts,
-                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT)]) as cluster:
+    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts + NODE_CAPS,
+                      metrics=True, master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), *MASTER_CAPS,
+                                                 "--grpc-handshake-timeout", str(FRAME_TIMEOUT)]) as cluster:
         client_token = auth.client_token(secret)
         client_credential = auth.Credential.for_client(client_token)
         rng = random.Random(1)
@@ -395,6 +399,7 @@ def main() -> int:
         holder = next(n for n in cluster.nodes if n.info["address"] == placed.replicas[0].address)
         report["unread_replies"] = unread_replies(holder, client_credential, "obj/0", placed.size, placed.generation)
         report["flood"] = flood(cluster, args.connections, client_token)
+        report["sockets"] = hostile_sockets(cluster, client_token, FRAME_TIMEOUT)
         alive = all(child.alive for child in [*cluster.nodes, cluster.master])
         with Client(cluster.master_address, token=client_token) as client:
             lost = [key for key, value in stored.items() if client.get(key) != value]
@@ -406,7 +411,7 @@ def main() -> int:
     ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0
           and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"]
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
-          and not report["client_role"]["nodes_draining"])
+          and not report["client_role"]["nodes_draining"] and report["sockets"]["ok"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

@@ -56,7 +56,10 @@ class HttpEndpoint:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         peer = writer.get_extra_info("peername")
-        _, displaced = self.slots.admit(task, peer[0] if peer else "?")
+        admitted, displaced = self.slots.admit(task, peer[0] if peer else "?")
+        if not admitted:  # (never with every slot "unproved": a new one displaces the oldest instead)
+            writer.transport.abort()
+            return
         for old in displaced:
             old.cancel()
         self._open.add(task)

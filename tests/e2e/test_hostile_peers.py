@@ -37,6 +37,17 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     assert report["flood"]["connections_held"] == 1100 and report["flood"]["served_meanwhile"]
     assert report["flood"]["closed_unauthenticated"] == 1100
     assert report["processes_alive"] and report["objects_lost"] == 0 and report["new_puts_accepted"]
+    sockets = report["sockets"]  # benchmarks/hostile_sockets.py: strangers holding ports
+    assert set(sockets) == {"slow_auth_node", "slow_auth_control", "flood_node", "flood_control", "flood_grpc",
+                            "flood_health", "ok"}
+    for name, case in sockets.items():
+        if name == "ok":
+            continue
+        assert case["tried"] >= 4 and case["closed_by_server"] == case["tried"], (name, case)
+        assert case["longest_held_s"] <= case["deadline_s"] + 1.0, (name, case)  # a deadline from the accept
+        assert case["served_meanwhile_s"] is not None and case["served_meanwhile_s"] <= 1.0, (name, case)
+        assert case["served_at_end_s"] is not None and case["served_at_end_s"] <= 1.0, (name, case)
+    assert sockets["flood_node"]["tried"] >= 2 * 400 and sockets["ok"]
     assert report["ok"] and result.returncode == 0
 
 

@@ -1,0 +1,185 @@
+"""Strangers holding ports (called by benchmarks/hostile_peers.py): peers without the secret try to keep a
+node's data port, the master's control port, its gRPC port and a metrics/health port from serving anyone.
+
+- slow AUTH: a few connections send a well-formed AUTH frame one byte a second (each byte would restart a
+  per-byte timeout); the server must close each within its --frame-timeout of the accept;
+- flood: many connections that never prove anything, held open, from many addresses (on loopback), the
+  honest client's among them: more than the unproved pools and the proved slots.
+
+Each case reports what was tried, how many the server closed, the longest a stranger held its connection,
+and the seconds until a real client was served (a fresh Client's put and get with the client token; a gRPC
+call; an HTTP GET of /healthz) both WHILE the hostile connections are held and at the END of the case, once
+the server closed them. Where the design serves while held: every case here (the node and control ports
+displace the oldest unproved connection for a new one; gRPC holds connections under its
+--grpc-max-connections cap, which this flood stays under, and closes them at --grpc-handshake-timeout;
+the HTTP server displaces the oldest open connection).
+"""
+
+import os
+import select
+import socket
+import threading
+import time
+import urllib.request
+
+from kvpool import Client
+from kvpool.protocol import wire
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.runtime.http_endpoint import REQUEST_DEADLINE
+from kvpool.proto import kvpool_pb2_grpc
+from kvpool.security import auth
+from kvpool.security.grpc_auth import blocking_channel
+
+SERVED_WITHIN = 1.0  # seconds a real client may wait, while held and at the end
+SLOW_CONNECTIONS = 4
+FLOOD = 400  # connections per flood: past the unproved pools (256, 32 per address), under gRPC's cap (1024)
+SOURCES = 40  # peer addresses of a flood: 10 connections each, under the per-address caps, past the pools
+# Proved slots for the run: fewer than a flood, so a flood that could take them would refuse the real client.
+NODE_CAPS = ["--max-connections", "64"]
+MASTER_CAPS = ["--control-max-connections", "64"]
+DRIP = 1.0  # seconds between the bytes of a slow AUTH
+
+
+def _hostport(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+def _forged_auth() -> bytes:
+    return wire.REQUEST.pack(wire.MAGIC, wire.VERSION, wire.Op.AUTH, 1, 0, auth.Role.CLIENT, 0, 0,
+                             auth.NONCE + auth.PROOF, 0) + os.urandom(auth.NONCE + auth.PROOF)
+
+
+def _hold(socks: list, opened: list, limit: float, drip: bytes = b"") -> list:
+    """Hold `socks` (opened at the monotonic times `opened`), reading and dropping what the server sends,
+    and with `drip` one byte of it a DRIP on each, until the server closes each or `limit` seconds pass.
+    Returns the seconds each stayed open (None: still open at the limit)."""
+    held = [None] * len(socks)
+    deadline = time.monotonic() + limit
+    next_drip = time.monotonic()
+    sent = 0
+    while time.monotonic() < deadline and any(h is None for h in held):
+        open_ = [s for i, s in enumerate(socks) if held[i] is None]
+        readable, _, _ = select.select(open_, [], [], 0.05)
+        for sock in readable:
+            try:
+                gone = not sock.recv(65536)
+            except OSError:
+                gone = True
+            if gone:
+                i = socks.index(sock)
+                held[i] = time.monotonic() - opened[i]
+        if drip and sent < len(drip) and time.monotonic() >= next_drip:
+            for i, sock in enumerate(socks):
+                if held[i] is None:
+                    try:
+                        sock.send(drip[sent:sent + 1])
+                    except OSError:
+                        held[i] = time.monotonic() - opened[i]
+            sent += 1
+            next_drip += DRIP
+    return held
+
+
+def _timed(serve) -> float | None:
+    """Seconds `serve()` took to be served; None if it failed."""
+    started = time.monotonic()
+    try:
+        serve()
+    except Exception:  # noqa: BLE001 - a refused or failed client is the finding, reported as None
+        return None
+    return round(time.monotonic() - started, 3)
+
+
+def _in_background(serve, delay: float) -> tuple[threading.Thread, dict]:
+    """Time serve() in a thread, after `delay` seconds (a case holds its connections meanwhile)."""
+    result = {}
+
+    def run():
+        time.sleep(delay)
+        result["seconds"] = _timed(serve)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _case(addresses: list, count: int, serve, deadline: float, drip: bytes = b"") -> dict:
+    """`count` hostile connections to each of `addresses`, which must close each within `deadline` of its
+    accept."""
+    limit = deadline + 5
+    socks, opened = [], []
+    for address in addresses:
+        host, port = _hostport(address)
+        for i in range(count):
+            # On loopback, from SOURCES addresses (127.0.0.1, the real client's, among them), as from many hosts.
+            source = (f"127.0.0.{1 + i % SOURCES}", 0) if host.startswith("127.") else None
+            try:
+                socks.append(socket.create_connection((host, port), timeout=10, source_address=source))
+            except OSError:  # refused at accept: counted as tried, not held
+                continue
+            opened.append(time.monotonic())
+            socks[-1].setblocking(False)
+    count *= len(addresses)
+    # The real client comes once every hostile connection is open and before the server's deadline.
+    thread, meanwhile = _in_background(serve, 0.2)
+    held = _hold(socks, opened, limit, drip)
+    thread.join(30)
+    at_end = _timed(serve)
+    for sock in socks:
+        sock.close()
+    closed = [h for h in held if h is not None]
+    return {"tried": count, "closed_by_server": len(closed) + (count - len(socks)), "deadline_s": deadline,
+            "longest_held_s": round(max(closed, default=0.0), 2), "served_meanwhile_s": meanwhile.get("seconds"),
+            "served_at_end_s": at_end}
+
+
+def _client_put_get(master: str, token: str):
+    def serve():
+        key, value = f"hostile-sockets/{os.urandom(4).hex()}", os.urandom(2048)
+        with Client(master, token=token) as client:
+            client.put(key, value)
+            if client.get(key) != value:
+                raise AssertionError("read back something else")
+    return serve
+
+
+def _grpc_call(master: str, token: str):
+    def serve():
+        with blocking_channel(master, auth.Credential.for_client(token)) as channel:
+            kvpool_pb2_grpc.MasterStub(channel).Stats(pb.StatsRequest(), timeout=5)
+    return serve
+
+
+def _http_get(address: str):
+    def serve():
+        with urllib.request.urlopen(f"http://{address}/healthz", timeout=5) as answer:
+            if answer.status != 200:
+                raise AssertionError(f"/healthz answered {answer.status}")
+    return serve
+
+
+def hostile_sockets(cluster, token: str, frame_timeout: float, connections: int = FLOOD) -> dict:
+    """Every case against `cluster` (a LocalCluster with metrics on, its servers' --frame-timeout,
+    --control-frame-timeout and --grpc-handshake-timeout `frame_timeout`, and connection caps below
+    `connections`, CAPS); `connections` per flood and port."""
+    nodes = [node.info["address"] for node in cluster.nodes]  # the put may land on any of them
+    control = [cluster.master.info["control"]]
+    health = f"{cluster.nodes[0].host}:{cluster.nodes[0].metrics_port}"
+    put_get = _client_put_get(cluster.master_address, token)
+    report = {
+        "slow_auth_node": _case(nodes, SLOW_CONNECTIONS, put_get, frame_timeout, _forged_auth()),
+        "slow_auth_control": _case(control, SLOW_CONNECTIONS, put_get, frame_timeout, _forged_auth()),
+        "flood_node": _case(nodes, connections, put_get, frame_timeout),
+        "flood_control": _case(control, connections, put_get, frame_timeout),
+        "flood_grpc": _case([cluster.master_address], connections, _grpc_call(cluster.master_address, token),
+                            frame_timeout),
+        "flood_health": _case([health], connections, _http_get(health), REQUEST_DEADLINE),
+    }
+    report["ok"] = all(_served(case) and case["closed_by_server"] == case["tried"]
+                       and case["longest_held_s"] <= case["deadline_s"] + 1.0 for case in report.values())
+    return report
+
+
+def _served(case: dict) -> bool:
+    return all(seconds is not None and seconds <= SERVED_WITHIN
+               for seconds in (case["served_meanwhile_s"], case["served_at_end_s"]))
