@@ -6,15 +6,14 @@ request head (at most MAX_HEAD bytes) and take its answer within REQUEST_DEADLIN
 `connections` are open at once (HTTP_PER_ADDRESS from one address); past either cap a new connection displaces
 the oldest open one (kvpool/sockets/admission.py says why displacing beats refusing), so a flood of idle
 connections holds neither threads nor descriptors and a probe or scrape still gets in. The exposition is
-prometheus_client's (generate_latest, or OpenMetrics when the scraper asks for it), as before.
+prometheus_client's (its text format, or OpenMetrics when the scraper asks for it), as before.
 """
 
 import asyncio
 import logging
 from typing import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.exposition import choose_encoder
 
 from kvpool.sockets.admission import Admission
 
@@ -96,12 +95,15 @@ class HttpEndpoint:
         return _response(status, content_type, body, with_body=method == b"GET")
 
     def _exposition(self, headers: bytes) -> tuple[bytes, str]:
-        """The metrics text, in OpenMetrics if the scraper accepts it (as prometheus_client chooses)."""
+        """The metrics text in the format the scraper's Accept header asks for, chosen as prometheus_client's
+        own server chooses it."""
+        accept = ""
         for line in headers.split(b"\r\n"):
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"accept" and b"application/openmetrics-text" in value:
-                return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            if name.strip().lower() == b"accept":
+                accept = value.strip().decode("latin-1")
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type
 
 
 def _response(status: int, content_type: str, body: bytes, with_body: bool = True) -> bytes:
