@@ -32,6 +32,8 @@ from kvpool.security import auth
 from kvpool.security.grpc_auth import blocking_channel
 
 SERVED_WITHIN = 1.0  # seconds a real client may wait, while held and at the end
+# A server's deadline runs from its accept, which a busy loop may make a while after our connect.
+ACCEPT_SLACK = 2.0
 SLOW_CONNECTIONS = 4
 FLOOD = 400  # connections per flood: past the unproved pools (256, 32 per address), under gRPC's cap (1024)
 SOURCES = 40  # peer addresses of a flood: 10 connections each, under the per-address caps, past the pools
@@ -185,7 +187,7 @@ def hostile_sockets(cluster, token: str, frame_timeout: float, connections: int 
             running = {name: pool.submit(_case, *arguments) for name, arguments in cases.items()}
             report.update((name, future.result()) for name, future in running.items())
     report["ok"] = all(_served(case) and case["closed_by_server"] == case["tried"]
-                       and case["longest_held_s"] <= case["deadline_s"] + 1.0 for case in report.values())
+                       and case["longest_held_s"] <= case["deadline_s"] + ACCEPT_SLACK for case in report.values())
     return report
 
 
