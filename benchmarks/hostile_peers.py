@@ -6,6 +6,8 @@ Against etcd, a master and two storage nodes (processes, real sockets, the clust
 - peers without the secret send every op, junk and replayed or forged proofs to each node port and
   the master's control port, every RPC to its gRPC port, and reads and writes to etcd: each must be
   refused (`refused_fraction` 1.0) and nothing listed, read, changed or freed;
+- a peer without etcd's peer certificate lists its members and renews a lease on its peer port
+  (benchmarks/hostile_etcd.py): refused, and the lease not renewed;
 - a peer with the client token sends what only a master may (FREE, COPY, HOLD, REPORT, INVENTORY,
   EVICTIONS) and WRITEs with a term far ahead of the leader's: refused, and the leader's puts go on;
 - random and mutated frames (hypothesis) on authenticated connections to every node and the control
@@ -29,6 +31,10 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hostile_etcd
+import hostile_writes
+from hostile_sockets import MASTER_CAPS, NODE_CAPS, hostile_sockets
+
 from kvpool import Client
 from kvpool.security import auth, roles
 from kvpool.protocol import wire
@@ -40,9 +46,6 @@ from kvpool.launch.local_cluster import LocalCluster
 from kvpool.net.netutil import wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the cases of each area, beside this file
-from hostile_sockets import MASTER_CAPS, NODE_CAPS, hostile_sockets  # noqa: E402
 
 FRAME_TIMEOUT = 2.0  # the nodes' and master's --frame-timeout for this run: stalls end quickly
 MASTER_RPCS = [m.name for m in pb.DESCRIPTOR.services_by_name["Master"].methods]
@@ -129,7 +132,7 @@ def without_secret(cluster: LocalCluster, secret: str, keys: dict) -> dict:
                         next(iter(answer))
                 except grpc.RpcError as exc:
                     grpc_refused += exc.code() == grpc.StatusCode.UNAUTHENTICATED
-    etcd_tried, etcd_refused = _etcd_without_login(cluster)
+    etcd_tried, etcd_refused = hostile_etcd.etcd_without_login(cluster)
     return {"frames_tried": tried, "frames_refused": refused, "grpc_calls_tried": grpc_tried,
             "grpc_calls_refused": grpc_refused, "etcd_calls_tried": etcd_tried, "etcd_calls_refused": etcd_refused,
             "refused_fraction": (refused + grpc_refused + etcd_refused) / (tried + grpc_tried + etcd_tried)}
@@ -147,27 +150,6 @@ def _replay_refused(address: str, secret: str) -> bool:
         replies, closed = drain(sock)
     return closed and not any(op != wire.Op.AUTH and status == Code.OK for op, status in replies) \
         and (wire.Op.AUTH, Code.FORBIDDEN) in replies
-
-
-def _etcd_without_login(cluster: LocalCluster) -> tuple[int, int]:
-    import asyncio
-
-    import aetcd
-
-    async def attempts():
-        host, port = hostport(cluster.etcd_endpoint)
-        tried = refused = 0
-        async with aetcd.Client(host=host, port=port, timeout=5) as etcd:
-            for action in (lambda: etcd.get(b"/kvpool/default/master"), lambda: etcd.put(b"/kvpool/x", b"1"),
-                           lambda: etcd.delete_prefix(b"/kvpool/"), lambda: etcd.get_prefix(b"/kvpool/")):
-                tried += 1
-                try:
-                    await action()
-                except aetcd.ClientError:
-                    refused += 1
-        return tried, refused
-
-    return asyncio.run(attempts())
 
 
 # -- a client's credential against a master's operations
@@ -189,7 +171,7 @@ def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
     with connect(address, credential) as sock:
         for i in range(20):
             sock.sendall(wire.pack_request(wire.Op.WRITE, i, b"term/%d" % i, 10**15 + i, 10**12 + i, len(data),
-                                           checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data)) + data)
+                                           checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data), wire.NO_SEAL) + data)
         drain(sock, 1.0)
     # An operator's master RPCs (Drain) with the client token, over the control port and over gRPC.
     rpcs_tried = rpcs_refused = 0
@@ -291,7 +273,7 @@ def stalls(cluster: LocalCluster, credential) -> dict:
     for i in range(20):  # header-only WRITEs reserving 1 MiB each, payload never sent
         sock = connect(address, credential)
         sock.sendall(wire.pack_request(wire.Op.WRITE, 1, b"stall/%d" % i, 1, 0, 1 << 20, 1)
-                     + wire.WRITE_OPTIONS.pack(0, 0, 1 << 20) + b"x" * 1000)
+                     + wire.WRITE_OPTIONS.pack(0, 0, 1 << 20, wire.NO_SEAL) + b"x" * 1000)
         held.append(sock)
     stalled_control = connect(cluster.master.info["control"], credential)
     stalled_control.sendall(pack_call(OP_BY_RPC["Stats"], 1, b"")[:10])  # half a header
@@ -375,8 +357,9 @@ def main() -> int:
     secret = auth.new_secret()
     timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
     with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts + NODE_CAPS,
-                      metrics=True, master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), *MASTER_CAPS,
-                                                 "--grpc-handshake-timeout", str(FRAME_TIMEOUT)]) as cluster:
+                      masters=2, metrics=True,
+                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), "--election-ttl", "2", *MASTER_CAPS,
+                                   "--grpc-handshake-timeout", str(FRAME_TIMEOUT)]) as cluster:
         client_token = auth.client_token(secret)
         client_credential = auth.Credential.for_client(client_token)
         rng = random.Random(1)
@@ -391,7 +374,8 @@ def main() -> int:
         before = {name: rss(pid) for name, pid in processes.items()}
         started = time.monotonic()
         report = {"without_secret": without_secret(cluster, secret, stored),
-                  "client_role": client_role_limits(cluster, secret)}
+                  "client_role": client_role_limits(cluster, secret),
+                  "etcd_peer": hostile_etcd.peer_port(cluster, secret)}
         targets = [n.info["address"] for n in cluster.nodes] + [cluster.master.info["control"]]
         report["fuzz"] = fuzz(targets, client_credential, args.examples)
         report["fuzz"]["grpc_calls"] = fuzz_grpc(cluster, client_credential, max(2, args.examples // 50))
@@ -400,18 +384,22 @@ def main() -> int:
         report["unread_replies"] = unread_replies(holder, client_credential, "obj/0", placed.size, placed.generation)
         report["flood"] = flood(cluster, args.connections, client_token)
         report["sockets"] = hostile_sockets(cluster, client_token, FRAME_TIMEOUT)
+        report["client_writes"] = hostile_writes.client_writes(cluster, secret)
         alive = all(child.alive for child in [*cluster.nodes, cluster.master])
         with Client(cluster.master_address, token=client_token) as client:
-            lost = [key for key, value in stored.items() if client.get(key) != value]
+            lost = [key for key, value in stored.items() if hostile_writes.value_or_none(client, key) != value]
             client.put("after/new", b"n" * 10_000)
             accepted = client.get("after/new") == b"n" * 10_000
         after = {name: rss(pid) for name, pid in processes.items()}
+        report["after_failover"] = hostile_writes.after_failover(cluster, stored, client_token)
         report.update(seconds=round(time.monotonic() - started, 1), processes_alive=alive, objects=len(stored),
                       objects_lost=len(lost), new_puts_accepted=accepted, rss_before=before, rss_after=after)
     ok = (alive and not lost and accepted and report["without_secret"]["refused_fraction"] == 1.0
           and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"]
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
-          and not report["client_role"]["nodes_draining"] and report["sockets"]["ok"])
+          and not report["client_role"]["nodes_draining"] and hostile_etcd.held(report["etcd_peer"])
+          and report["client_writes"]["ok"] and report["after_failover"]["objects_lost_or_changed"] == 0
+          and report["after_failover"]["new_puts_accepted"] and report["sockets"]["ok"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

@@ -6,6 +6,7 @@ read back into what the API returns or the typed error they stand for.
 
 from kvpool.errors import InternalError, KeyNotFoundError, Code, error_for
 from kvpool.protocol.keys import validate_key, validate_keys
+from kvpool.protocol.wire import NO_SEAL, SEAL
 from kvpool.proto import kvpool_pb2 as pb
 
 from .put_options import hold_seconds
@@ -147,6 +148,22 @@ class Started:
         self.indices = [i for i, generation in enumerate(self.generation) if generation]
         if any(self.placement[i] >= len(self.placements) for i in self.indices):
             raise InternalError("BatchPutStart answered a placement it did not send")
+        self.seals = response.seals  # each copy's, in order of puts then replicas (empty: nothing sealed)
+        self.seal_at: dict[int, int] = {}  # put index -> where its first copy's seal starts
+        if self.seals:
+            at, copies = 0, [len(p.replicas) * SEAL for p in self.placements]
+            for i in self.indices:
+                self.seal_at[i] = at
+                at += copies[self.placement[i]]
+            if at != len(self.seals):
+                raise InternalError(f"BatchPutStart answered {len(self.seals)} bytes of seals for {at}")
+
+    def seal(self, i: int, copy: int) -> bytes:
+        """The leader's seal over copy `copy` (in the placement's order as answered) of put i."""
+        if not self.seals:
+            return NO_SEAL
+        at = self.seal_at[i] + copy * SEAL
+        return self.seals[at:at + SEAL]
 
     def info(self, i: int) -> pb.ObjectInfo:
         """An ObjectInfo of put i (replicas, generation, term)."""

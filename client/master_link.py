@@ -400,8 +400,10 @@ class MasterLink:
 
         host, port = parse_hostport(self.etcd)
         try:
+            # A client only reads the leader's address there, and the master proves the secret to it: an etcd
+            # with authentication off is the cluster's to refuse (its master and nodes do), not each client's.
             async with EtcdClient(host, port, self.credential, timeout=timeout or self.rpc_timeout,
-                                  tls=self.tls) as etcd:
+                                  tls=self.tls, allow_open=True) as etcd:
                 record = await etcd.get(master_key(self.cluster))
         except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError) as exc:
             raise UnavailableError(f"etcd {self.etcd} unreachable: {exc}") from None

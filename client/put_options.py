@@ -5,8 +5,7 @@ import math
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.protocol.wire import WriteFlag
-from kvpool.protocol.write_options import NO_OPTIONS, WriteOptions, lifetime_problem
+from kvpool.protocol.write_options import NO_OPTIONS, WriteOptions, lifetime_problem, placed_options
 
 DEFAULT_SOFT_PIN_SECONDS = 600.0
 TIERS = {None: pb.TIER_UNSPECIFIED, "dram": pb.DRAM, "ssd": pb.SSD}
@@ -16,22 +15,25 @@ PINS = {None: pb.PIN_NONE, "soft": pb.PIN_SOFT, "hard": pb.PIN_HARD}
 class PutChoices:
     """Resolved options of one put call (shared by every key of a batch_put)."""
 
-    __slots__ = ("request", "write_flags", "ttl_ms", "soft_pin_ms")
+    __slots__ = ("request", "prefer_ssd", "hard_pin", "soft_pin_seconds", "ttl_seconds")
 
-    def __init__(self, request: pb.PutOptions | None, write_flags: int, ttl_ms: int, soft_pin_ms: int):
+    def __init__(self, request: pb.PutOptions | None, prefer_ssd: bool, hard_pin: bool, soft_pin_seconds: float,
+                 ttl_seconds: float):
         self.request = request  # None when every option is the default: nothing to send
-        self.write_flags = write_flags
-        self.ttl_ms = ttl_ms
-        self.soft_pin_ms = soft_pin_ms
+        self.prefer_ssd = prefer_ssd
+        self.hard_pin = hard_pin
+        self.soft_pin_seconds = soft_pin_seconds
+        self.ttl_seconds = ttl_seconds
 
     def write_options(self, compressed: bool, raw_size: int) -> WriteOptions:
-        flags = self.write_flags | (WriteFlag.COMPRESSED if compressed else 0)
-        if not (flags or self.ttl_ms or self.soft_pin_ms or compressed):
+        """What the WRITE carries: the same as the leader seals (write_options.placed_options)."""
+        if self.request is None and not compressed:
             return NO_OPTIONS
-        return WriteOptions(int(flags), self.ttl_ms, self.soft_pin_ms, raw_size if compressed else 0)
+        return placed_options(self.prefer_ssd, self.hard_pin, self.soft_pin_seconds, self.ttl_seconds, compressed,
+                              raw_size)
 
 
-DEFAULT_CHOICES = PutChoices(None, 0, 0, 0)
+DEFAULT_CHOICES = PutChoices(None, False, False, 0.0, 0.0)
 
 
 def _seconds(name: str, value) -> float:
@@ -41,10 +43,6 @@ def _seconds(name: str, value) -> float:
     if problem:
         raise InvalidArgumentError(problem)
     return float(value)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))  # a positive duration never rounds down to "none"
 
 
 def resolve(tier=None, pin=None, pin_ttl=None, ttl=None) -> PutChoices:
@@ -57,18 +55,12 @@ def resolve(tier=None, pin=None, pin_ttl=None, ttl=None) -> PutChoices:
         raise InvalidArgumentError(f"pin must be None, 'soft' or 'hard', got {pin!r}")
     if pin_ttl is not None and pin != "soft":
         raise InvalidArgumentError("pin_ttl applies to pin='soft' only")
-    flags = 0
-    if tier == "ssd":
-        flags |= WriteFlag.PREFER_SSD
-    if pin == "hard":
-        flags |= WriteFlag.HARD_PIN
     pin_seconds = 0.0
     if pin == "soft":
         pin_seconds = DEFAULT_SOFT_PIN_SECONDS if pin_ttl is None else _seconds("pin_ttl", pin_ttl)
     ttl_seconds = 0.0 if ttl is None else _seconds("ttl", ttl)
     request = pb.PutOptions(tier=TIERS[tier], pin=PINS[pin], pin_ttl_seconds=pin_seconds, ttl_seconds=ttl_seconds)
-    return PutChoices(request, int(flags), _ms(ttl_seconds) if ttl_seconds else 0,
-                      _ms(pin_seconds) if pin_seconds else 0)
+    return PutChoices(request, tier == "ssd", pin == "hard", pin_seconds, ttl_seconds)
 
 
 def hold_seconds(hold) -> float:

@@ -120,15 +120,16 @@ async def _write_replicas(core: Core, raw: bytes, info, data: memoryview, digest
         address = replicas[0].address
         try:
             async with core.io.timeout(core.write_deadline(len(data))):
-                await transport.write(address, raw, info.generation, data, digest, options, term=info.term)
+                await transport.write(address, raw, info.generation, data, digest, _sealed(options, replicas[0].seal),
+                                      term=info.term)
         except TimeoutError:
             raise _no_answer(core, address) from None
         return {}
     # Every write must be over (done, failed or out of time) before a revoke frees the copies, so no
     # early exit. The copies travel at once: as tasks on the loop, even a blocking client's (io.py waits
     # on a socket only outside tasks).
-    item = WriteItem(raw, info.generation, data, digest, options, info.term)
-    outcomes = await asyncio.gather(*(_write_in_time(core, r.address, (item,)) for r in replicas),
+    outcomes = await asyncio.gather(*(_write_in_time(core, r.address, (WriteItem(
+        raw, info.generation, data, digest, _sealed(options, r.seal), info.term),)) for r in replicas),
                                     return_exceptions=True)
     failed = {}
     for replica, outcome in zip(replicas, outcomes):
@@ -149,6 +150,11 @@ async def _write_in_time(core: Core, address: str, items) -> list:
             return await core.transport.write_many(address, items)
     except TimeoutError:
         return [_no_answer(core, address)] * len(items)
+
+
+def _sealed(options, seal: bytes):
+    """The WriteOptions of one copy: the put's, with the leader's seal over that copy (none: unsealed)."""
+    return options._replace(seal=seal) if seal else options
 
 
 def _no_answer(core: Core, address: str) -> UnavailableError:
@@ -174,13 +180,20 @@ async def _write_started(core: Core, started: Started, raws, views, digests, opt
     for where, indices in by_placement.items():
         placement = started.placements[where]
         term, generation = placement.term, started.generation
-        for replica in placement.replicas:
+        sealed = bool(started.seals)
+        for copy, replica in enumerate(placement.replicas):
             group = groups.get(replica.address)
             if group is None:
                 group = groups[replica.address] = ([], [])
             node_id = replica.node_id
             group[0].extend((i, node_id) for i in indices)
-            group[1].extend(WriteItem(raws[i], generation[i], views[i], digests[i], options[i], term) for i in indices)
+            if sealed:
+                seal = started.seal
+                group[1].extend(WriteItem(raws[i], generation[i], views[i], digests[i],
+                                          options[i]._replace(seal=seal(i, copy)), term) for i in indices)
+            else:
+                group[1].extend(WriteItem(raws[i], generation[i], views[i], digests[i], options[i], term)
+                                for i in indices)
     if not groups:
         return {}, {}
     addresses = list(groups)

@@ -8,7 +8,7 @@ batch carries many (no message built per item and copied in).
 
 from kvpool.errors import Code, InvalidArgumentError, KvpoolError
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.protocol.write_options import lifetime_problem
+from kvpool.protocol.write_options import WriteOptions, lifetime_problem, placed_options
 
 from .ledger import Counters
 from .node_state import NodeState
@@ -66,6 +66,27 @@ def fill_object_info(info: pb.ObjectInfo, version: ObjectVersion, term: int) -> 
     info.term = term
 
 
+def write_options(version: ObjectVersion) -> WriteOptions:
+    """What the WRITEs of `version` carry, as its client builds them (write_options.placed_options)."""
+    o = version.options
+    return placed_options(o.tier == "ssd", o.pin == "hard", o.pin_ttl_seconds if o.pin == "soft" else 0.0,
+                          o.ttl_seconds, version.compressed, version.raw_size)
+
+
+def seal_of(sealer, version: ObjectVersion, node_id: str, term: int, options: WriteOptions) -> bytes:
+    """The leader's seal over the copy of `version` it placed on `node_id` (kvpool/security/placement_seal.py)."""
+    return sealer.seal(node_id.encode(), version.key.encode(), version.generation, version.size, version.checksum,
+                       term, options.flags, options.ttl_ms, options.soft_pin_ms, options.raw_size or version.size)
+
+
+def seal_placement(info: pb.ObjectInfo, version: ObjectVersion, sealer, term: int) -> None:
+    """Each copy of a PutStart's answer sealed (nothing when the cluster has no secret)."""
+    if sealer is not None:
+        options = write_options(version)
+        for replica in info.replicas:
+            replica.seal = seal_of(sealer, version, replica.node_id, term, options)
+
+
 # ----- batch answers -----
 
 def refuse_put_starts(response: pb.BatchPutStartResponse, count: int, exc: KvpoolError) -> None:
@@ -76,9 +97,10 @@ def refuse_put_starts(response: pb.BatchPutStartResponse, count: int, exc: Kvpoo
     response.errors.extend([pb.StatusResponse(status=int(exc.code), message=str(exc))] * count)
 
 
-def fill_put_starts(response: pb.BatchPutStartResponse, started: list, term: int) -> None:
+def fill_put_starts(response: pb.BatchPutStartResponse, started: list, term: int, sealer=None) -> None:
     """The columnar answers of a BatchPutStart (see kvpool.proto), one per result: a pending
-    ObjectVersion, or the KvpoolError that refused it. Each distinct placement is written once."""
+    ObjectVersion, or the KvpoolError that refused it. Each distinct placement is written once; each copy
+    placed is sealed when the cluster has a secret."""
     refused = [i for i, result in enumerate(started) if isinstance(result, KvpoolError)]
     if refused:  # a refused put answers generation 0 at placement 0
         for i in refused:
@@ -95,6 +117,20 @@ def fill_put_starts(response: pb.BatchPutStartResponse, started: list, term: int
     response.generations.extend([0 if v is None else v.generation for v in started])
     response.placement.extend([0 if v is None else index_of[id(v.replicas)] for v in started])
     response.refused.extend(refused)
+    if sealer is not None:
+        seals, plain, last = [], None, None
+        for version in started:
+            if version is None:
+                continue
+            if version.compressed:  # its raw size is in its options
+                options = write_options(version)
+            else:  # a batch shares one PutOptions value: its WriteOptions are made once
+                if version.options is not last:
+                    plain, last = write_options(version), version.options
+                options = plain
+            for replica in version.replicas:
+                seals.append(seal_of(sealer, version, replica.node_id, term, options))
+        response.seals = b"".join(seals)
 
 
 def fill_statuses(response: pb.BatchStatusResponse, errors: list) -> None:

@@ -17,10 +17,10 @@ import sys
 import grpc
 from kvpool.proto import kvpool_pb2_grpc
 
-from kvpool.security import auth, tls
+from kvpool.security import auth, placement_seal, tls
 from kvpool.protocol import cluster_layout
 from kvpool.runtime import config
-from kvpool.cluster.etcd_client import EtcdClient
+from kvpool.cluster.etcd_client import EtcdClient, OpenEtcdError, add_open_etcd_argument
 from kvpool.security.grpc_auth import ServerAuth
 from kvpool.runtime.health import HTTP_CONNECTIONS
 from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server
@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="changes of committed keys the leader keeps for WatchKeys subscribers to resume from; "
                         f"one further behind gets a snapshot (default {KEY_FEED_SIZE})")
     auth.add_token_argument(p)
+    add_open_etcd_argument(p)
     tls.add_tls_argument(p)
     return p
 
@@ -133,9 +134,13 @@ async def serve(args) -> int:
                      tls=args.tls.client_context() if args.tls else None)
     adopter = Adopter(table, node_io)
     metrics = MasterMetrics(table)
-    async with EtcdClient(etcd_host, etcd_port, node_io.credential, tls=args.tls) as etcd:
+    async with EtcdClient(etcd_host, etcd_port, node_io.credential, tls=args.tls,
+                          allow_open=args.allow_etcd_without_auth) as etcd:
         try:
             await asyncio.wait_for(etcd.status(), ETCD_CONNECT_TIMEOUT)
+        except OpenEtcdError as exc:
+            print(f"kvpool-master: {exc}", file=sys.stderr, flush=True)
+            return 1
         except Exception as exc:  # noqa: BLE001
             print(cannot_reach_etcd("kvpool-master", args.etcd, exc), file=sys.stderr, flush=True)
             return 1
@@ -160,6 +165,7 @@ async def serve(args) -> int:
         address = f"{args.advertise_host or args.host}:{port}"
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
                                 max_batch=args.max_batch)
+        service.sealer = placement_seal.for_secret(args.secret)
         control = ControlPort(service, metrics.registry, args.control_frame_timeout, verifier=verifier,
                               max_connections=args.control_max_connections,
                               max_unproved=args.control_max_unproved,

@@ -23,6 +23,7 @@ from kvpool.protocol.keys import validate_key, validate_keys
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 from kvpool.security.grpc_auth import CALLER_ROLE
+from kvpool.security.placement_seal import PlacementSeal
 from kvpool.security.roles import Role, check_rpc
 
 from . import convert
@@ -176,6 +177,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     leadership: LeadershipState | None = None  # None: serve unconditionally (a lone master without etcd)
     control_address = ""  # HOST:PORT of this master's control port (master/control_port.py)
     key_watch: KeyWatch | None = None  # serves WatchKeys from the leader's key feed
+    sealer: PlacementSeal | None = None  # seals the copies it places (None: a cluster without a secret)
     _fold_timer: asyncio.TimerHandle | None = None  # folds the ends a BatchPutEnd let wait
 
     @property
@@ -245,7 +247,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                                         options=options, compressed=req.compressed, raw_size=req.raw_size,
                                         min_replicas=req.min_replicas)
         response = pb.PutStartResponse(status=pb.OK)
-        convert.fill_object_info(response.object, version, self.term)
+        term = self.term
+        convert.fill_object_info(response.object, version, term)
+        convert.seal_placement(response.object, version, self.sealer, term)
         return response
 
     def _put_starts(self, request: pb.BatchPutStartRequest, response: pb.BatchPutStartResponse) -> None:
@@ -268,7 +272,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         except KvpoolError as exc:
             convert.refuse_put_starts(response, count, exc)
             return
-        convert.fill_put_starts(response, _in_request_order(count, bad, started), self.term)
+        convert.fill_put_starts(response, _in_request_order(count, bad, started), self.term, self.sealer)
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
         validate_key(req.key)

@@ -4,13 +4,15 @@ An ObjectVersion as a Python object costs ~400 bytes with its ints and tuple, an
 the cyclic GC walks every one of them. Here each version is one bytes value
 (generation, checksum, size, which replica set, target copies; the rarely set
 fields only when set) in a dict keyed by the key: ~65 bytes beside the key, and
-nothing for the GC to traverse. Replica sets and put options repeat across
-objects, so each distinct one is stored once and named by its index. Reads
+nothing for the GC to traverse. Replica sets repeat across objects (and only
+the leader makes them), so each distinct one is stored once and named by its
+index; a put's options are kept in its record, as a client may send any. Reads
 unpack a fresh ObjectVersion; callers replace a version by assigning a new one.
 
 Keys with a ttl are also kept in a side dict, so expiry sweeps look at those only.
 """
 
+import functools
 import math
 import struct
 from collections.abc import Iterator
@@ -18,12 +20,18 @@ from collections.abc import Iterator
 import numpy as np
 
 from .changes import ChangeTrackingDict
-from .versions import NO_OPTIONS, ObjectVersion, PutOptions, Replica
+from .versions import NO_OPTIONS, PINS, ObjectVersion, PutOptions, Replica
 
 # generation, checksum, size, replica set, target copies (min(target, 255)), has the extra block
 _CORE = struct.Struct("<QQQIBB")
-# option set, compressed, raw size, expires_at (NaN = never)
-_EXTRA = struct.Struct("<IBQd")
+# tier, pin, pin_ttl_seconds, ttl_seconds (the put's options, kept whole: a table of the distinct ones would grow
+# with every value a client thinks of), compressed, raw size, expires_at (NaN = never)
+_EXTRA = struct.Struct("<BBddBQd")
+_TIER_CODES = {None: 0, "dram": 1, "ssd": 2}
+_TIER_NAMES = {code: name for name, code in _TIER_CODES.items()}
+_PIN_CODES = {name: code for code, name in enumerate(PINS)}
+# The same options read back as one shared value while they are the few in use (a batch's puts share one).
+_options_of = functools.lru_cache(maxsize=1024)(PutOptions)
 _SIZE_AT, _REPLICAS_AT = 16, 24  # where _CORE keeps the size and the replica set
 _SIZE, _REPLICAS = struct.Struct("<Q"), struct.Struct("<I")
 _CORE_DTYPE = np.dtype([("generation", "<u8"), ("checksum", "<u8"), ("size", "<u8"), ("replicas", "<u4"),
@@ -58,8 +66,6 @@ class VersionStore:
         self._records = ChangeTrackingDict()
         self._records.tracking = False
         self._replica_sets = _Interned()
-        self._options = _Interned()
-        self._options.id_of(NO_OPTIONS)
         self._left_of: dict[tuple[int, str], int | None] = {}  # (replica set, node id) -> _set_without
         self.expiring: dict[str, float] = {}  # key -> expires_at, of the versions that have one
 
@@ -91,7 +97,8 @@ class VersionStore:
                           target if target < 256 else 255, extra)
         if not extra:
             return core
-        return core + _EXTRA.pack(self._options.id_of(options), compressed, raw_size,
+        return core + _EXTRA.pack(_TIER_CODES[options.tier], _PIN_CODES[options.pin], options.pin_ttl_seconds,
+                                  options.ttl_seconds, compressed, raw_size,
                                   math.nan if expires_at is None else expires_at)
 
     def _unpack(self, key: str, record: bytes) -> ObjectVersion:
@@ -99,9 +106,11 @@ class VersionStore:
         if not extra:  # built as a plain tuple: ObjectVersion() with keywords costs several times more
             return _new_version(ObjectVersion, (key, size, checksum, generation, self._replica_sets.values[replicas],
                                                 NO_OPTIONS, False, size, None, target))
-        options, compressed, raw_size, expires_at = _EXTRA.unpack_from(record, _CORE.size)
+        tier, pin, pin_ttl, ttl, compressed, raw_size, expires_at = _EXTRA.unpack_from(record, _CORE.size)
+        options = NO_OPTIONS if not (tier or pin or pin_ttl or ttl) else _options_of(_TIER_NAMES[tier], PINS[pin],
+                                                                                     pin_ttl, ttl)
         return ObjectVersion(key, size, checksum, generation, self._replica_sets.values[replicas],
-                             options=self._options.values[options], compressed=bool(compressed),
+                             options=options, compressed=bool(compressed),
                              raw_size=raw_size, expires_at=None if math.isnan(expires_at) else expires_at,
                              target_replicas=target)
 

@@ -64,18 +64,20 @@ KEY_STORED: KeyChangeKind
 KEY_REMOVED: KeyChangeKind
 
 class Replica(_message.Message):
-    __slots__ = ("node_id", "address", "tier", "offset", "length")
+    __slots__ = ("node_id", "address", "tier", "offset", "length", "seal")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     tier: Tier
     offset: int
     length: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    seal: bytes
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., seal: _Optional[bytes] = ...) -> None: ...
 
 class PutOptions(_message.Message):
     __slots__ = ("tier", "pin", "pin_ttl_seconds", "ttl_seconds")
@@ -190,20 +192,22 @@ class BatchPutStartRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[PutStartRequest, _Mapping]]] = ..., common: _Optional[_Union[PutStartRequest, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., compressed: _Optional[_Iterable[bool]] = ..., raw_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchPutStartResponse(_message.Message):
-    __slots__ = ("items", "generations", "placement", "placements", "refused", "errors")
+    __slots__ = ("items", "generations", "placement", "placements", "refused", "errors", "seals")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    SEALS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PutStartResponse]
     generations: _containers.RepeatedScalarFieldContainer[int]
     placement: _containers.RepeatedScalarFieldContainer[int]
     placements: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
     refused: _containers.RepeatedScalarFieldContainer[int]
     errors: _containers.RepeatedCompositeFieldContainer[StatusResponse]
-    def __init__(self, items: _Optional[_Iterable[_Union[PutStartResponse, _Mapping]]] = ..., generations: _Optional[_Iterable[int]] = ..., placement: _Optional[_Iterable[int]] = ..., placements: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., refused: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[_Union[StatusResponse, _Mapping]]] = ...) -> None: ...
+    seals: bytes
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartResponse, _Mapping]]] = ..., generations: _Optional[_Iterable[int]] = ..., placement: _Optional[_Iterable[int]] = ..., placements: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., refused: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[_Union[StatusResponse, _Mapping]]] = ..., seals: _Optional[bytes] = ...) -> None: ...
 
 class BatchPutEndRequest(_message.Message):
     __slots__ = ("items", "keys", "generations")

@@ -57,6 +57,8 @@ class ObjectIndex:
     def __init__(self):
         self._by_key: dict[bytes, dict[int, ObjectRecord]] = {}
         self._expiry: list[tuple[float, int, ObjectRecord]] = []  # (expires_at, tiebreak, record)
+        self._expiry_dead = 0  # records in _expiry no longer live
+        self._due_until = 0.0  # due() has taken every record expiring by then off _expiry
         self._seq = 0
         self.count = 0
         self.hard_pinned_bytes = 0
@@ -111,13 +113,27 @@ class ObjectIndex:
         if rec.flags & _HARD_PIN:
             self.hard_pinned_bytes -= rec.size
         rec.live = False
+        if rec.expires_at > self._due_until:  # still queued (due() took every one up to _due_until)
+            self._expiry_dead += 1
+            if self._expiry_dead > 1024 and 2 * self._expiry_dead > len(self._expiry):
+                self._drop_dead_expiries()
         return True
+
+    def _drop_dead_expiries(self) -> None:
+        """The expiry queue without the records gone before their TTL: a client removing what it wrote with a
+        long TTL would otherwise keep them all here until then (at most twice the live ones stay queued)."""
+        self._expiry = [entry for entry in self._expiry if entry[2].live]
+        heapq.heapify(self._expiry)
+        self._expiry_dead = 0
 
     def due(self, now: float) -> list[ObjectRecord]:
         """Live records whose TTL ran out by `now` (taken off the expiry queue)."""
         out = []
+        self._due_until = max(self._due_until, now)
         while self._expiry and self._expiry[0][0] <= now:
             _, _, rec = heapq.heappop(self._expiry)
             if rec.live:
                 out.append(rec)
+            elif self._expiry_dead:
+                self._expiry_dead -= 1
         return out

@@ -12,6 +12,7 @@ import uuid
 
 
 from kvpool.security import auth, tls
+from kvpool.cluster.etcd_client import OpenEtcdError, add_open_etcd_argument
 from kvpool.runtime import config
 from kvpool.protocol import transports
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data transports to offer: shm (clients on this host), ucx (needs kvpool[ucx]; worth it "
                         "with RDMA), tcp (always served) (default: shm,tcp)")
     auth.add_token_argument(p)
+    add_open_etcd_argument(p)
     tls.add_tls_argument(p)
     return p
 
@@ -248,12 +250,16 @@ async def _serve(args) -> int:
                             data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
                             zone=args.zone, transports=[*server.offers, transports.TCP],
                             transport_info=server.offers)
-        registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl, credential, args.tls)
+        registration = NodeRegistration(args.etcd, args.cluster, record, args.lease_ttl, credential, args.tls,
+                                        allow_open=args.allow_etcd_without_auth)
         try:
             if not await _until_stopped(registration.start(args.etcd_wait), stopping):
                 return 0
         except UnavailableError as exc:  # etcd did not take the registration before its deadline
             print(cannot_reach_etcd("kvpool-storenode", args.etcd, exc), file=sys.stderr, flush=True)
+            return 1
+        except OpenEtcdError as exc:
+            print(f"kvpool-storenode: {exc}", file=sys.stderr, flush=True)
             return 1
         health.ready = lambda: (True, "") if registration.in_etcd() else (
             False, "etcd lease not refreshed within its ttl: the master may count this node gone")

@@ -14,8 +14,10 @@ from typing import NamedTuple
 
 from kvpool.protocol import wire
 from kvpool.security.roles import MEMBER_OPS, Role
-from kvpool.errors import (ChecksumMismatchError, ForbiddenError, InvalidArgumentError, KeyNotFoundError,
-                           NotLeaderError, StaleReplicaError)
+from kvpool.errors import (ChecksumMismatchError, ForbiddenError, KeyExistsError, InvalidArgumentError,
+                           KeyNotFoundError, NotLeaderError, StaleReplicaError)
+from kvpool.protocol.wire import MAX_GENERATION, NO_SEAL
+from kvpool.security.placement_seal import PlacementSeal
 from kvpool.protocol.write_options import lifetime_problem, raw_size_problem
 
 from .copier import Copier
@@ -51,11 +53,12 @@ class Request(NamedTuple):
 
 
 class StoredOptions(NamedTuple):
-    """The WRITE_OPTIONS block after a WRITE's or ALLOCATE's key: kept with the object."""
+    """The WRITE_OPTIONS block after a WRITE's or ALLOCATE's key: kept with the object, but for the seal."""
 
     ttl_ms: int
     soft_pin_ms: int
     raw_size: int
+    seal: bytes  # the leader's over this copy's placement (kvpool/security/placement_seal.py)
 
 
 class NodeOps:
@@ -65,12 +68,14 @@ class NodeOps:
         self.store = store
         self.maintenance = maintenance
         self.node_id = node_id
+        self._node_id_bytes = node_id.encode()
         self.copier = copier
         self.term = 0  # highest term a member's REPORT, INVENTORY or EVICTIONS carried: older writes are refused
         self.grant = ReadGrant()  # reads are served only while the leader's grant holds (read_grant.py)
         self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
         store.on_dropped = self.dropped.set
         self._members = MemberOps(self)
+        self.sealer: PlacementSeal | None = None  # checks the leader's seals (None: a cluster without a secret)
 
     # -- the role check: the one way to the member-only operations
 
@@ -87,15 +92,25 @@ class NodeOps:
 
     # -- writes: WRITE (TCP, UCX) and ALLOCATE (shared memory)
 
-    def admit_write(self, req: Request, options: StoredOptions, dram_only: bool = False) -> Reservation:
+    def admit_write(self, req: Request, options: StoredOptions, role: Role, dram_only: bool = False) -> Reservation:
         """Room for the write's bytes in a tier (evicting to make it), or the typed error why not.
-        Its term only fences: a master that no longer leads cannot place it; the node's term stays."""
+        Its term only fences: a master that no longer leads cannot place it; the node's term stays.
+        A client's write needs the leader's seal over exactly it (a member's is checked when it sends one)."""
         term = req.arg
         if term and term < self.term:
             raise NotLeaderError(f"{req.name} placed in term {term}; a master of term {self.term} leads")
         length = req.length
         if length == 0:
             raise InvalidArgumentError(f"{req.name} of an empty payload")
+        sealer = self.sealer
+        if sealer is not None and (role is not Role.MEMBER or options[3] != NO_SEAL) and not sealer.valid(
+                options[3], self._node_id_bytes, req.key, req.generation, length, req.checksum, term, req.flags,
+                options[0], options[1], options[2] or length):
+            raise ForbiddenError(f"{req.name} not placed here by the leader (its seal does not match): "
+                                 "a client stores only what PutStart placed")
+        if not 0 < req.generation <= MAX_GENERATION:
+            raise InvalidArgumentError(f"{req.name} of generation {req.generation}: 1 to {MAX_GENERATION}")
+        self._never_replaced(req)
         problem = raw_size_problem(length, options[2], bool(req.flags & _COMPRESSED))
         if problem:  # a reader would believe it (and allocate it)
             raise InvalidArgumentError(problem)
@@ -104,14 +119,28 @@ class NodeOps:
             raise InvalidArgumentError(f"{req.name}: {problem}")
         return self.store.reserve(req.key, length, req.flags, dram_only=dram_only)
 
+    def _never_replaced(self, req: Request) -> None:
+        """KeyExistsError when this version is stored with other bytes: a stored (key, generation) is final (the
+        same bytes again, a retried write, may land and changes nothing)."""
+        stored = self.store.index.get(req.key, req.generation)
+        if stored is not None and (stored.checksum != req.checksum or stored.size != req.length):
+            raise KeyExistsError(f"generation {req.generation} of this key is stored with other bytes; "
+                              "a stored version is never replaced")
+
     def checked_record(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> ObjectRecord:
-        """The record of a write whose bytes are in its extent, once they match its checksum; on a
-        mismatch the extent is given back and ChecksumMismatchError raised. The caller stores it
-        (store.commit) once its bytes are final (an SSD object's header written)."""
+        """The record of a write whose bytes are in its extent, once they match its checksum and no other
+        bytes of the version were stored meanwhile; else the extent is given back and the typed error
+        raised. The caller stores it (store.commit) once its bytes are final (an SSD object's header
+        written), in the same turn of the loop."""
         if digest != req.checksum:
             self.store.abort(res)
             raise ChecksumMismatchError(f"payload checksum differs from {req.checksum:#x}; object not stored")
-        ttl_ms, soft_pin_ms, raw_size = options
+        try:
+            self._never_replaced(req)
+        except KeyExistsError:
+            self.store.abort(res)
+            raise
+        ttl_ms, soft_pin_ms, raw_size = options[:3]
         return self.store.new_record(req.key, req.generation, req.length, req.checksum, req.flags, raw_size,
                                      ttl_ms, soft_pin_ms)
 

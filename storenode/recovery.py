@@ -14,6 +14,7 @@ import logging
 import os
 import time
 
+from kvpool.protocol.wire import MAX_GENERATION
 from kvpool.storenode.allocator import align_up
 
 from .ssd import ALIGNMENT, IO_CHUNK, MAGIC, SsdSegment
@@ -46,6 +47,8 @@ def scan(segment: SsdSegment, now_ms: int):
             continue
         if obj.expires_ms and obj.expires_ms <= now_ms:
             verdict = "expired"
+        elif not 0 < obj.generation <= MAX_GENERATION:  # stored before nodes bounded it: no master could adopt it
+            verdict = "out_of_range"
         elif segment.payload_intact(at, obj, buffer):
             verdict = "ok"
         else:
@@ -60,7 +63,7 @@ def scan(segment: SsdSegment, now_ms: int):
 def recover(store: ObjectStore) -> dict:
     """Adopt every intact object of the store's SSD tier; returns counts by verdict."""
     segment = store.ssd.segment
-    counts = {"ok": 0, "torn": 0, "expired": 0, "duplicate": 0}
+    counts = {"ok": 0, "torn": 0, "expired": 0, "duplicate": 0, "out_of_range": 0}
     started = time.monotonic()
     for offset, obj, verdict in scan(segment, int(time.time() * 1000)):
         if verdict == "ok" and not store.adopt(offset, obj):
@@ -74,6 +77,9 @@ def recover(store: ObjectStore) -> dict:
         if verdict == "torn":
             log.warning("discarding torn object %r generation %d at SSD offset %d: payload checksum differs",
                         obj.key, obj.generation, offset)
+        elif verdict == "out_of_range":
+            log.warning("discarding object %r at SSD offset %d: generation %d is beyond %d",
+                        obj.key, offset, obj.generation, MAX_GENERATION)
         segment.clear_header(offset)
         store.note_dropped(obj.key, obj.generation)
     log.info("SSD recovery: %d objects adopted, %d torn, %d expired, %d duplicates in %.2fs",

@@ -28,7 +28,8 @@ class NodeRegistration:
     replaced within about a second of etcd's return; the node serves throughout.
     """
 
-    def __init__(self, etcd: str, cluster: str, record: NodeRecord, ttl: float, credential=None, tls=None):
+    def __init__(self, etcd: str, cluster: str, record: NodeRecord, ttl: float, credential=None, tls=None,
+                 allow_open: bool = False):
         self.etcd_host, self.etcd_port = parse_hostport(etcd)
         self.key = node_key(cluster, record.node_id)
         self.value = record.to_json()
@@ -36,6 +37,7 @@ class NodeRegistration:
         self.lease_id: int | None = None
         self.credential = credential  # logs in to etcd as a member (kvpool/cluster/etcd_client.py)
         self.tls = tls  # TlsFiles: etcd is reached over TLS
+        self.allow_open = allow_open  # go on when etcd has authentication off (else OpenEtcdError)
         self.refreshed = float("-inf")  # when the last grant or refresh of the lease that etcd took was sent
         self._client: aetcd.Client | None = None
         self._keepalive: asyncio.Task | None = None
@@ -44,7 +46,7 @@ class NodeRegistration:
         """Register, retrying while etcd is unreachable; UnavailableError after `timeout` s."""
         # A per-call deadline keeps a stalled etcd from outliving the lease unnoticed.
         self._client = EtcdClient(self.etcd_host, self.etcd_port, self.credential, timeout=self.ttl, tls=self.tls,
-                                  options=dict(OWN_CONNECTION))
+                                  allow_open=self.allow_open, options=dict(OWN_CONNECTION))
         deadline = time.monotonic() + timeout
         while True:
             try:

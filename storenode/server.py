@@ -14,6 +14,7 @@ import logging
 import socket
 
 from kvpool.protocol import wire
+from kvpool.security import placement_seal
 from kvpool.security.auth import Tickets, Verifier
 from kvpool.errors import Code
 from kvpool.net.netutil import long_lived
@@ -62,6 +63,7 @@ class DataServer:
         # COPY's WRITEs to other nodes prove the member role (over TLS too when the cluster uses it).
         copier = Copier(store, credential, tls.client_context() if tls is not None else None)
         self.node = NodeOps(store, maintenance, node_id, copier)  # what each request does, any transport
+        self.node.sealer = placement_seal.for_verifier(self.verifier)
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
         self._connections: dict[TcpSession, asyncio.Task] = {}

@@ -227,7 +227,7 @@ class TcpSession(Framing):
         options = _new_record(StoredOptions, _unpack_options(self.buf, start))
         self.start = start = start + _OPTIONS
         try:
-            res = self.node.admit_write(req, options)
+            res = self.node.admit_write(req, options, self.role)
         except KvpoolError as exc:
             return self._refuse_write(req, exc)
         if res.tier is not self.dram:
@@ -250,7 +250,7 @@ class TcpSession(Framing):
         options = _new_record(StoredOptions, _unpack_options(self.buf, self.start))
         self.start += _OPTIONS
         try:
-            res = self.node.admit_write(req, options)
+            res = self.node.admit_write(req, options, self.role)
         except KvpoolError as exc:
             return await self._refuse_write(req, exc)
         return await self._write_admitted(req, options, res)

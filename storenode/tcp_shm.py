@@ -72,7 +72,7 @@ class SharedMemoryRequests:
             conn.error(req.op, req.req_id, Code.INVALID_ARGUMENT, "ALLOCATE of an already allocated object")
             return True
         try:
-            res = self.node.admit_write(req, options, dram_only=True)
+            res = self.node.admit_write(req, options, conn.role, dram_only=True)
         except KvpoolError as exc:
             conn.error(req.op, req.req_id, exc.code, str(exc))
             return True

@@ -373,7 +373,7 @@ class _Connection:
         op, req_id, length = req.op, req.req_id, req.length
         node = self.node
         try:
-            res = node.admit_write(req, options)
+            res = node.admit_write(req, options, self.role)
         except KvpoolError as exc:  # (an empty WRITE has no payload message to swallow)
             self._refuse(op, req_id, low, exc.code, str(exc), length)
             return

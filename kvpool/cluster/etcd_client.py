@@ -11,6 +11,10 @@ Users and passwords come from the cluster credentials (kvpool/security/auth.py):
 as MEMBER_USER (read and write), clients as CLIENT_USER (read only: they look up the
 leading master), each with a password derived from its role key, so neither is stored
 anywhere. `enable_auth` creates both on a fresh etcd and turns authentication on.
+
+An etcd with authentication off takes anyone's writes to membership and leadership: an EtcdClient given a
+credential finds it so at its first call and raises OpenEtcdError, unless made with allow_open (a master's or
+node's --allow-etcd-without-auth; a client's lookup of the leader, which the master then proves itself to).
 """
 
 import asyncio
@@ -29,7 +33,7 @@ import grpc
 from aetcd import rpc, watcher
 
 from ..security.auth import Credential, Role
-from ..errors import UnavailableError
+from ..errors import KvpoolError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,19 @@ OWN_CONNECTION = {"grpc.use_local_subchannel_pool": 1, "grpc.initial_reconnect_b
                   "grpc.min_reconnect_backoff_ms": 1000, "grpc.max_reconnect_backoff_ms": 1000}
 
 
+ALLOW_FLAG = "--allow-etcd-without-auth"
+
+
+class OpenEtcdError(KvpoolError):
+    """The cluster has a secret but its etcd has authentication off, and that was not allowed."""
+
+
+def add_open_etcd_argument(parser) -> None:
+    parser.add_argument(ALLOW_FLAG, action="store_true",
+                        help="go on when etcd has authentication off though the cluster has a secret (anyone who "
+                             "reaches etcd could then change membership and leadership); default: refuse to start")
+
+
 def login_of(credential: Credential) -> tuple[str, str]:
     """(etcd user, password) for a credential."""
     user = MEMBER_USER if credential.role == Role.MEMBER else CLIENT_USER
@@ -65,8 +82,9 @@ def login_of(credential: Credential) -> tuple[str, str]:
 class _Tokens:
     """The current etcd token, renewed when etcd says it does not know it."""
 
-    def __init__(self, user: str, password: str):
+    def __init__(self, user: str, password: str, endpoint: str = "", allow_open: bool = False):
         self.user, self.password = user, password
+        self.endpoint, self.allow_open = endpoint, allow_open
         self.token = ""
         self.unused = False  # etcd has authentication off: calls go without a token
         self.stub: rpc.AuthStub | None = None
@@ -88,6 +106,10 @@ class _Tokens:
         except grpc.aio.AioRpcError as exc:
             if "authentication is not enabled" not in (exc.details() or ""):
                 raise
+            if not self.allow_open:
+                raise OpenEtcdError(f"etcd at {self.endpoint} has authentication off though the cluster has a "
+                                    f"secret (anyone who reaches it could change membership and leadership): run "
+                                    f"`kvpool etcd-auth --etcd {self.endpoint}`, or pass {ALLOW_FLAG}") from None
             if not self.unused:
                 log.warning("etcd has authentication off: anyone who reaches it can change the cluster's "
                             "membership and leadership (see README, Security)")
@@ -148,12 +170,15 @@ class EtcdClient(aetcd.Client):
     """aetcd.Client logging in as `credential`'s etcd user (None: no etcd authentication)."""
 
     def __init__(self, host: str, port: int, credential: Credential | None = None, timeout=None, tls=None,
-                 **options):
-        """tls: kvpool/security/tls.py TlsFiles (etcd's certificate is checked against its CA)."""
+                 allow_open: bool = False, **options):
+        """tls: kvpool/security/tls.py TlsFiles (etcd's certificate is checked against its CA).
+        allow_open: with a credential, go on (warning) when etcd has authentication off; else its first call
+        raises OpenEtcdError."""
         options["options"] = {**CHANNEL_OPTIONS, **(options.get("options") or {})}
         super().__init__(host=host, port=port, timeout=timeout, **options)
         self._login = login_of(credential) if credential is not None else None
         self._tls = tls
+        self._allow_open = allow_open
 
     async def connect(self) -> None:
         if self._login is None and self._tls is None:
@@ -165,7 +190,8 @@ class EtcdClient(aetcd.Client):
             return
         self._is_connecting = True
         try:
-            tokens = _Tokens(*self._login) if self._login else _Tokens("", "")
+            tokens = _Tokens(*self._login, f"{self._host}:{self._port}", self._allow_open) if self._login \
+                else _Tokens("", "")
             tokens.unused = self._login is None
             interceptors = [_TokenInterceptor(tokens, self._timeout)]
             target, options = f"{self._host}:{self._port}", list(self._options.items())

@@ -184,11 +184,18 @@ def cmd_etcd_auth(args) -> int:
 
 
 def cmd_tls(args) -> int:
-    """Make a CA and a member certificate for the hosts given (kept if DIR already has them)."""
+    """Make a CA and a member certificate for the hosts given (kept if DIR already has them); with --etcd-peers,
+    the etcd members' own (kvpool/launch/etcd_server.py), every file 0600, and the etcd flags that use it."""
     from ..security.tls import make_local
 
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-    files = make_local(args.dir, hosts=hosts)
+    files = make_local(args.dir, hosts=hosts, private=args.etcd_peers)
+    if args.etcd_peers:
+        from ..launch.etcd_server import peer_tls_flags
+
+        print(f"etcd peer TLS material in {files.ca.parent}: give only the etcd members these flags (paths as "
+              f"they see them), and https:// peer URLs: {' '.join(peer_tls_flags(files))}", flush=True)
+        return 0
     print(f"TLS material in {files.ca.parent}: give members --tls-dir {files.ca.parent}, "
           f"clients KVPOOL_TLS_CA={files.ca}", flush=True)
     return 0
@@ -327,7 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
     tls = sub.add_parser("tls", help="make a CA and a certificate for the cluster's members")
     tls.add_argument("dir", metavar="DIR", help="where ca.pem, cert.pem and key.pem go")
     tls.add_argument("--hosts", default="127.0.0.1,localhost",
-                     help="names and addresses the members answer on, comma-separated")
+                     help="names and addresses the members answer on, comma-separated (wildcards too: "
+                          "'*.kvpool-etcd')")
+    tls.add_argument("--etcd-peers", action="store_true",
+                     help="for etcd's peer port only: a CA of its own (not the members' --tls-dir one, so a "
+                          "master's or node's certificate does not open it), every file 0600")
     tls.set_defaults(func=cmd_tls)
     return parser
 

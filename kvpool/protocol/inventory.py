@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import ProtocolError
+from .wire import MAX_GENERATION
 
 # generation, size, checksum, raw_size, ttl_ms (0 = none), write flags, key length, tiers held (bit per tier)
 _RECORD = struct.Struct("<QQQQqIHB")
@@ -82,6 +83,8 @@ class Reply:
         self._ends = np.cumsum(self._records["key_length"], dtype=np.int64)
         if (int(self._ends[-1]) if count else 0) != len(view) - keys_at:
             raise ProtocolError("INVENTORY reply's keys do not add up to its records")
+        if count and int(self._records["generation"].max()) > MAX_GENERATION:
+            raise ProtocolError(f"INVENTORY reply names a generation beyond {MAX_GENERATION}")
         self._keys = bytes(view[keys_at:])
         # All-ASCII keys (the usual case) are decoded in one go and cut by position.
         self._text = self._keys.decode("ascii") if self._keys.isascii() else None

@@ -43,14 +43,21 @@ from enum import IntEnum, IntFlag
 from .keys import MAX_KEY_BYTES
 
 MAGIC = b"KV"
-VERSION = 2  # 2: connections open with the AUTH handshake
+VERSION = 3  # 2: connections open with the AUTH handshake; 3: WRITE_OPTIONS carry the placement's seal
 
 # magic, version, op, req_id, key_len, flags, generation, arg, length, checksum
 # arg: HOLD: milliseconds to hold the object; WRITE, REPORT, INVENTORY and EVICTIONS: the leading master's term (0 = none),
 #      so a node refuses WRITEs placed by a master deposed since (NOT_LEADER); otherwise 0.
 REQUEST = struct.Struct("<2sBBIHHQQQQ")
-# After a WRITE's key: ttl_ms (0 = none), soft_pin_ms (0 = not pinned), raw_size (size before compression).
-WRITE_OPTIONS = struct.Struct("<QQQ")
+# After a WRITE's or ALLOCATE's key: ttl_ms (0 = none), soft_pin_ms (0 = not pinned), raw_size (size before
+# compression), and the leader's seal over this copy's placement (kvpool/security/placement_seal.py; zeros: none,
+# which a node takes from a member only).
+WRITE_OPTIONS = struct.Struct("<QQQ16s")
+SEAL = 16  # bytes of a placement's seal
+NO_SEAL = bytes(SEAL)
+# Highest generation a node stores: the master's next one (the highest seen + 1) must still fit 64 bits,
+# whatever a peer or an old SSD offers.
+MAX_GENERATION = (1 << 63) - 1
 # magic, version, op, req_id, status, flags (ReplyFlag), (2 pad), length, checksum
 REPLY = struct.Struct("<2sBBIBB2xQQ")
 
@@ -156,9 +163,11 @@ def pack_request(op: Op, req_id: int, key: bytes, generation: int = 0, arg: int 
 def pack_with_options(op: Op, req_id: int, key: bytes, generation: int, term: int, size: int, checksum: int,
                       options=None) -> bytes:
     """What precedes a WRITE's payload (or makes an ALLOCATE): header, key and the WRITE_OPTIONS block.
-    options: a kvpool.protocol.write_options.WriteOptions, None for none; term: the placing leader's (the arg)."""
+    options: a kvpool.protocol.write_options.WriteOptions (with the leader's seal), None for none;
+    term: the placing leader's (the arg)."""
     if options is None:
-        return pack_request(op, req_id, key, generation, term, size, checksum) + WRITE_OPTIONS.pack(0, 0, size)
+        return pack_request(op, req_id, key, generation, term, size, checksum) + WRITE_OPTIONS.pack(
+            0, 0, size, NO_SEAL)
     return pack_request(op, req_id, key, generation, term, size, checksum, options.flags) + options.pack(size)
 
 

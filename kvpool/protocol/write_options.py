@@ -1,12 +1,12 @@
 """How a node keeps a written object: the WRITE_OPTIONS block of kvpool/protocol/wire.py as a value.
 
-Clients fill it from put's options, a node copying an object to another fills
-it from what is left of the object's own (storenode/copier.py).
+Clients fill it from put's options and the leader's seal over the copy, a node copying an object to
+another fills it from what is left of the object's own (storenode/copier.py), unsealed.
 """
 
 from typing import NamedTuple
 
-from .wire import WRITE_OPTIONS
+from .wire import NO_SEAL, WRITE_OPTIONS, WriteFlag
 
 
 class WriteOptions(NamedTuple):
@@ -16,12 +16,29 @@ class WriteOptions(NamedTuple):
     ttl_ms: int = 0       # 0 = no expiry
     soft_pin_ms: int = 0  # 0 = not soft-pinned
     raw_size: int = 0     # size before compression; 0 = the stored size (not compressed)
+    seal: bytes = NO_SEAL  # the leader's seal over the copy being written (kvpool/security/placement_seal.py)
 
     def pack(self, stored_size: int) -> bytes:
-        return WRITE_OPTIONS.pack(self.ttl_ms, self.soft_pin_ms, self.raw_size or stored_size)
+        return WRITE_OPTIONS.pack(self.ttl_ms, self.soft_pin_ms, self.raw_size or stored_size, self.seal)
 
 
 NO_OPTIONS = WriteOptions()
+
+
+def milliseconds(seconds: float) -> int:
+    """A TTL or pin time as the WRITE carries it; a positive duration never rounds down to "none"."""
+    return max(1, round(seconds * 1000)) if seconds else 0
+
+
+def placed_options(prefer_ssd: bool, hard_pin: bool, soft_pin_seconds: float, ttl_seconds: float,
+                   compressed: bool, raw_size: int) -> WriteOptions:
+    """The WriteOptions of a put with these choices: what the client sends and the leader seals alike."""
+    flags = ((WriteFlag.PREFER_SSD if prefer_ssd else 0) | (WriteFlag.HARD_PIN if hard_pin else 0)
+             | (WriteFlag.COMPRESSED if compressed else 0))
+    if not (flags or ttl_seconds or soft_pin_seconds):
+        return NO_OPTIONS
+    return WriteOptions(int(flags), milliseconds(ttl_seconds), milliseconds(soft_pin_seconds),
+                        raw_size if compressed else 0)
 
 # The longest TTL or pin anyone may ask for (100 years): what a node keeps an object until must fit the
 # SSD header's signed 64-bit milliseconds, whatever a peer sends.

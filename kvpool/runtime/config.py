@@ -3,7 +3,8 @@
 The file is TOML (read with the standard library's tomllib). A table per command holds that command's long
 options, under the option's name with or without dashes:
 
-    [cluster]               # for every command that has the option (etcd, cluster, token-file, tls-dir, ...)
+    [cluster]               # for every command that has the option (etcd, cluster, token-file, tls-dir,
+                            # allow-etcd-without-auth, ...)
     etcd = "etcd:2379"
     [master]
     put-timeout = 30
@@ -27,7 +28,8 @@ from pathlib import Path
 CONFIG_ENV = "KVPOOL_CONFIG"
 SHARED = "cluster"  # the table whose keys go to every command that has the option
 # What [cluster] may hold (a test checks each is some command's option).
-SHARED_KEYS = frozenset({"etcd", "cluster", "master", "token_file", "tls_dir", "host", "metrics_port"})
+SHARED_KEYS = frozenset({"etcd", "cluster", "master", "token_file", "tls_dir", "host", "metrics_port",
+                         "allow_etcd_without_auth"})
 COMMANDS = ("master", "storenode", "up", "router")
 _NOT_SETTINGS = {"help", "config"}
 

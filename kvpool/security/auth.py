@@ -50,6 +50,11 @@ def _derive(secret: bytes, purpose: bytes) -> bytes:
     return hmac.new(secret, b"kvpool key v1 " + purpose, hashlib.sha256).digest()
 
 
+def placement_key(secret: str) -> bytes:
+    """The key of the leader's seals over placements (placement_seal.py): members only."""
+    return _derive(secret.encode(), b"placement")
+
+
 def new_secret() -> str:
     return secrets.token_hex(32)
 
@@ -94,6 +99,7 @@ class Verifier:
             raise ValueError("a client token was given where the cluster secret is needed")
         self.keys = {} if self.open else {Role.CLIENT: _derive(secret.encode(), b"client"),
                                           Role.MEMBER: _derive(secret.encode(), b"member")}
+        self.placement_key = None if self.open else placement_key(secret)  # checks the leader's seals
 
     def key(self, role: int) -> bytes | None:
         return self.keys.get(role)

@@ -77,8 +77,10 @@ def client_files(ca: str | os.PathLike | None = None) -> TlsFiles | None:
     return TlsFiles(Path(ca)) if ca else None
 
 
-def make_local(directory: str | os.PathLike, hosts=("127.0.0.1", "localhost")) -> TlsFiles:
-    """A CA and a member certificate for `hosts`, written to `directory` (kept if already there)."""
+def make_local(directory: str | os.PathLike, hosts=("127.0.0.1", "localhost"), private: bool = False) -> TlsFiles:
+    """A CA and a member certificate for `hosts`, written to `directory` (kept if already there). The CA's
+    key is not kept: no other certificate can be signed by it. private: the directory 0700 and every file
+    0600 (material only its members read, e.g. etcd's peer certificates); else the CA and certificate 0644."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -87,7 +89,9 @@ def make_local(directory: str | os.PathLike, hosts=("127.0.0.1", "localhost")) -
     directory = Path(directory)
     if all((directory / name).exists() for name in (CA_FILE, CERT_FILE, KEY_FILE)):
         return TlsFiles.in_dir(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+    if private:
+        os.chmod(directory, 0o700)
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvpool cluster CA")])
@@ -116,8 +120,9 @@ def make_local(directory: str | os.PathLike, hosts=("127.0.0.1", "localhost")) -
                                                   x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     pem = serialization.Encoding.PEM
-    _write(directory / CA_FILE, ca.public_bytes(pem), 0o644)
-    _write(directory / CERT_FILE, cert.public_bytes(pem), 0o644)
+    public = 0o600 if private else 0o644
+    _write(directory / CA_FILE, ca.public_bytes(pem), public)
+    _write(directory / CERT_FILE, cert.public_bytes(pem), public)
     _write(directory / KEY_FILE, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
                                                    serialization.NoEncryption()), 0o600)
     return TlsFiles.in_dir(directory)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from kvpool.security import auth
+from kvpool.security import auth, placement_seal
 from kvpool.protocol import wire
 from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code
@@ -125,10 +125,20 @@ def read_reply(sock: socket.socket):
 
 
 def write_frame(key: bytes, generation: int, data: bytes, req_id: int = 1, value_checksum=None, flags: int = 0,
-                ttl_ms: int = 0, soft_pin_ms: int = 0, raw_size: int = 0) -> bytes:
+                ttl_ms: int = 0, soft_pin_ms: int = 0, raw_size: int = 0, seal: bytes = wire.NO_SEAL,
+                term: int = 0) -> bytes:
+    """A WRITE frame (unsealed by default: what a member may send; a client needs `seal`)."""
     cs = checksum(data) if value_checksum is None else value_checksum
-    return (wire.pack_request(Op.WRITE, req_id, key, generation, 0, len(data), cs, flags)
-            + wire.WRITE_OPTIONS.pack(ttl_ms, soft_pin_ms, raw_size) + data)
+    return (wire.pack_request(Op.WRITE, req_id, key, generation, term, len(data), cs, flags)
+            + wire.WRITE_OPTIONS.pack(ttl_ms, soft_pin_ms, raw_size, seal) + data)
+
+
+def seal_for(node_id: str, key: bytes, generation: int, data: bytes, flags: int = 0, ttl_ms: int = 0,
+             soft_pin_ms: int = 0, raw_size: int = 0, term: int = 0, secret: str | None = None) -> bytes:
+    """The seal a leader of the cluster with `secret` (default $KVPOOL_TOKEN) would give this WRITE."""
+    sealer = placement_seal.for_secret(secret or os.environ["KVPOOL_TOKEN"])
+    return sealer.seal(node_id.encode(), key, generation, len(data), checksum(data), term, flags, ttl_ms,
+                       soft_pin_ms, raw_size or len(data))
 
 
 def read_frame(key: bytes, generation: int, length: int, req_id: int = 1) -> bytes:

@@ -159,6 +159,28 @@ def test_compose_file_is_valid():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_compose_etcd_peer_port_takes_only_its_members_certificate():
+    """etcd in docker-compose.yml speaks https on its peer port and takes only a certificate of the CA in
+    secrets/etcd-peer (`kvpool tls secrets/etcd-peer --etcd-peers`, as its header says), mounted in etcd alone."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    flags = dict(a.split("=", 1) if "=" in a else (a, "") for a in services["etcd"]["command"])
+    assert "--peer-client-cert-auth" in flags
+    peer_urls = [flags["--listen-peer-urls"], flags["--initial-advertise-peer-urls"],
+                 *(m.split("=", 1)[1] for m in flags["--initial-cluster"].split(","))]
+    assert all(url.startswith("https://") for url in peer_urls), peer_urls
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["etcd"]["volumes"]}
+    for flag, name in (("--peer-trusted-ca-file", "ca.pem"), ("--peer-cert-file", "cert.pem"),
+                       ("--peer-key-file", "key.pem")):
+        directory, file = flags[flag].rsplit("/", 1)
+        assert (mounts[directory], file) == ("./secrets/etcd-peer", name), flag
+    holders = {n for n, s in services.items() for v in s.get("volumes", []) if v.startswith("./secrets/etcd-peer")}
+    assert holders == {"etcd"}
+    assert "kvpool tls secrets/etcd-peer --etcd-peers" in (ROOT / "docker-compose.yml").read_text()
+
+
 def test_compose_topology_as_processes(own_cluster):
     """What docker-compose.yml runs (etcd, master, three nodes, a bench client found through etcd; TLS and
     the cluster secret on every plane)."""

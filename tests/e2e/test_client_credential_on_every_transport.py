@@ -1,7 +1,8 @@
 """What a client's credential may not do to a storage node, on every transport it can reach the node by:
-TCP, shared memory (its ATTACH / ALLOCATE frames on the TCP connection) and UCX. A term is believed only
-from a member (a client's WRITE or ALLOCATE carrying a huge term only passes the fence, the node's term
-stays), and no member-only op is served to a client (each refused FORBIDDEN, the node still serving)."""
+TCP, shared memory (its ATTACH / ALLOCATE frames on the TCP connection) and UCX. A client's WRITE or
+ALLOCATE is stored only under the leader's seal over exactly it; a term is believed only from a member (a
+client's write carrying a huge term only passes the fence, the node's term stays), and no member-only op is
+served to a client (each refused FORBIDDEN, the node still serving)."""
 
 import asyncio
 import importlib.util
@@ -9,14 +10,15 @@ import os
 
 import pytest
 from storenode_harness import (call, client_credential, closed_by_node, get, put, read_reply, recv_exact,
-                               start_node)
+                               seal_for, start_node)
 
 from kvpool.security import auth, roles
 from kvpool.protocol import wire
 from kvpool.net import ucx_common as layout
 from kvpool.protocol.checksum import checksum
 from kvpool.client.tcp import TcpTransport
-from kvpool.errors import Code
+from kvpool.errors import Code, KvpoolError
+from kvpool.protocol.write_options import WriteOptions
 from kvpool.cluster.etcd_client import enable_auth
 from kvpool.launch.etcd_server import EtcdServer
 from kvpool.protocol.wire import Op
@@ -53,7 +55,7 @@ def node(tmp_path_factory):
 def member_write_status(node, key: bytes, term: int) -> int:
     data = b"m" * 1000
     frame = (wire.pack_request(Op.WRITE, 1, key, 1, term, len(data), checksum(data))
-             + wire.WRITE_OPTIONS.pack(0, 0, 0) + data)
+             + wire.WRITE_OPTIONS.pack(0, 0, 0, wire.NO_SEAL) + data)
     return call(node, frame)[2]
 
 
@@ -109,27 +111,52 @@ async def ucx_request(transport, address: str, op: int, key: bytes, generation: 
     return status, bytes(answer[wire.REPLY.size:wire.REPLY.size + length]).decode()
 
 
+def client_write_status(node, transport: str, key: bytes, data: bytes, term: int, seal: bytes) -> tuple[int, str]:
+    """(status, message) of a client's WRITE (ALLOCATE over shared memory) of generation 7 carrying `seal`."""
+    if transport == "ucx":
+        async def write(ucx, address):
+            try:
+                await ucx.write(address, key, 7, memoryview(data), checksum(data), WriteOptions(seal=seal), term=term)
+            except KvpoolError as exc:
+                return exc.code, str(exc)
+            return Code.OK, ""
+        return with_ucx_client(node, write)
+    with client_connection(node, attach=transport == "shm") as sock:
+        op = Op.ALLOCATE if transport == "shm" else Op.WRITE
+        sock.sendall(wire.pack_request(op, 2, key, 7, term, len(data), checksum(data))
+                     + wire.WRITE_OPTIONS.pack(0, 0, 0, seal) + (data if op == Op.WRITE else b""))
+        *_, req_id, status, flags, length, _sum = wire.REPLY.unpack(recv_exact(sock, wire.REPLY.size))
+        message = b"" if flags & wire.ReplyFlag.MAPPED else recv_exact(sock, length)  # MAPPED: an offset
+        assert req_id == 2, message
+        if op == Op.ALLOCATE and status == Code.OK:  # the extent is not wanted: give it back
+            sock.sendall(wire.pack_request(Op.RELEASE, 3, key, 7))
+    return status, message.decode()
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_client_credential_never_raises_the_nodes_term(node, transport):
     data = os.urandom(4096)
     key = f"forged/{transport}".encode()
-    if transport == "ucx":
-        async def forge(ucx, address):
-            await ucx.write(address, key, 7, memoryview(data), checksum(data), term=FORGED_TERM)
-            return Code.OK
-        status = with_ucx_client(node, forge)
-    else:
-        with client_connection(node, attach=transport == "shm") as sock:
-            op = Op.ALLOCATE if transport == "shm" else Op.WRITE
-            sock.sendall(wire.pack_request(op, 2, key, 7, FORGED_TERM, len(data), checksum(data))
-                         + wire.WRITE_OPTIONS.pack(0, 0, 0) + (data if op == Op.WRITE else b""))
-            *_, req_id, status, flags, length, _sum = wire.REPLY.unpack(recv_exact(sock, wire.REPLY.size))
-            message = b"" if flags & wire.ReplyFlag.MAPPED else recv_exact(sock, length)  # MAPPED: an offset
-            assert req_id == 2, message
-            if op == Op.ALLOCATE:  # the extent is not wanted: give it back
-                sock.sendall(wire.pack_request(Op.RELEASE, 3, key, 7))
-    assert status == Code.OK  # a term ahead of the node's passes the fence...
+    # As if a leader of a term far ahead had placed it (the test holds the secret; a client could not seal it).
+    seal = seal_for(node.node_id, key, 7, data, term=FORGED_TERM)
+    assert client_write_status(node, transport, key, data, FORGED_TERM, seal)[0] == Code.OK  # passes the fence...
     assert_term_and_data_unchanged(node, f"term-{transport}")  # ...and is not believed
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_client_stores_only_what_the_leader_sealed(node, transport):
+    data = os.urandom(4096)
+    key = f"unsealed/{transport}".encode()
+    seal = seal_for(node.node_id, key, 7, data, term=LEADER_TERM)
+    wrong = {"no seal": wire.NO_SEAL, "another node's": seal_for("elsewhere", key, 7, data, term=LEADER_TERM),
+             "another cluster's": seal_for(node.node_id, key, 7, data, term=LEADER_TERM, secret="another" * 8),
+             "other bytes'": seal_for(node.node_id, key, 7, os.urandom(4096), term=LEADER_TERM)}
+    for what, bad in wrong.items():
+        status, message = client_write_status(node, transport, key, data, LEADER_TERM, bad)
+        assert (status, "seal" in message) == (Code.FORBIDDEN, True), (what, status, message)
+    assert get(node, key, 7, len(data))[0] == Code.NOT_FOUND  # nothing of it stored
+    assert client_write_status(node, transport, key, data, LEADER_TERM, seal)[0] == Code.OK
+    assert_term_and_data_unchanged(node, f"sealed-{transport}")
 
 
 @pytest.mark.parametrize("op", sorted(roles.MEMBER_OPS), ids=lambda op: op.name)

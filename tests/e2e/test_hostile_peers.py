@@ -27,6 +27,9 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     unauthenticated = report["without_secret"]
     assert unauthenticated["frames_tried"] >= 3 * 256 and unauthenticated["grpc_calls_tried"] >= 30
     assert unauthenticated["refused_fraction"] == 1.0, unauthenticated  # every request without the secret
+    peer = report["etcd_peer"]  # etcd's peer port, by a peer without the members' certificate
+    assert peer["peer_calls_refused"] == peer["peer_calls_tried"] == 6 and peer["members_listed"] == 0, peer
+    assert not peer["lease_renewed"] and peer["lease_ttl_after"] <= peer["lease_ttl_before"], peer
     role = report["client_role"]
     assert role["member_ops_refused"] == role["member_ops_tried"] == len(roles.MEMBER_OPS)
     assert role["member_rpcs_refused"] == role["member_rpcs_tried"] == 2 * len(roles.MEMBER_RPCS)  # both planes
@@ -36,6 +39,13 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     assert report["unread_replies"]["closed_by_server"] and report["unread_replies"]["node_logged_giving_up"]
     assert report["flood"]["connections_held"] == 1100 and report["flood"]["served_meanwhile"]
     assert report["flood"]["closed_unauthenticated"] == 1100
+    writes = report["client_writes"]  # WRITEs no leader placed: refused, nothing stored changed
+    for case in ("generation", "overwrite", "unplaced", "header_only", "huge_ttl", "other_node"):
+        assert writes[case]["refused"] == writes[case]["tried"] > 0, (case, writes[case])
+        assert writes[case]["next_honest_call_s"] < 1.0, (case, writes[case])
+    assert writes["placed_unchanged"] and not writes["unplaced_visible"]
+    failover = report["after_failover"]  # the new leader adopts nothing poisoned and takes puts
+    assert failover["objects"] == 60 and failover["objects_lost_or_changed"] == 0 and failover["new_puts_accepted"]
     assert report["processes_alive"] and report["objects_lost"] == 0 and report["new_puts_accepted"]
     sockets = report["sockets"]  # benchmarks/hostile_sockets.py: strangers holding ports
     assert set(sockets) == {"slow_auth_node", "slow_auth_control", "flood_node", "flood_control", "flood_grpc",
@@ -90,11 +100,10 @@ def test_no_frame_from_a_client_raises_a_nodes_term(secured):
             with node_connection(secured, index, client_credential()) as sock:
                 # Far ahead of any real term: taken as a fence only, never believed.
                 sock.sendall(wire.pack_request(wire.Op.WRITE, 1, b"term/forged", 7, 10**15, len(data),
-                                               checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data)) + data)
+                                               checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data), wire.NO_SEAL) + data)
                 _op, req_id, status, _sum, message = read_reply(sock)
-                # Stored on the node (README: a WRITE the master did not place is not refused yet), but as no
-                # master placed it, no client is shown it.
-                assert (req_id, status, message) == (1, Code.OK, b"")
+                # No leader placed it: refused before a byte is stored, and its term never believed.
+                assert (req_id, status) == (1, Code.FORBIDDEN) and b"seal" in message
         assert not client.exists("term/forged")
         with pytest.raises(KeyNotFoundError):
             client.get("term/forged")

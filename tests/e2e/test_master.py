@@ -150,12 +150,22 @@ def test_registered_node_and_master_record(master, etcd_ops):
     assert record == {"address": master.address, "master_id": "m-test", "control_address": stats.control_address}
 
 
+def unsealed(placed: pb.ObjectInfo) -> pb.ObjectInfo:
+    """A PutStart's answer as a reader is told it: where the copies are, without the seals to write them."""
+    info = pb.ObjectInfo()
+    info.CopyFrom(placed)
+    for replica in info.replicas:
+        replica.ClearField("seal")
+    return info
+
+
 def test_put_lifecycle_and_typed_errors(master, node):
     stub = master.stub
     started = stub.PutStart(pb.PutStartRequest(key="k", size=1000, checksum=42))
     assert started.status == pb.OK
     (replica,) = started.object.replicas
     assert replica.node_id == "n1" and replica.tier == pb.DRAM and replica.length == 1000
+    assert len(replica.seal) == 16  # the leader's seal over the copy it placed (the cluster has a secret)
     assert stub.GetReplicaList(pb.GetReplicaListRequest(key="k")).status == pb.NOT_FOUND
     assert not stub.Exists(pb.ExistsRequest(key="k")).exists
     again = stub.PutStart(pb.PutStartRequest(key="k", size=10, overwrite=True))
@@ -163,7 +173,7 @@ def test_put_lifecycle_and_typed_errors(master, node):
 
     assert stub.PutEnd(pb.PutEndRequest(key="k", generation=started.object.generation)).status == pb.OK
     found = stub.GetReplicaList(pb.GetReplicaListRequest(key="k"))
-    assert found.status == pb.OK and found.object == started.object
+    assert found.status == pb.OK and found.object == unsealed(started.object)
     assert stub.Exists(pb.ExistsRequest(key="k")).exists
     assert stub.PutStart(pb.PutStartRequest(key="k", size=10)).status == pb.EXISTS
     # Asked again (a client retrying after a lost answer or a failover), PutEnd finds it committed.
@@ -350,7 +360,7 @@ def test_options_are_echoed_and_ttl_is_enforced_by_the_master(master, node):
     assert not plain.HasField("options") and plain.raw_size == 1000 and not plain.compressed
 
     found = stub.GetReplicaList(pb.GetReplicaListRequest(key="t"))
-    assert found.status == pb.OK and found.object == info
+    assert found.status == pb.OK and found.object == unsealed(info)
     # Past its ttl the master stops serving it and drops it, without any node telling it to.
     wait_until(lambda: stub.GetReplicaList(pb.GetReplicaListRequest(key="t")).status == pb.NOT_FOUND, 5,
                what="the object to expire at the master")
@@ -384,15 +394,19 @@ KiB, MiB = 1 << 10, 1 << 20
 
 
 class DataPath:
-    """Blocking writes and reads straight to storage nodes, as a client makes them."""
+    """Blocking writes and reads straight to storage nodes, as a client makes them (with the leader's seal), or
+    as a member (a write no leader placed)."""
 
     def __init__(self):
         self._loop = asyncio.new_event_loop()
         self._transport = TcpTransport()
+        self._member = TcpTransport(credential=member_credential())
 
-    def write(self, address: str, key: str, generation: int, data: bytes, flags: int = 0) -> None:
-        self._loop.run_until_complete(self._transport.write(
-            address, key.encode(), generation, memoryview(data), checksum(data), WriteOptions(flags=flags)))
+    def write(self, address: str, key: str, generation: int, data: bytes, flags: int = 0, seal: bytes = b"",
+              term: int = 0) -> None:
+        self._loop.run_until_complete((self._transport if seal else self._member).write(
+            address, key.encode(), generation, memoryview(data), checksum(data), WriteOptions(flags=flags, seal=seal)
+            if seal else WriteOptions(flags=flags), term=term))
 
     def read(self, address: str, key: str, generation: int, size: int) -> bytes:
         buf = bytearray(size)
@@ -403,6 +417,7 @@ class DataPath:
 
     def close(self) -> None:
         self._loop.run_until_complete(self._transport.close())
+        self._loop.run_until_complete(self._member.close())
         self._loop.close()
 
 
@@ -423,7 +438,8 @@ def store(stub, data_path, key, data, options=None, flags=0):
     started = stub.PutStart(pb.PutStartRequest(key=key, size=len(data), checksum=checksum(data), options=options))
     assert started.status == pb.OK, started.message
     for replica in started.object.replicas:
-        data_path.write(replica.address, key, started.object.generation, data, flags)
+        data_path.write(replica.address, key, started.object.generation, data, flags, replica.seal,
+                        started.object.term)
     assert stub.PutEnd(pb.PutEndRequest(key=key, generation=started.object.generation)).status == pb.OK
     return started.object
 

@@ -148,7 +148,7 @@ def test_a_pin_never_released_ends_anyway(node, how):
 
 def allocate(sock: socket.socket, key: bytes, generation: int, value_checksum: int, length: int):
     sock.sendall(wire.pack_request(Op.ALLOCATE, 5, key, generation, 0, length, value_checksum)
-                 + wire.WRITE_OPTIONS.pack(0, 0, 0))
+                 + wire.WRITE_OPTIONS.pack(0, 0, 0, wire.NO_SEAL))
     return mapped_reply(sock)
 
 

@@ -99,10 +99,13 @@ def test_two_generations_of_a_key_coexist_until_freed(node):
     assert free(node, b"k", 1) == Code.OK
     assert get(node, b"k", 1, len(old))[0] == Code.STALE
     assert get(node, b"k", 2, len(new)) == (Code.OK, new)
-    # Writing the same version again replaces it whole.
-    again = os.urandom(100)
-    put(node, b"k", 2, again)
-    assert get(node, b"k", 2, len(again)) == (Code.OK, again)
+    # A stored version is final: other bytes under it are refused (even from a member), the same bytes
+    # again (a retried write) are taken and change nothing.
+    for other in (os.urandom(100), os.urandom(len(new))):
+        status, message = write_status(node, b"k", 2, other)
+        assert status == Code.EXISTS and "never replaced" in message
+    put(node, b"k", 2, new)
+    assert get(node, b"k", 2, len(new)) == (Code.OK, new)
     assert list(inventory(node)) == [("k", 2)]
 
 
@@ -121,7 +124,7 @@ def test_writes_it_cannot_take_get_error_replies_then_close(node):
     for length, code in [(0, Code.INVALID_ARGUMENT), (SEGMENT + 1, Code.TOO_LARGE), (2**63, Code.TOO_LARGE)]:
         with node.connect() as sock:
             sock.sendall(wire.pack_request(Op.WRITE, 9, b"k", 1, 0, length, 0)
-                         + wire.WRITE_OPTIONS.pack(0, 0, 0) + b"x" * min(length, 11))
+                         + wire.WRITE_OPTIONS.pack(0, 0, 0, wire.NO_SEAL) + b"x" * min(length, 11))
             _, req_id, status, _, message = read_reply(sock)
             assert (req_id, status) == (9, code), message
             assert message

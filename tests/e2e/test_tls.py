@@ -83,7 +83,7 @@ def test_a_copy_between_nodes_goes_over_tls(own_cluster):
     # The destination takes no connection that does not do TLS: a plain peer is refused and counted.
     host, port = destination.info["address"].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"KV\x02" + bytes(61))
+        sock.sendall(b"KV\x03" + bytes(61))
         try:
             sock.recv(4096)
         except OSError:
@@ -108,7 +108,7 @@ def test_plain_peers_get_nothing_from_a_tls_cluster(tls_cluster):
     for address in [tls_cluster.nodes[0].info["address"], tls_cluster.master.info["control"]]:
         host, port = address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(b"KV\x02" + bytes(61))
+            sock.sendall(b"KV\x03" + bytes(61))
             sock.settimeout(10)
             try:
                 answer = sock.recv(4096)

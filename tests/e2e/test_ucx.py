@@ -72,8 +72,10 @@ def node(request, tmp_path_factory):
 
 
 def with_ucx(node, work, **options):
-    """Run work(transport, address) on a UcxTransport attached to the node, on a fresh event loop."""
+    """Run work(transport, address) on a UcxTransport attached to the node, on a fresh event loop; it proves
+    the member role unless told otherwise (its writes are not placed by a leader, so carry no seal)."""
     tls, address, hello = node
+    options.setdefault("credential", member_credential())
 
     async def main():
         transport = UcxTransport(options={"TLS": tls}, **options)

@@ -120,7 +120,7 @@ def test_default_options_send_nothing_extra():
     choices = put_options.resolve()
     assert choices.request is None
     assert choices.write_options(False, 100) is NO_OPTIONS
-    assert WRITE_OPTIONS.unpack(NO_OPTIONS.pack(100)) == (0, 0, 100)  # raw size = stored size
+    assert WRITE_OPTIONS.unpack(NO_OPTIONS.pack(100)) == (0, 0, 100, bytes(16))  # raw size = stored size; no seal
 
 
 def test_options_map_to_master_and_node_encodings():
@@ -132,9 +132,9 @@ def test_options_map_to_master_and_node_encodings():
 
     hard = put_options.resolve(tier="dram", pin="hard")
     assert hard.request.tier == pb.DRAM and hard.request.pin == pb.PIN_HARD
-    assert hard.write_options(False, 10) == (int(WriteFlag.HARD_PIN), 0, 0, 0)
-    assert put_options.resolve(pin="soft", pin_ttl=30).soft_pin_ms == 30_000
-    assert put_options.resolve(ttl=0.0001).ttl_ms == 1  # a tiny ttl never becomes "no expiry"
+    assert hard.write_options(False, 10)[:4] == (int(WriteFlag.HARD_PIN), 0, 0, 0)
+    assert put_options.resolve(pin="soft", pin_ttl=30).write_options(False, 1).soft_pin_ms == 30_000
+    assert put_options.resolve(ttl=0.0001).write_options(False, 1).ttl_ms == 1  # a tiny ttl never becomes "no expiry"
 
 
 @pytest.mark.parametrize("options, message", [
@@ -210,4 +210,4 @@ def test_lifetimes_past_100_years_are_refused_by_client_and_master(option):
                             pin=pb.PIN_SOFT if "pin" in option else pb.PIN_NONE)
     with pytest.raises(InvalidArgumentError, match="100 years"):
         convert.put_options(request)
-    assert put_options.resolve(ttl=10 * 365 * 86400).ttl_ms == 10 * 365 * 86400 * 1000  # ten years: fine
+    assert put_options.resolve(ttl=10 * 365 * 86400).write_options(False, 1).ttl_ms == 10 * 365 * 86400 * 1000  # ten years: fine

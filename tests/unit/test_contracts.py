@@ -36,9 +36,30 @@ def test_request_frame_layout():
     frame = wire.pack_request(wire.Op.READ, 7, b"key", generation=5, arg=64, length=10, checksum=99)
     assert len(frame) == wire.REQUEST.size + 3
     magic, version, op, req_id, key_len, _flags, gen, off, length, csum = wire.REQUEST.unpack_from(frame)
-    assert (magic, version, op, req_id, key_len, gen, off, length, csum) == (b"KV", 2, 2, 7, 3, 5, 64, 10, 99)
+    assert (magic, version, op, req_id, key_len, gen, off, length, csum) == (b"KV", 3, 2, 7, 3, 5, 64, 10, 99)
     with pytest.raises(ValueError):
         wire.pack_request(wire.Op.READ, 1, b"k" * (MAX_KEY_BYTES + 1))
+
+
+def test_sealed_write_golden_bytes():
+    """The leader's seal and a WRITE carrying it outlive a version: a change here breaks mixed clusters."""
+    from kvpool.protocol.write_options import WriteOptions
+    from kvpool.security.placement_seal import for_secret
+
+    sealer = for_secret("0" * 64)
+    fields = (b"model/blk-1", 1234567890123, 4096, 0xDEADBEEF, 7, 2, 1500, 0, 4096)
+    seal = sealer.seal(b"node-a", *fields)
+    assert seal.hex() == "3c49498cf1445f4412a030cd29b4c306"
+    assert sealer.valid(seal, b"node-a", *fields)
+    assert not sealer.valid(seal, b"node-b", *fields)  # another node's copy
+    assert not sealer.valid(seal, b"node-a", b"model/blk-1", 1234567890124, *fields[2:])  # another generation
+    assert not sealer.valid(bytes(16), b"node-a", *fields)
+    assert not for_secret("1" * 64).valid(seal, b"node-a", *fields)  # another cluster's
+    frame = wire.pack_with_options(wire.Op.WRITE, 9, b"model/blk-1", 1234567890123, 7, 4096, 0xDEADBEEF,
+                                   WriteOptions(2, 1500, 0, 0, seal))
+    assert frame.hex() == ("4b560301090000000b000200cb04fb711f01000007000000000000000010000000000000efbeadde00000000"
+                           "6d6f64656c2f626c6b2d31dc050000000000000000000000000000001000000000000"
+                           "03c49498cf1445f4412a030cd29b4c306")
 
 
 @pytest.mark.parametrize("key", ["", "x" * (MAX_KEY_BYTES + 1), "a\x00b", b"bytes", "\ud800"])

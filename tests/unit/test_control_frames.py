@@ -7,15 +7,15 @@ from kvpool.protocol.control import ControlCalls, LeaderHint, NotSent
 from kvpool.errors import InvalidKeyError, KeyNotFoundError, ProtocolError, UnavailableError
 from kvpool.proto import kvpool_pb2 as pb
 
-# "KV", version 2, op 41 (BATCH_EXISTS), req_id 1, no key, flags 0, generation 0, arg 0, body length 16,
+# "KV", version 3, op 41 (BATCH_EXISTS), req_id 1, no key, flags 0, generation 0, arg 0, body length 16,
 # checksum 0; then BatchExistsRequest(keys=["a", "bc"], hold_seconds=2.5).
-CALL = bytes.fromhex("4b5602290100000000000000000000000000000000000000000000001000000000000000000000000000"
+CALL = bytes.fromhex("4b5603290100000000000000000000000000000000000000000000001000000000000000000000000000"
                      "00000a01610a026263110000000000000440")
-# A reply: "KV", version 2, op 41, req_id 1, status OK, flags 0, length 4, checksum 0; BatchExistsResponse
+# A reply: "KV", version 3, op 41, req_id 1, status OK, flags 0, length 4, checksum 0; BatchExistsResponse
 # (exists=[True, False]).
-REPLY_1 = bytes.fromhex("4b5602290100000000000000040000000000000000000000000000001a020100")
+REPLY_1 = bytes.fromhex("4b5603290100000000000000040000000000000000000000000000001a020100")
 # A NOT_LEADER reply to req_id 7 naming the leader and its control port.
-NOT_LEADER_7 = bytes.fromhex("4b560228070000000c0000002b0000000000000000000000000000007b226c6561646572223a2022683a"
+NOT_LEADER_7 = bytes.fromhex("4b560328070000000c0000002b0000000000000000000000000000007b226c6561646572223a2022683a"
                              "31222c2022636f6e74726f6c5f61646472657373223a2022683a32227d")
 
 
@@ -103,9 +103,9 @@ def test_a_connection_that_ended_fails_its_calls_and_sends_no_more():
         calls.start("Exists", pb.ExistsRequest(key="k"), "c")
 
 
-# A posted call: "KV", version 2, op 36 (BATCH_PUT_END), req_id 1, no key, flags 1 (POSTED), generation 0,
+# A posted call: "KV", version 3, op 36 (BATCH_PUT_END), req_id 1, no key, flags 1 (POSTED), generation 0,
 # arg 0, body length 6, checksum 0; then BatchPutEndRequest(keys=["a"], generations=[7]).
-POSTED_CALL = bytes.fromhex("4b560224010000000000010000000000000000000000000000000000060000000000000000000000"
+POSTED_CALL = bytes.fromhex("4b560324010000000000010000000000000000000000000000000000060000000000000000000000"
                             "000000001201611a0107")
 
 
@@ -118,12 +118,12 @@ def test_a_posted_call_carries_the_posted_flag_in_the_golden_bytes():
     assert plain[10] == 0 and POSTED_CALL[10] == control.POSTED == 1
 
 
-# A lookup in its lean frame: "KV", version 2, op 46 (LOOKUP), req_id 1, no key, flags 0, generation 0, arg 0,
+# A lookup in its lean frame: "KV", version 3, op 46 (LOOKUP), req_id 1, no key, flags 0, generation 0, arg 0,
 # body length 4, checksum 0; then the keys "a" and "bc" in UTF-8 joined by NUL. Op 41 (BATCH_EXISTS) is unchanged.
-LOOKUP_CALL = bytes.fromhex("4b56022e0100000000000000000000000000000000000000000000000400000000000000000000000000"
+LOOKUP_CALL = bytes.fromhex("4b56032e0100000000000000000000000000000000000000000000000400000000000000000000000000"
                             "000061006263")
-# Its answer: "KV", version 2, op 46, req_id 1, status OK, flags 0, length 2, checksum 0; a byte per key.
-LOOKUP_REPLY = bytes.fromhex("4b56022e0100000000000000020000000000000000000000000000000100")
+# Its answer: "KV", version 3, op 46, req_id 1, status OK, flags 0, length 2, checksum 0; a byte per key.
+LOOKUP_REPLY = bytes.fromhex("4b56032e0100000000000000020000000000000000000000000000000100")
 
 
 def test_a_lookup_is_packed_to_the_golden_bytes_and_its_answer_read_as_a_bool_per_key():

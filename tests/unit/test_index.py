@@ -58,6 +58,25 @@ def test_index_counts_hard_pinned_bytes_and_queues_expiry():
     assert index.hard_pinned_bytes == 0
 
 
+def test_records_gone_before_their_ttl_do_not_pile_up_in_the_expiry_queue():
+    import random
+
+    index, rng = ObjectIndex(), random.Random(5)
+    live = {}
+    for i in range(20_000):  # a client writing with long TTLs and removing (or being evicted) at once
+        rec = ObjectRecord(b"k%d" % i, 1, 10, 0, expires_at=1e6 + rng.random() * 1e6)
+        index.add(rec)
+        if i % 10 == 0:
+            live[rec.key] = rec
+        else:
+            index.remove(rec)
+        assert len(index._expiry) <= 2 * len(live) + 1025
+    assert len(index._expiry) < 5000  # 2,000 live; without the rebuild 20,000 stay queued until their TTL
+    due = index.due(1.5e6)  # still exactly the live records past their TTL, once each
+    assert sorted(r.key for r in due) == sorted(k for k, r in live.items() if r.expires_at <= 1.5e6)
+    assert sorted(r.key for r in index.due(3e6)) == sorted(k for k, r in live.items() if r.expires_at > 1.5e6)
+
+
 # -- ObjectStore
 
 @pytest.fixture
@@ -269,6 +288,8 @@ def test_recovery_adopts_intact_objects_and_drops_torn_and_expired(make_store, t
     clock.now = 1.0
     put(store, b"expired", os.urandom(100), generation=9, flags=WriteFlag.PREFER_SSD, ttl_ms=1000)
     clock.now = 2_000_000_000.0
+    # Stored before nodes bounded generations: a master adopting it could never place the key again.
+    put(store, b"poisoned", os.urandom(100), generation=2**64 - 1, flags=WriteFlag.PREFER_SSD)
     segment = store.ssd.segment
     segment.pwrite_all(b"\xff", segment.payload_offset(torn.ssd, len(b"torn")) + 5000)
     # Key and payload written but no header: a WRITE killed mid-way.
@@ -281,7 +302,7 @@ def test_recovery_adopts_intact_objects_and_drops_torn_and_expired(make_store, t
     again = ObjectStore(StorageTier(DramSegment(4096, "r", directory=str(tmp_path)), 0.9, 0.75),
                         StorageTier(SsdSegment(ssd_dir, 64 * 4096), 0.9, 0.75))
     try:
-        assert recover(again) == {"ok": 3, "torn": 1, "expired": 1, "duplicate": 0}
+        assert recover(again) == {"ok": 3, "torn": 1, "expired": 1, "duplicate": 0, "out_of_range": 1}
         inv = {(e.key, e.generation): e for e in again.inventory()}
         assert set(inv) == {("good0", 10), ("good1", 11), ("good2", 12)}
         for i, data in enumerate(good):
@@ -289,14 +310,14 @@ def test_recovery_adopts_intact_objects_and_drops_torn_and_expired(make_store, t
             buf = bytearray(rec.size)
             again.ssd.segment.pread_into(buf, again.ssd.segment.payload_offset(rec.ssd, len(rec.key)))
             assert bytes(buf) == data and rec.checksum == checksum(data)
-        assert sorted(again.report("n")["evicted"]) == [["expired", 9], ["torn", 7]]
+        assert sorted(again.report("n")["evicted"]) == [["expired", 9], ["poisoned", 2**64 - 1], ["torn", 7]]
         assert again.ssd.used == sum(again.ssd.alloc.aligned(again.ssd.extent_length(r)) for r in again.index)
         # Dropped headers were cleared: a second restart finds only the intact objects.
         again.ssd.segment.close()
         third = StorageTier(SsdSegment(ssd_dir, 64 * 4096), 0.9, 0.75)
         again.tiers[1] = again.ssd = third
         again.index = ObjectIndex()
-        assert recover(again) == {"ok": 3, "torn": 0, "expired": 0, "duplicate": 0}
+        assert recover(again) == {"ok": 3, "torn": 0, "expired": 0, "duplicate": 0, "out_of_range": 0}
     finally:
         for tier in again.tiers:
             tier.segment.close()
@@ -338,7 +359,7 @@ def test_recovery_keeps_one_copy_of_a_version_found_twice(tmp_path):
     store = ObjectStore(StorageTier(DramSegment(4096, "d", directory=str(tmp_path)), 0.9, 0.75),
                         StorageTier(segment, 0.9, 0.75))
     try:
-        assert recover(store) == {"ok": 1, "torn": 0, "expired": 0, "duplicate": 1}
+        assert recover(store) == {"ok": 1, "torn": 0, "expired": 0, "duplicate": 1, "out_of_range": 0}
         assert [(e.key, e.generation) for e in store.inventory()] == [("k", 3)]
         assert store.ssd.used == 2 * 4096 and segment.read_header(8 * 4096) is None
     finally:

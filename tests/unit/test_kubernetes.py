@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 VERSION = "1.37.0"
 # What the base expects the overlays to make (its kustomization.yaml says so).
-SECRET_KEYS = {"kvpool-secret": {"secret", "client.token"}, "kvpool-tls": {"ca.pem", "cert.pem", "key.pem"}}
+SECRET_KEYS = {"kvpool-secret": {"secret", "client.token"}, "kvpool-tls": {"ca.pem", "cert.pem", "key.pem"},
+               "kvpool-etcd-peer": {"ca.pem", "cert.pem", "key.pem"}}
 WORKLOADS = ("StatefulSet", "Deployment", "Job")
 
 
@@ -140,6 +141,8 @@ def test_small_overlay_renders_valid_and_consistent(tmp_path):
                                                          capture_output=True, text=True, check=True).stdout)
     subprocess.run(kvpool + ["tls", str(overlay / "tls"), "--hosts", "kvpool-etcd,*.kvpool-etcd,*.kvpool-master,"
                              "*.kvpool-node"], capture_output=True, check=True)
+    subprocess.run(kvpool + ["tls", str(overlay / "etcd-peer"), "--etcd-peers", "--hosts", "*.kvpool-etcd"],
+                   capture_output=True, check=True)
     rendered = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
     objects = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
@@ -148,7 +151,95 @@ def test_small_overlay_renders_valid_and_consistent(tmp_path):
     secrets = {base_name(name, SECRET_KEYS): set(s["data"]) for name, s in named(objects, "Secret").items()}
     assert secrets == SECRET_KEYS
     check_references(objects, secrets)
+    check_etcd_peer_tls(objects)
+    check_network_policies(objects)
     node = named(objects, "StatefulSet")["kvpool-node"]["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in node["containers"][0]["env"]}
     assert env["KVPOOL_STORENODE_DRAM"] == "512MiB" and env["KVPOOL_STORENODE_NODE_ID"] == "$(POD_NAME)"
     assert next(v for v in node["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "640Mi"
+
+
+# -- etcd's peer port and who may reach which pod
+
+
+def pod_labels(objects) -> dict[str, dict]:
+    """Each workload's pod labels, with what the base's kustomization adds to every object."""
+    kustomization = yaml.safe_load((KUBE / "base" / "kustomization.yaml").read_text())
+    [common] = kustomization["labels"]
+    assert common["includeSelectors"]
+    return {o["metadata"]["name"]: {**common["pairs"], **o["spec"]["template"]["metadata"]["labels"]}
+            for o in objects if o["kind"] in WORKLOADS}
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions with In) matching `labels`."""
+    return selector.get("matchLabels", {}).items() <= labels.items() and all(
+        labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []) if e["operator"] == "In")
+
+
+def admitted(objects, target: dict, source: dict, port: str, same_namespace: bool = True) -> bool:
+    """Whether the NetworkPolicies let a pod labelled `source` reach `port` (a port name) of a pod labelled
+    `target` (a pod no policy selects takes everyone)."""
+    policies = [p for p in objects if p["kind"] == "NetworkPolicy" and selects(p["spec"]["podSelector"], target)]
+    if not policies:
+        return True
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            if port not in [p["port"] for p in rule.get("ports", [])]:
+                continue
+            for peer in rule["from"]:
+                namespace_ok = same_namespace if "namespaceSelector" not in peer else peer["namespaceSelector"] == {}
+                if namespace_ok and selects(peer.get("podSelector", {}), source):
+                    return True
+    return False
+
+
+def check_etcd_peer_tls(objects) -> None:
+    """etcd's members speak https on their peer port and take only a peer with a kvpool-etcd-peer certificate,
+    a Secret no other pod mounts."""
+    etcd = named(objects, "StatefulSet")["kvpool-etcd"]["spec"]["template"]["spec"]
+    args = dict(a.split("=", 1) if "=" in a else (a, "") for a in etcd["containers"][0]["args"])
+    assert "--peer-client-cert-auth" in args
+    peer_urls = [args["--listen-peer-urls"], args["--initial-advertise-peer-urls"],
+                 *(m.split("=", 1)[1] for m in args["--initial-cluster"].split(","))]
+    assert len(peer_urls) == 5 and all(url.startswith("https://") for url in peer_urls), peer_urls
+    mounts = {m["mountPath"]: m["name"] for m in etcd["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in etcd["volumes"]}
+    for flag, name in (("--peer-trusted-ca-file", "ca.pem"), ("--peer-cert-file", "cert.pem"),
+                       ("--peer-key-file", "key.pem")):
+        directory, file = args[flag].rsplit("/", 1)
+        assert file == name and base_name(volumes[mounts[directory]]["secret"]["secretName"],
+                                          SECRET_KEYS) == "kvpool-etcd-peer", flag
+    holders = {o["metadata"]["name"] for o in objects if o["kind"] in WORKLOADS
+               for v in o["spec"]["template"]["spec"].get("volumes", [])
+               if base_name(v.get("secret", {}).get("secretName", ""), SECRET_KEYS) == "kvpool-etcd-peer"}
+    assert holders == {"kvpool-etcd"}
+
+
+def check_network_policies(objects) -> None:
+    pods = pod_labels(objects)
+    etcd, master, node, job = pods["kvpool-etcd"], pods["kvpool-master"], pods["kvpool-node"], pods["kvpool-etcd-auth"]
+    client = {"kvpool.io/client": "true", "app": "vllm"}
+    stranger = {"app": "anything"}
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    assert [admitted(objects, etcd, p, "client") for p in (master, node, job, etcd, client, stranger)] == \
+        [True, True, True, False, False, False]
+    assert [admitted(objects, etcd, p, "peer") for p in (etcd, master, node, client, stranger)] == \
+        [True, False, False, False, False]
+    assert [admitted(objects, node, p, "data") for p in (master, node, client, etcd, stranger)] == \
+        [True, True, True, False, False]
+    assert not admitted(objects, node, client, "data", same_namespace=False)
+    for port in ("grpc", "control"):
+        assert [admitted(objects, master, p, port) for p in (master, node, client, etcd, stranger)] == \
+            [True, True, True, False, False]
+    for target in (master, node):
+        assert admitted(objects, target, prometheus, "metrics", same_namespace=False)
+        assert not admitted(objects, target, client, "metrics")
+
+
+def test_etcd_members_take_only_peers_with_their_own_certificate():
+    check_etcd_peer_tls(base_objects())
+
+
+def test_network_policies_let_only_the_clusters_pods_and_clients_in():
+    check_network_policies(base_objects())

@@ -50,7 +50,7 @@ class ScriptedNode:
                 self.log.append(entry)
                 ident = (key, generation)
                 if op == wire.Op.WRITE:
-                    entry["ttl_ms"], entry["soft_pin_ms"], entry["raw_size"] = wire.WRITE_OPTIONS.unpack(
+                    entry["ttl_ms"], entry["soft_pin_ms"], entry["raw_size"], entry["seal"] = wire.WRITE_OPTIONS.unpack(
                         await reader.readexactly(wire.WRITE_OPTIONS.size))
                     data = await reader.readexactly(length)
                     if key == b"full":
