@@ -35,8 +35,8 @@ SERVED_WITHIN = 1.0  # seconds a real client may wait, while held and at the end
 # A server's deadline runs from its accept, which a busy loop may make a while after our connect.
 ACCEPT_SLACK = 2.0
 SLOW_CONNECTIONS = 4
-FLOOD = 400  # connections per flood: past the unproved pools (256, 32 per address), under gRPC's cap (1024)
-SOURCES = 40  # peer addresses of a flood: 10 connections each, under the per-address caps, past the pools
+FLOOD = 300  # connections per flood and port: past the unproved pool (256), under gRPC's cap (1024)
+SOURCES = 40  # peer addresses of a flood: under 10 connections each, below the per-address caps
 # Proved slots for the run: fewer than a flood, so a flood that could take them would refuse the real client.
 NODE_CAPS = ["--max-connections", "64"]
 MASTER_CAPS = ["--control-max-connections", "64"]
@@ -166,11 +166,11 @@ def hostile_sockets(cluster, token: str, frame_timeout: float, connections: int 
     put_get = _client_put_get(cluster.master_address, token)
     slow = {"slow_auth_node": (nodes, SLOW_CONNECTIONS, put_get, frame_timeout, _forged_auth()),
             "slow_auth_control": (control, SLOW_CONNECTIONS, put_get, frame_timeout, _forged_auth())}
-    floods = {"flood_node": (nodes, connections, put_get, frame_timeout),
+    floods = {"flood_health": ([health], connections, _http_get(health), REQUEST_DEADLINE),  # longest: first
+              "flood_node": (nodes, connections, put_get, frame_timeout),
               "flood_control": (control, connections, put_get, frame_timeout),
               "flood_grpc": ([cluster.master_address], connections, _grpc_call(cluster.master_address, token),
-                             frame_timeout),
-              "flood_health": ([health], connections, _http_get(health), REQUEST_DEADLINE)}
+                             frame_timeout)}
     # The slow AUTHs, then the floods (which would displace the slow ones), each group at once: the run stays
     # short, and each real client of a flood meets all four floods held.
     report = {}

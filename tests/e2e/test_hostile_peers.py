@@ -58,7 +58,7 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
         assert case["served_meanwhile_s"] is not None and case["served_meanwhile_s"] <= 1.0, (name, case)
         assert case["open_when_served"] > 0, (name, case)  # served while hostile connections were held
         assert case["served_at_end_s"] is not None and case["served_at_end_s"] <= 1.0, (name, case)
-    assert sockets["flood_node"]["tried"] >= 2 * 400 and sockets["ok"]
+    assert sockets["flood_node"]["tried"] >= 2 * 300 and sockets["ok"]
     assert report["ok"] and result.returncode == 0
 
 
