@@ -9,8 +9,8 @@ import importlib.util
 import os
 
 import pytest
-from storenode_harness import (call, client_credential, closed_by_node, get, put, read_reply, recv_exact,
-                               seal_for, start_node)
+from storenode_harness import (call, client_credential, closed_by_node, get, member_credential, put, read_reply,
+                               recv_exact, seal_for, start_node)
 
 from kvpool.security import auth, roles
 from kvpool.protocol import wire
@@ -180,3 +180,62 @@ def test_a_client_credential_never_reaches_a_member_only_op(node, transport, op)
             assert req_id == 9 and closed_by_node(sock)
     assert status == Code.FORBIDDEN and "master only" in message, (status, message)
     assert_term_and_data_unchanged(node, f"{op.name}-{transport}")
+
+
+# -- the whole table: every node op × role over TCP (shared memory's ops ride the same connection), expected
+# from kvpool/security/roles.py against seen
+
+NODE_OPS = [op for op in wire.Op if op < 32 and op != Op.AUTH]  # AUTH is the handshake itself
+CALLERS = ["client", "client with the leader's seal", "member"]
+
+
+def expected_answer(op: Op, caller: str) -> str:
+    if op in roles.MEMBER_OPS:
+        return "served" if caller == "member" else "refused"
+    if op in roles.SEALED_OPS:
+        return "refused" if caller == "client" else "served"
+    return "served"
+
+
+def seen_answer(node, op: Op, caller: str) -> str:
+    """"refused" (FORBIDDEN) or "served" (anything else: answered OK, or with an error of the op's own)."""
+    credential = member_credential() if caller == "member" else client_credential()
+    key = f"table/{op.name}/{caller}".encode()
+    data = b"t" * 2000
+    seal = wire.NO_SEAL if caller == "client" else seal_for(node.node_id, key, 1, data, term=LEADER_TERM)
+    arg = LEADER_TERM if op in (Op.WRITE, Op.ALLOCATE, Op.REPORT, Op.INVENTORY, Op.EVICTIONS) else 0
+    with node.connect(credential) as sock:
+        sock.sendall(wire.pack_request(Op.ATTACH, 1, b""))  # shared memory's ops need it first
+        assert read_reply(sock)[2] == Code.OK
+        if op in (Op.WRITE, Op.ALLOCATE):
+            body = wire.WRITE_OPTIONS.pack(0, 0, 0, seal) + (data if op == Op.WRITE else b"")
+            frame = wire.pack_request(op, 2, key, 1, arg, len(data), checksum(data)) + body
+        elif op in (Op.COPY,):
+            target = f"{node.host}:{node.port}".encode()
+            frame = wire.pack_request(op, 2, key, 1, arg, len(target)) + target
+        elif op in (Op.READ, Op.LOCATE):
+            frame = wire.pack_request(op, 2, GUARDED[0], GUARDED[1], 0, len(GUARDED_VALUE))
+        else:  # a key nobody stored: harmless to FREE, HOLD or COMMIT
+            frame = wire.pack_request(op, 2, key, 1, arg)
+        if op == Op.RELEASE:  # never answered: served if the connection goes on
+            sock.sendall(frame + wire.pack_request(Op.PING, 3, b""))
+            return "served" if read_reply(sock)[1:3] == (3, Code.OK) else "refused"
+        sock.sendall(frame)
+        *_, req_id, status, flags, length, _sum = wire.REPLY.unpack(recv_exact(sock, wire.REPLY.size))
+        if not flags & wire.ReplyFlag.MAPPED:
+            recv_exact(sock, length)
+        assert req_id == 2
+        if flags & wire.ReplyFlag.MAPPED:  # LOCATE or ALLOCATE took a reference: give it back
+            sock.sendall(wire.pack_request(Op.RELEASE, 4, key if op == Op.ALLOCATE else GUARDED[0],
+                                           1 if op == Op.ALLOCATE else GUARDED[1]))
+    return "refused" if status == Code.FORBIDDEN else "served"
+
+
+def test_every_node_op_by_every_caller_is_served_or_refused_as_the_role_table_says(node):
+    expected = {(op.name, caller): expected_answer(op, caller) for op in NODE_OPS for caller in CALLERS}
+    seen = {(op.name, caller): seen_answer(node, op, caller) for op in NODE_OPS for caller in CALLERS}
+    assert seen == expected
+    # EVICTIONS waited out the read grant: the leader reconciles the node (INVENTORY, then REPORT) to renew it.
+    for op in (Op.INVENTORY, Op.REPORT):
+        assert call(node, wire.pack_request(op, 1, b"", 0, LEADER_TERM))[2] == Code.OK
+    assert_term_and_data_unchanged(node, "table")
