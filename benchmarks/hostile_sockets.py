@@ -7,7 +7,7 @@ node's data port, the master's control port, its gRPC port and a metrics/health 
   honest client's among them: more than the unproved pools and the proved slots.
 
 Each case reports what was tried, how many the server closed, the longest a stranger held its connection,
-and the seconds until a real client was served (a fresh Client's put and get with the client token; a gRPC
+how many were still open when the real client came, and the seconds until a real client was served (a fresh Client's put and get with the client token; a gRPC
 call; an HTTP GET of /healthz) both WHILE the hostile connections are held and at the END of the case, once
 the server closed them. Where the design serves while held: every case here (the node and control ports
 displace the oldest unproved connection for a new one; gRPC holds connections under its
