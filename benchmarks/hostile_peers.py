@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 import hostile_etcd
 import hostile_proofs
 import hostile_writes
+from hostile_sockets import MASTER_CAPS, NODE_CAPS, hostile_sockets
 
 from kvpool import Client
 from kvpool.security import auth, roles
@@ -357,8 +358,10 @@ def main() -> int:
     args = parser.parse_args()
     secret = auth.new_secret()
     timeouts = ["--frame-timeout", str(FRAME_TIMEOUT)]
-    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts, masters=2,
-                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), "--election-ttl", "2",
+    with LocalCluster(nodes=2, dram_per_node="96MiB", secret=secret, lease_ttl=2, node_args=timeouts + NODE_CAPS,
+                      masters=2, metrics=True,
+                      master_args=["--control-frame-timeout", str(FRAME_TIMEOUT), "--election-ttl", "2", *MASTER_CAPS,
+                                   "--grpc-handshake-timeout", str(FRAME_TIMEOUT),
                                    *hostile_proofs.PROOF_MASTER_ARGS]) as cluster:
         client_token = auth.client_token(secret)
         client_credential = auth.Credential.for_client(client_token)
@@ -383,6 +386,7 @@ def main() -> int:
         holder = next(n for n in cluster.nodes if n.info["address"] == placed.replicas[0].address)
         report["unread_replies"] = unread_replies(holder, client_credential, "obj/0", placed.size, placed.generation)
         report["flood"] = flood(cluster, args.connections, client_token)
+        report["sockets"] = hostile_sockets(cluster, client_token, FRAME_TIMEOUT)
         report["client_writes"] = hostile_writes.client_writes(cluster, secret)
         report["proofs"] = hostile_proofs.hostile_proofs(cluster, secret)
         report["made_up_options"] = hostile_writes.made_up_options(cluster, client_token, args.made_up)
@@ -400,7 +404,7 @@ def main() -> int:
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
           and not report["client_role"]["nodes_draining"] and hostile_etcd.held(report["etcd_peer"])
           and report["client_writes"]["ok"] and report["after_failover"]["objects_lost_or_changed"] == 0
-          and report["after_failover"]["new_puts_accepted"] and report["proofs"]["ok"])
+          and report["after_failover"]["new_puts_accepted"] and report["proofs"]["ok"] and report["sockets"]["ok"])
     report["ok"] = ok
     print(json.dumps(report), flush=True)
     return 0 if ok else 1

@@ -16,8 +16,12 @@ connection; a body over MAX_BODY is refused (TOO_LARGE) and the connection
 closed; a frame that stalls half-received for frame_timeout seconds closes it;
 an undecodable body is answered INVALID_ARGUMENT; an unknown op PROTOCOL.
 A connection opens with the AUTH handshake (kvpool/security/auth.py): until the peer
-answers the challenge with a valid proof, within frame_timeout, nothing else is
+answers the challenge with a valid proof, within frame_timeout of connecting, nothing else is
 read; a wrong one is answered FORBIDDEN and the connection closed.
+Slots (kvpool/sockets/admission.py): a proved connection holds one of max_connections; one
+still in its handshake one of max_unproved (max_unproved_per_address from one address; past
+either it displaces the oldest unproved one); with every proved slot taken a new connection is
+answered UNAVAILABLE (op TURNED_AWAY) and closed.
 """
 
 import asyncio
@@ -30,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from kvpool.protocol import control, wire
 from kvpool.security.auth import NONCE, PROOF, ServerHandshake, Verifier, refusal
 from kvpool.security.roles import Role
+from kvpool.sockets.admission import UNPROVED, UNPROVED_PER_ADDRESS, Admission
 from kvpool.errors import Code, ForbiddenError, KvpoolError
 
 from .metrics import CallCounter
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 
 FRAME_TIMEOUT = 10.0  # seconds a frame may sit half-received without a byte more
 MAX_IN_FLIGHT = 1024  # calls served at once per connection; reading pauses beyond
+MAX_CONNECTIONS = 4096  # default --control-max-connections: proved connections at once
 _HEADER = wire.REQUEST.size
 _unpack_header = wire.REQUEST.unpack_from
 _OK, _NOT_LEADER = int(Code.OK), int(Code.NOT_LEADER)
@@ -49,9 +55,11 @@ _COROUTINE = types.CoroutineType  # what MasterService.serve_now returns for a c
 class ControlPort:
     def __init__(self, service: MasterService, registry: CollectorRegistry | None = None,
                  frame_timeout: float = FRAME_TIMEOUT, max_body: int = control.MAX_BODY,
-                 verifier: Verifier | None = None):
+                 verifier: Verifier | None = None, max_connections: int = MAX_CONNECTIONS,
+                 max_unproved: int = UNPROVED, max_unproved_per_address: int = UNPROVED_PER_ADDRESS):
         self.service = service
         self.verifier = verifier or Verifier(None)
+        self.slots = Admission(max_connections, max_unproved, max_unproved_per_address)
         self.frame_timeout = frame_timeout
         self.max_body = max_body
         self._server: asyncio.AbstractServer | None = None
@@ -155,17 +163,30 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        admitted, displaced = self.port.slots.admit(self, peer[0] if peer else "?")
+        if not admitted:
+            self.port.refused.labels("turned_away").inc()
+            transport.write(self._turned_away())
+            self.closed = True
+            transport.close()
+            return
+        for old in displaced:  # unproved connections pushed out by this newer one
+            self.port.refused.labels("displaced").inc()
+            old.close()
         self.port._connections.add(self)
         self.port.connections.inc()
         self.port.accepted.inc()
         transport.write(self.handshake.challenge())
         if self.port.verifier.open:
             self.handshake = None
+            self.port.slots.prove(self)
         else:  # an unauthenticated connection holds a slot for frame_timeout at most
             self.auth_timer = self.loop.call_later(self.port.frame_timeout, self._auth_overdue)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self.port.slots.forget(self)
         for timer in (self.stall_timer, self.auth_timer, self.held_timer):
             if timer is not None:
                 timer.cancel()
@@ -241,6 +262,10 @@ class _Connection(asyncio.Protocol):
                     return
                 self.handshake = None
                 self.auth_timer.cancel()
+                if not self.port.slots.prove(self):  # every proved slot taken meanwhile
+                    self._reply(self._turned_away())
+                    self._refuse("turned_away", "every connection slot is taken")
+                    return
                 self._reply(reply)
                 continue
             if key_len:
@@ -359,6 +384,10 @@ class _Connection(asyncio.Protocol):
     def _unauthenticated(self, req_id: int, exc: ForbiddenError) -> None:
         self._reply(refusal(req_id, exc))
         self._refuse("forbidden", str(exc))
+
+    def _turned_away(self) -> bytes:
+        return wire.pack_error(wire.TURNED_AWAY, 0, Code.UNAVAILABLE,
+                               f"master at its limit of {self.port.slots.limit} control connections")
 
     def _auth_overdue(self) -> None:
         self.auth_timer = None

@@ -24,11 +24,13 @@ from kvpool.cluster.etcd_client import EtcdClient, OpenEtcdError, add_open_etcd_
 from kvpool.security.grpc_auth import ServerAuth
 from kvpool.security.replay_cache import CAPACITY as REMEMBERED_PROOFS
 from kvpool.security.replay_cache import ReplayCache
-from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, run_server
+from kvpool.runtime.health import HTTP_CONNECTIONS
+from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server
+from kvpool.sockets.admission import UNPROVED, UNPROVED_PER_ADDRESS
 from kvpool.protocol.units import parse_size
 
 from .adoption import Adopter
-from .control_port import FRAME_TIMEOUT, ControlPort
+from .control_port import FRAME_TIMEOUT, MAX_CONNECTIONS, ControlPort
 from .election import Election
 from .health_service import MasterHealth
 from .key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
@@ -46,6 +48,10 @@ from .service import MAX_BATCH, MasterService
 log = logging.getLogger("kvpool.master")
 
 MAX_MESSAGE_BYTES = 64 << 20  # batch requests for thousands of keys exceed gRPC's 4 MiB default
+GRPC_MAX_CONNECTIONS = 1024  # default --grpc-max-connections (clients call over the control port mostly)
+GRPC_HANDSHAKE_TIMEOUT = 10.0  # default --grpc-handshake-timeout
+GRPC_IDLE_TIMEOUT = 60.0  # default --grpc-idle-timeout: clients reconnect on their next call, unnoticed
+GRPC_MAX_STREAMS = 1024  # calls at once on one gRPC connection; a client's further calls queue on its side
 
 
 def size(text: str) -> int:
@@ -66,6 +72,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-frame-timeout", type=float, default=FRAME_TIMEOUT, metavar="SECONDS",
                    help="close a control port connection whose frame stalls half-received this long "
                         f"(default {FRAME_TIMEOUT:g})")
+    p.add_argument("--control-max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                   help="control port connections that proved their credential at once; more are answered "
+                        f"UNAVAILABLE and closed (default {MAX_CONNECTIONS}, lowered to fit the descriptor limit)")
+    p.add_argument("--control-max-unproved", type=int, default=UNPROVED, metavar="N",
+                   help="control port connections still in their handshake at once, apart from "
+                        f"--control-max-connections; a new one past it displaces the oldest (default {UNPROVED})")
+    p.add_argument("--control-max-unproved-per-address", type=int, default=UNPROVED_PER_ADDRESS, metavar="N",
+                   help=f"of --control-max-unproved, from one peer address (default {UNPROVED_PER_ADDRESS})")
+    p.add_argument("--grpc-max-connections", type=int, default=GRPC_MAX_CONNECTIONS, metavar="N",
+                   help=f"gRPC connections at once; more are closed on accept (default {GRPC_MAX_CONNECTIONS})")
+    p.add_argument("--grpc-handshake-timeout", type=float, default=GRPC_HANDSHAKE_TIMEOUT, metavar="SECONDS",
+                   help="close a gRPC connection that has not completed its TLS and HTTP/2 handshake this long "
+                        f"after connecting (default {GRPC_HANDSHAKE_TIMEOUT:g})")
+    p.add_argument("--grpc-idle-timeout", type=float, default=GRPC_IDLE_TIMEOUT, metavar="SECONDS",
+                   help="close a gRPC connection with no call for this long; its client reconnects on its next "
+                        f"call (default {GRPC_IDLE_TIMEOUT:g})")
     p.add_argument("--cluster", default=cluster_layout.DEFAULT_CLUSTER, help="cluster name (default 'default')")
     p.add_argument("--put-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="reclaim a put not ended within this many seconds (default 30)")
@@ -134,7 +156,7 @@ async def serve(args) -> int:
         server = grpc.aio.server(interceptors=[server_auth],
                                  options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                                          ("grpc.so_reuseport", 0)])
+                                          ("grpc.so_reuseport", 0), *grpc_bounds(args)])
         try:
             if args.tls:
                 port = server.add_secure_port(f"{args.host}:{args.port}", args.tls.grpc_server_credentials())
@@ -151,7 +173,10 @@ async def serve(args) -> int:
         service = MasterService(table, node_io, metrics, master_id, address, max_hold=args.max_hold,
                                 max_batch=args.max_batch)
         service.sealer = placement_seal.for_secret(args.secret)
-        control = ControlPort(service, metrics.registry, args.control_frame_timeout, verifier=verifier)
+        control = ControlPort(service, metrics.registry, args.control_frame_timeout, verifier=verifier,
+                              max_connections=args.control_max_connections,
+                              max_unproved=args.control_max_unproved,
+                              max_unproved_per_address=args.control_max_unproved_per_address)
         try:
             control_port = await control.bind(args.host, args.control_port,
                                               args.tls.server_context() if args.tls else None)
@@ -177,7 +202,7 @@ async def serve(args) -> int:
             await server.start()  # followers serve too: Stats, and NOT_LEADER naming the leader
             await control.start()
             if args.metrics_port:
-                metrics.serve(args.metrics_port, args.host, health.probes)
+                await metrics.serve(args.metrics_port, args.host, health.probes)
             if not await leadership.first_campaign():
                 log.info("master %s following %s", master_id, election.leader_address or "(none yet)")
             health.joined = True
@@ -201,6 +226,26 @@ async def serve(args) -> int:
     return 0
 
 
+def grpc_bounds(args) -> list[tuple[str, int]]:
+    """gRPC core's own bounds on the connections to the gRPC port (options named in grpc's
+    channel_arg_names.h): a cap on connections, a deadline for a new one's handshakes (a TCP connection
+    that never sends the HTTP/2 preface is closed after it), idle connections closed, calls per connection."""
+    return [("grpc.max_allowed_incoming_connections", args.grpc_max_connections),
+            ("grpc.server_handshake_timeout_ms", int(args.grpc_handshake_timeout * 1000)),
+            ("grpc.max_connection_idle_ms", int(args.grpc_idle_timeout * 1000)),
+            ("grpc.max_concurrent_streams", GRPC_MAX_STREAMS)]
+
+
+def fit_connection_caps(args) -> None:
+    """Raise the descriptor limit and fit the connection caps under it, lowering --control-max-connections
+    (the others are small, or gRPC's own, which turns connections away past its cap without failing)."""
+    caps = fit_caps({"--control-max-connections": args.control_max_connections,
+                     "--control-max-unproved": args.control_max_unproved,
+                     "--grpc-max-connections": args.grpc_max_connections, "metrics connections": HTTP_CONNECTIONS},
+                    "--control-max-connections", descriptor_budget())
+    args.control_max_connections = caps["--control-max-connections"]
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, _ = config.resolve(parser, "master", argv)
@@ -208,7 +253,9 @@ def main(argv=None) -> int:
     args.tls = tls.files_of(parser, args)
     options = vars(args)
     for flag in ("put_timeout", "report_interval", "max_hold", "repair_rate", "election_ttl", "key_feed_size",
-                 "control_frame_timeout", "max_batch", "max_replicas", "remembered_proofs"):
+                 "control_frame_timeout", "max_batch", "max_replicas", "remembered_proofs",
+                 "control_max_connections", "control_max_unproved", "control_max_unproved_per_address",
+                 "grpc_max_connections", "grpc_handshake_timeout", "grpc_idle_timeout"):
         if not options[flag] > 0:  # also NaN
             print(f"kvpool-master: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
             return 2
@@ -217,4 +264,5 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"kvpool-master: --etcd: {exc}", file=sys.stderr)
         return 2
+    fit_connection_caps(args)
     return run_server(serve(args), fast_loop=True)  # no sendfile here: uvloop serves the control port

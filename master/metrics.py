@@ -195,11 +195,11 @@ class MasterMetrics:
     def refused_call(self) -> None:
         self.unauthenticated.inc()
 
-    def serve(self, port: int, host: str, health: Health) -> None:
-        """/metrics, and the /healthz and /readyz probes (kvpool/runtime/health.py)."""
-        self._http = serve_http(port, host, self.registry, health)
+    async def serve(self, port: int, host: str, health: Health) -> None:
+        """/metrics, and the /healthz and /readyz probes (kvpool/runtime/health.py), on the running loop."""
+        self._http = await serve_http(port, host, self.registry, health)
 
     def stop(self) -> None:
         if self._http is not None:
-            self._http.shutdown()
+            self._http.close()
             self._http = None

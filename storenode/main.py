@@ -5,7 +5,6 @@ import asyncio
 import logging
 import os
 import re
-import resource
 import secrets
 import signal
 import sys
@@ -18,8 +17,8 @@ from kvpool.runtime import config
 from kvpool.protocol import transports
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError, UnavailableError
-from kvpool.runtime.health import Health, serve_http
-from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, run_server
+from kvpool.runtime.health import HTTP_CONNECTIONS, Health, serve_http
+from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server
 from kvpool.protocol.units import parse_size
 
 from . import policy
@@ -28,7 +27,7 @@ from .maintenance import Maintenance
 from .metrics import NodeMetrics
 from .recovery import recover
 from .registration import NodeRegistration
-from .server import FRAME_TIMEOUT, MAX_CONNECTIONS, DataServer
+from .server import FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVED, MAX_UNPROVED_PER_ADDRESS, DataServer
 from .ssd import SsdSegment
 from .store import ObjectStore
 from .tiers import StorageTier
@@ -118,11 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bytes of hard-pinned objects allowed (default: half of --dram)")
     p.add_argument("--max-hold", type=float, default=300.0, metavar="SECONDS", help="cap on one HOLD")
     p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
-                   help="data connections served at once; more get an UNAVAILABLE reply and are closed "
-                        "(at most the descriptor limit less 64)")
+                   help="data connections that proved their credential served at once; more get an UNAVAILABLE "
+                        "reply and are closed (lowered to fit the descriptor limit, which the node raises to "
+                        "its hard limit, with a reserve)")
+    p.add_argument("--max-unproved", type=int, default=MAX_UNPROVED, metavar="N",
+                   help="data connections still in their handshake at once, apart from --max-connections; past "
+                        "it a new one displaces the oldest unproved one")
+    p.add_argument("--max-unproved-per-address", type=int, default=MAX_UNPROVED_PER_ADDRESS, metavar="N",
+                   help="of --max-unproved, from one peer address; past it a new one displaces the oldest of "
+                        "that address")
     p.add_argument("--frame-timeout", type=float, default=FRAME_TIMEOUT, metavar="SECONDS",
                    help="a request half-received with no byte for this long closes its connection and frees "
-                        "what it reserved")
+                        "what it reserved; a connection must also prove its credential within this long of "
+                        "connecting")
     p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
                    help="close a data connection that sends no request for this long (default 0: never, as "
                         "clients keep theirs open; --max-connections bounds how many there are)")
@@ -157,12 +164,11 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--etcd-wait must be positive")
     if not args.idle_timeout >= 0:
         parser.error("--idle-timeout must be 0 (never) or positive")
-    if args.max_connections < 1:
-        parser.error("--max-connections must be at least 1")
-    # Past the descriptor limit accept() itself fails, with no answer to the peer: stay below it.
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY:
-        args.max_connections = max(1, min(args.max_connections, soft - 64))
+    if min(args.max_connections, args.max_unproved, args.max_unproved_per_address) < 1:
+        parser.error("--max-connections, --max-unproved and --max-unproved-per-address must be at least 1")
+    caps = fit_caps({"--max-connections": args.max_connections, "--max-unproved": args.max_unproved,
+                     "metrics connections": HTTP_CONNECTIONS}, "--max-connections", descriptor_budget())
+    args.max_connections = caps["--max-connections"]
 
 
 def main(argv=None) -> int:
@@ -215,7 +221,8 @@ async def _serve(args) -> int:
     credential = auth.Credential.for_member(args.secret) if args.secret else None
     server = DataServer(store, maintenance, node_id, metrics, instance=instance, verifier=verifier,
                         frame_timeout=args.frame_timeout, max_connections=args.max_connections,
-                        credential=credential, tls=args.tls, idle_timeout=args.idle_timeout)
+                        credential=credential, tls=args.tls, idle_timeout=args.idle_timeout,
+                        max_unproved=args.max_unproved, max_unproved_per_address=args.max_unproved_per_address)
     if transports.SHM in args.transports and dram.segment.path:
         server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None
@@ -237,7 +244,7 @@ async def _serve(args) -> int:
             if ucx is not None:
                 server.offers[transports.UCX] = ucx.offer
         if args.metrics_port:
-            metrics_http = serve_http(args.metrics_port, args.host, metrics.registry, health)
+            metrics_http = await serve_http(args.metrics_port, args.host, metrics.registry, health)
         tiers = {tier.name: TierRecord(tier.segment.capacity, tier.segment.path) for tier in store.tiers}
         record = NodeRecord(node_id=node_id, instance=instance, host=args.advertise_host or args.host,
                             data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
@@ -273,7 +280,7 @@ async def _serve(args) -> int:
             await ucx.stop()
         await maintenance.stop()
         if metrics_http:
-            metrics_http.shutdown()
+            metrics_http.close()
         for tier in store.tiers:
             tier.segment.close()
 

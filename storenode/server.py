@@ -2,7 +2,11 @@
 
 Each accepted connection is served by tcp_session.TcpSession (AUTH handshake, framing, requests in
 order); what each request does is storenode/ops.py's, shared with the UCX endpoint (ucx_server.py).
-Connections past --max-connections are turned away with one UNAVAILABLE reply.
+Slots (kvpool/sockets/admission.py): a connection that proved its credential holds one of
+--max-connections; one still in its handshake holds one of --max-unproved (at most
+--max-unproved-per-address from one address; past either, it displaces the oldest unproved connection) and
+must prove itself within --frame-timeout of its accept. With every proved slot taken, a new connection is
+turned away with one UNAVAILABLE reply.
 """
 
 import asyncio
@@ -14,6 +18,7 @@ from kvpool.security import placement_seal
 from kvpool.security.auth import Tickets, Verifier
 from kvpool.errors import Code
 from kvpool.net.netutil import long_lived
+from kvpool.sockets.admission import UNPROVED, UNPROVED_PER_ADDRESS, Admission
 from kvpool.security.tls_socket import TlsSocket
 
 from .copier import Copier
@@ -27,6 +32,7 @@ log = logging.getLogger(__name__)
 
 FRAME_TIMEOUT = 10.0  # default --frame-timeout: seconds a half-received request may go without a byte
 MAX_CONNECTIONS = 4096  # default --max-connections (kept below the process's descriptor limit by main.py)
+MAX_UNPROVED, MAX_UNPROVED_PER_ADDRESS = UNPROVED, UNPROVED_PER_ADDRESS  # --max-unproved[-per-address]
 TURN_AWAY_DRAINS = 64  # connections past the limit being closed politely at once; more are closed outright
 TURN_AWAY_DRAIN_SECONDS = 0.5
 
@@ -38,9 +44,11 @@ class DataServer:
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
                  metrics: NodeMetrics | None = None, instance: str = "", verifier: Verifier | None = None,
                  frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                 credential=None, tls=None, idle_timeout: float = 0.0):
+                 credential=None, tls=None, idle_timeout: float = 0.0, max_unproved: int = MAX_UNPROVED,
+                 max_unproved_per_address: int = MAX_UNPROVED_PER_ADDRESS):
         self.store = store
         self.max_connections = max_connections  # more are turned away, so no peer can take every descriptor
+        self.slots = Admission(max_connections, max_unproved, max_unproved_per_address)
         self.frame_timeout = frame_timeout  # a request half-received with no byte for this long closes its connection
         self.idle_timeout = idle_timeout  # a connection with no request for this long is closed (0: never)
         self.maintenance = maintenance
@@ -58,7 +66,7 @@ class DataServer:
         self.node.sealer = placement_seal.for_verifier(self.verifier)
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
-        self._connections: set[asyncio.Task] = set()
+        self._connections: dict[TcpSession, asyncio.Task] = {}
         self._turning_away: set[asyncio.Task] = set()
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -77,13 +85,22 @@ class DataServer:
         return sock.getsockname()[:2]
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._accept_task, *self._connections, *self._turning_away) if t]
+        tasks = [t for t in (self._accept_task, *self._connections.values(), *self._turning_away) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._listener:
             self._listener.close()
         await self.node.copier.close()
+
+    def proved(self, session: TcpSession) -> bool:
+        """The session's peer proved its credential: True if it now holds a proved slot; False if none
+        is free (the session turns it away) or it was displaced meanwhile."""
+        return self.slots.prove(session)
+
+    def turned_away_frame(self) -> bytes:
+        return wire.pack_error(wire.TURNED_AWAY, 0, Code.UNAVAILABLE,
+                               f"node at its limit of {self.max_connections} connections")
 
     def _turn_away(self, sock: socket.socket) -> None:
         """A connection past --max-connections: one UNAVAILABLE reply (op TURNED_AWAY), then closed. What
@@ -92,8 +109,7 @@ class DataServer:
         self.metrics.error("accept", "UNAVAILABLE")
         try:
             sock.setblocking(False)
-            sock.send(wire.pack_error(wire.TURNED_AWAY, 0, Code.UNAVAILABLE,
-                                      f"node at its limit of {self.max_connections} connections"))
+            sock.send(self.turned_away_frame())
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             sock.close()
@@ -125,13 +141,29 @@ class DataServer:
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            if len(self._connections) >= self.max_connections:
+            if self.slots.full:
                 self._turn_away(sock)
+                continue
+            try:
+                address = sock.getpeername()[0]
+            except OSError:  # already gone
+                sock.close()
                 continue
             sock.setblocking(False)
             long_lived(sock)  # a client that goes silent is dropped, and what it held released
             if self._tls_context is not None:
                 sock = TlsSocket(sock, self._tls_context, server_side=True)
-            task = asyncio.create_task(TcpSession(self, sock).run())
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
+            session = TcpSession(self, sock)
+            _, displaced = self.slots.admit(session, address)
+            for old in displaced:  # an unproved connection pushed out by this newer one
+                self.metrics.error("accept", "DISPLACED")
+                self._connections[old].cancel()
+            if self.verifier.open:  # every peer is a member: there is no handshake to wait for
+                self.slots.prove(session)
+            task = asyncio.create_task(session.run())
+            self._connections[session] = task
+            task.add_done_callback(lambda _task, session=session: self._ended(session))
+
+    def _ended(self, session: TcpSession) -> None:
+        self._connections.pop(session, None)
+        self.slots.forget(session)

@@ -67,6 +67,7 @@ class TcpSession(Framing):
         self.dram = server.store.dram
         self.ssd = server.store.ssd
         self.role = Role.CLIENT  # until the peer proves more
+        self.handshake_due = self.loop.time() + server.frame_timeout  # from the accept, not from the last byte
         self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
         self.shm = SharedMemoryRequests(self)
         self._bytes_in, self._bytes_out = self.metrics.bytes_in, self.metrics.bytes_out
@@ -86,7 +87,7 @@ class TcpSession(Framing):
         self.metrics.connections.inc()
         try:
             try:
-                if await self._tls_handshake() and await self._authenticate():
+                if await self._handshakes():
                     await self._serve()
             except _Disconnect:
                 pass
@@ -104,21 +105,31 @@ class TcpSession(Framing):
             self.input.stop()
             self.sock.close()
 
+    async def _handshakes(self) -> bool:
+        """TLS (if any) and AUTH, both done within --frame-timeout of the accept, however the peer spaces
+        its bytes: a stranger holds its unproved slot no longer. False: refused, or too slow; close."""
+        try:
+            async with asyncio.timeout_at(self.handshake_due):
+                return await self._tls_handshake() and await self._authenticate()
+        except TimeoutError:
+            self.metrics.error("auth", "OVERDUE")
+            log.warning("closing a data connection: no credential within %gs of connecting", self.frame_timeout)
+            return False
+
     async def _tls_handshake(self) -> bool:
-        """On a TLS connection, the TLS handshake first, within --frame-timeout; False if it failed."""
+        """On a TLS connection, the TLS handshake first; False if it failed."""
         if not isinstance(self.sock, TlsSocket):
             return True
         try:
-            async with asyncio.timeout(self.frame_timeout):
-                await tls_handshake(self.sock)
-        except (TimeoutError, ssl.SSLError, OSError) as exc:
+            await tls_handshake(self.sock)
+        except (ssl.SSLError, OSError) as exc:
             self.metrics.error("tls", "HANDSHAKE")
             log.warning("closing a data connection: TLS handshake failed: %s", exc or type(exc).__name__)
             return False
         return True
 
     async def _authenticate(self) -> bool:
-        """Challenge the peer and take its answer (within --frame-timeout); False: refused, close."""
+        """Challenge the peer and take its answer; False: refused, close."""
         verifier = self.server.verifier
         handshake = ServerHandshake(verifier)
         self.out += handshake.challenge()
@@ -144,6 +155,9 @@ class TcpSession(Framing):
             self.metrics.error("auth", "FORBIDDEN")
             log.warning("refused a data connection: %s", exc)
             self.out += refusal(req_id, exc)
+            return False
+        if not self.server.proved(self):  # every proved slot taken meanwhile
+            self.out += self.server.turned_away_frame()
             return False
         self.out += reply
         self.grow_staging()

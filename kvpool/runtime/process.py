@@ -5,6 +5,7 @@ import errno
 import gc
 import logging
 import os
+import resource
 import socket
 import sys
 
@@ -23,6 +24,40 @@ def _loop_factory(fast: bool):
     except ImportError:
         return None
     return uvloop.new_event_loop
+
+
+# Descriptors kept out of every connection cap: etcd and gRPC channels, the member's connections to nodes,
+# segment and log files, the metrics server, the loop's own (epoll, self-pipe), the executor's files.
+DESCRIPTOR_RESERVE = 256
+
+
+def descriptor_budget(reserve: int = DESCRIPTOR_RESERVE) -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (a server's connections are its
+    descriptors, and the soft default is often 1024), and return how many its connection caps may
+    share: the limit less `reserve`. Past the limit accept() fails with no answer to the peer, so the
+    caps added up must stay below it; each server's main fits its caps into this (fit_caps)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # e.g. a hard limit of RLIM_INFINITY the kernel will not take
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, soft - reserve)
+
+
+def fit_caps(caps: dict[str, int], shrink: str, budget: int) -> dict[str, int]:
+    """The connection caps `caps` (flag name -> value), with caps[shrink] lowered (to no less than 1) so
+    that they add up to at most `budget` descriptors; the others are small and kept as given."""
+    others = sum(value for name, value in caps.items() if name != shrink)
+    fitted = dict(caps)
+    fitted[shrink] = max(1, min(caps[shrink], budget - others))
+    if fitted[shrink] < caps[shrink]:
+        logging.getLogger(__name__).warning("%s lowered from %d to %d to fit the descriptor limit (%d usable)",
+                                            shrink, caps[shrink], fitted[shrink], budget)
+    return fitted
 
 
 def run_server(main_coro, fast_loop: bool = False) -> int:

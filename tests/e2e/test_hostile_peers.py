@@ -55,6 +55,18 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     assert proofs["flood"]["seconds_to_honest_call"] < 1.0
     assert proofs["router"]["refused"] == proofs["router"]["tried"] >= 10 and proofs["router"]["honest_status"] == 200
     assert report["processes_alive"] and report["objects_lost"] == 0 and report["new_puts_accepted"]
+    sockets = report["sockets"]  # benchmarks/hostile_sockets.py: strangers holding ports
+    assert set(sockets) == {"slow_auth_node", "slow_auth_control", "flood_node", "flood_control", "flood_grpc",
+                            "flood_health", "ok"}
+    for name, case in sockets.items():
+        if name == "ok":
+            continue
+        assert case["tried"] >= 4 and case["closed_by_server"] == case["tried"], (name, case)
+        assert case["longest_held_s"] <= case["deadline_s"] + 2.0, (name, case)  # a deadline from the accept
+        assert case["served_meanwhile_s"] is not None and case["served_meanwhile_s"] <= 1.0, (name, case)
+        assert case["open_when_served"] > 0, (name, case)  # served while hostile connections were held
+        assert case["served_at_end_s"] is not None and case["served_at_end_s"] <= 1.0, (name, case)
+    assert sockets["flood_node"]["tried"] >= 2 * 300 and sockets["ok"]
     assert report["ok"] and result.returncode == 0
 
 

@@ -1,0 +1,112 @@
+"""The HTTP server of a component's /metrics and probes (kvpool/runtime/health.py): on the component's own
+event loop, one request per connection, every connection bounded.
+
+It listens on 0.0.0.0 in compose and Kubernetes, so anyone may connect: each connection must deliver its
+request head (at most MAX_HEAD bytes) and take its answer within REQUEST_DEADLINE of its accept, and at most
+`connections` are open at once (HTTP_PER_ADDRESS from one address); past either cap a new connection displaces
+the oldest open one (kvpool/sockets/admission.py says why displacing beats refusing), so a flood of idle
+connections holds neither threads nor descriptors and a probe or scrape still gets in. The exposition is
+prometheus_client's (its text format, or OpenMetrics when the scraper asks for it), as before.
+"""
+
+import asyncio
+import logging
+from typing import Callable
+
+from prometheus_client.exposition import choose_encoder
+
+from kvpool.sockets.admission import Admission
+
+log = logging.getLogger(__name__)
+
+HTTP_CONNECTIONS = 64  # open at once: probes every few seconds and a scraper or two need a handful
+HTTP_PER_ADDRESS = 16
+REQUEST_DEADLINE = 5.0  # seconds from accept to the answer sent: a probe's own timeout is about this
+MAX_HEAD = 8192  # request line and headers; a scraper's are a few hundred bytes
+PROBES = ("/healthz", "/readyz")
+_REASONS = {200: "OK", 400: "Bad Request", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+class HttpEndpoint:
+    """probe(path) -> (status, body) for the PROBES paths; every other path answers the metrics of `registry`
+    (as prometheus_client's own server does)."""
+
+    def __init__(self, registry, probe: Callable[[str], tuple[int, bytes]], connections: int = HTTP_CONNECTIONS,
+                 deadline: float = REQUEST_DEADLINE):
+        self.registry = registry
+        self.probe = probe
+        self.deadline = deadline
+        # No connection proves anything here: each holds an "unproved" slot until its one answer is sent.
+        self.slots = Admission(connections, connections, min(HTTP_PER_ADDRESS, connections))
+        self._server: asyncio.AbstractServer | None = None
+        self._open: set[asyncio.Task] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0: a free port); returns the port."""
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD, backlog=128)
+        return self._server.sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._open):
+            task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        peer = writer.get_extra_info("peername")
+        admitted, displaced = self.slots.admit(task, peer[0] if peer else "?")
+        if not admitted:  # (never with every slot "unproved": a new one displaces the oldest instead)
+            writer.transport.abort()
+            return
+        for old in displaced:
+            old.cancel()
+        self._open.add(task)
+        answered = False
+        try:
+            async with asyncio.timeout(self.deadline):
+                writer.write(await self._answer(reader))
+                await writer.drain()
+            answered = True
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # too slow, gone, or a head past MAX_HEAD: nothing to answer
+        finally:
+            self.slots.forget(task)
+            self._open.discard(task)
+            if answered:
+                writer.close()
+            else:
+                writer.transport.abort()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        request_line, _, headers = head.partition(b"\r\n")
+        parts = request_line.split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return _response(400, "text/plain", b"bad request line\n")
+        method, target = parts[0], parts[1].split(b"?", 1)[0].decode("latin-1")
+        if method not in (b"GET", b"HEAD"):
+            return _response(405, "text/plain", b"GET or HEAD only\n")
+        if target in PROBES:
+            status, body = self.probe(target)
+            content_type = "text/plain"
+        else:
+            status, (body, content_type) = 200, await asyncio.to_thread(self._exposition, headers)
+        return _response(status, content_type, body, with_body=method == b"GET")
+
+    def _exposition(self, headers: bytes) -> tuple[bytes, str]:
+        """The metrics text in the format the scraper's Accept header asks for, chosen as prometheus_client's
+        own server chooses it."""
+        accept = ""
+        for line in headers.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"accept":
+                accept = value.strip().decode("latin-1")
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type
+
+
+def _response(status: int, content_type: str, body: bytes, with_body: bool = True) -> bytes:
+    head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("latin-1")
+    return head + body if with_body else head
