@@ -10,6 +10,7 @@ have the form host:port"; and it would not keep out a peer on the same host, as 
 """
 
 import os
+import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -67,6 +68,7 @@ class EtcdServer:
         self.client_port = client_port or free_port(host)
         self.peer_host = peer_host
         self.peer_port = peer_port or free_port(peer_host)
+        self._ports_chosen = not client_port and not peer_port  # free_port's: another may take them first
         self.peer_tls = peer_tls
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / "etcd.log"
         self.proc: subprocess.Popen | None = None
@@ -84,9 +86,26 @@ class EtcdServer:
         return f"https://{self.peer_host}:{self.peer_port}"
 
     def start(self, timeout: float = 20.0) -> "EtcdServer":
-        self.launch()
-        self.wait_healthy(timeout)
+        fresh = not self.data_dir.exists()
+        for attempt in range(3):
+            self.launch()
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except RuntimeError:
+                # A port free when chosen can be bound by another process before etcd binds it: a fresh member
+                # on ports of our choosing starts again on others.
+                if not (fresh and self._ports_chosen and attempt < 2 and "address already in use" in self._log()):
+                    raise
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                self.client_port, self.peer_port = free_port(self.host), free_port(self.peer_host)
         return self
+
+    def _log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def launch(self) -> None:
         """Start the process without waiting: members of one cluster must all be up before any is healthy."""

@@ -104,3 +104,18 @@ def test_kvpool_tls_etcd_peers_makes_material_a_member_serves_its_peer_port_with
         assert not (tmp_path / PEER_TLS_DIR).exists()  # the material given, none made
     finally:
         server.stop()
+
+
+def test_a_port_taken_between_choosing_it_and_binding_it_is_chosen_again(tmp_path):
+    server = EtcdServer(tmp_path / "etcd", log_path=tmp_path / "etcd.log")
+    taken = server.client_port
+    with socket.socket() as squatter:  # another process binds the port etcd was given first
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        server.start()
+        try:
+            assert server.client_port != taken and "address already in use" in (tmp_path / "etcd.log").read_text()
+            with urllib.request.urlopen(f"http://{server.endpoint}/health", timeout=5) as answer:
+                assert b'"true"' in answer.read()
+        finally:
+            server.stop()
