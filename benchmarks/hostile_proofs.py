@@ -15,10 +15,12 @@ import urllib.request
 
 import grpc
 
+import hostile_sockets
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 from kvpool.security import auth
 from kvpool.security.grpc_auth import METADATA, blocking_channel, call_proof
+from kvpool.runtime.http_endpoint import REQUEST_DEADLINE
 from kvpool.security.replay_cache import CAPACITY, MAX_AHEAD_MS
 
 REMEMBERED = 1000  # proofs the master remembers in this run: a flood of a few thousand overflows it in seconds
@@ -132,8 +134,15 @@ def router(client_token: str, secret: str) -> dict:
         codes = [status(path, token) for path in ("/route", "/engines") for token in strangers]
         started = time.monotonic()
         honest = status("/route", client_token)
+
+        def route():
+            if status("/route", client_token) != 200:
+                raise AssertionError("the honest /route was not answered 200")
+
+        # Idle connections held open, as against the components' metrics port (hostile_sockets.py).
+        flood = hostile_sockets.flood_case(f"127.0.0.1:{port}", route, REQUEST_DEADLINE)
         return {"tried": len(codes), "refused": codes.count(401), "honest_status": honest,
-                "seconds_to_honest_call": round(time.monotonic() - started, 3)}
+                "seconds_to_honest_call": round(time.monotonic() - started, 3), "flood": flood}
 
 
 def hostile_proofs(cluster, secret: str) -> dict:
@@ -148,5 +157,5 @@ def hostile_proofs(cluster, secret: str) -> dict:
                     and report["flood"]["refused"] == 0 and report["flood"]["honest_served"]
                     and report["flood"]["honest_refused"] == 0
                     and report["router"]["refused"] == report["router"]["tried"]
-                    and report["router"]["honest_status"] == 200)
+                    and report["router"]["honest_status"] == 200 and hostile_sockets.held(report["router"]["flood"]))
     return report

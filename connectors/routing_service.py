@@ -22,10 +22,10 @@ import dataclasses
 import json
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
 from kvpool.errors import KvpoolError
+from kvpool.runtime.http_endpoint import HttpServer, Request
 from kvpool.security import auth
 
 from .block_events import block_events
@@ -61,7 +61,7 @@ class RoutingService:
         self._thread: threading.Thread | None = None
         self._tasks: list[asyncio.Task] = []
         self.followers: dict[str, EngineEvents] = {}
-        self._http: ThreadingHTTPServer | None = None
+        self._http: HttpServer | None = None
 
     # -- for callers, from any thread
 
@@ -97,6 +97,7 @@ class RoutingService:
                 self._tasks.append(loop.create_task(follower.run(), name=f"kv-events {name}"))
         if self._cluster["master"] or self._cluster["etcd"]:
             self._tasks.append(loop.create_task(self._follow_pool(), name="pool-events"))
+        self._tasks.append(loop.create_future())  # runs until stop(), whatever it follows (HTTP is served here)
         ready.set()
         try:
             loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
@@ -116,75 +117,43 @@ class RoutingService:
                 await asyncio.sleep(5)
 
     def serve_http(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Answer /route, /finished and /engines on host:port (0: a free port) in threads; returns the port."""
-        service = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # noqa: D102 - quiet: one line per request would flood the log
-                pass
-
-            def do_GET(self):
-                if self.path not in PROBES and not self._allowed():
-                    return
-                if self.path == "/engines":
-                    self._answer(200, service.state())
-                elif self.path in ("/healthz", "/readyz"):  # probes: answering at all, and following engines
-                    alive = service._thread is not None and service._thread.is_alive()
-                    self._answer(200 if alive else 503, {"ok": alive})
-                else:
-                    self._answer(404, {"error": f"no {self.path}"})
-
-            def do_POST(self):
-                if not self._allowed():
-                    return
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    self._answer(413, {"error": f"a body of {length} bytes"})
-                    return
-                try:
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                    if self.path == "/route":
-                        tokens = body["token_ids"]
-                        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-                            raise ValueError("token_ids must be a list of integers")
-                        engine, scores = service.choose(tokens)
-                        self._answer(200, {"engine": engine, "scores": [dataclasses.asdict(s) for s in scores]})
-                    elif self.path == "/finished":
-                        service.finished(str(body["engine"]))
-                        self._answer(200, {})
-                    else:
-                        self._answer(404, {"error": f"no {self.path}"})
-                except (ValueError, KeyError, TypeError) as exc:
-                    self._answer(400, {"error": f"{type(exc).__name__}: {exc}"})
-
-            def _allowed(self) -> bool:
-                """Whether the request carries the client token; if not, it is answered 401 here."""
-                if service.client_token is None or auth.bearer_matches(self.headers.get("Authorization"),
-                                                                       service.client_token):
-                    return True
-                self._answer(401, {"error": UNAUTHORIZED}, ("WWW-Authenticate", 'Bearer realm="kvpool router"'))
-                return False
-
-            def _answer(self, status: int, value, *headers: tuple[str, str]) -> None:
-                data = json.dumps(value).encode()
-                self.send_response(status)
-                for name, text in headers:
-                    self.send_header(name, text)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        """Answer /route, /finished and /engines on host:port (0: a free port) on the service's event loop, every
+        connection bounded (kvpool/runtime/http_endpoint.py); returns the port. Call after start()."""
         if self.client_token is None:
             log.warning("router: no cluster token, so its HTTP endpoints answer anyone who reaches them")
-        self._http = ThreadingHTTPServer((host, port), Handler)
-        threading.Thread(target=self._http.serve_forever, name="kvpool-router-http", daemon=True).start()
-        return self._http.server_address[1]
+        self._http = HttpServer(self._respond, methods=(b"GET", b"POST"), max_body=MAX_BODY)
+        return asyncio.run_coroutine_threadsafe(self._http.start(host, port), self._loop).result(10)
+
+    async def _respond(self, request: Request) -> tuple:
+        path = request.path
+        if path not in PROBES and self.client_token is not None and not auth.bearer_matches(
+                request.headers.get("authorization"), self.client_token):
+            return _json(401, {"error": UNAUTHORIZED}, ("WWW-Authenticate", 'Bearer realm="kvpool router"'))
+        if request.method == b"GET":
+            if path == "/engines":
+                return _json(200, self.state())
+            if path in PROBES:  # answering at all, and following engines
+                alive = self._thread is not None and self._thread.is_alive()
+                return _json(200 if alive else 503, {"ok": alive})
+            return _json(404, {"error": f"no {path}"})
+        try:
+            body = json.loads(request.body or b"{}")
+            if path == "/route":
+                tokens = body["token_ids"]
+                if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                    raise ValueError("token_ids must be a list of integers")
+                engine, scores = await asyncio.to_thread(self.choose, tokens)  # the loop goes on following events
+                return _json(200, {"engine": engine, "scores": [dataclasses.asdict(s) for s in scores]})
+            if path == "/finished":
+                self.finished(str(body["engine"]))
+                return _json(200, {})
+            return _json(404, {"error": f"no {path}"})
+        except (ValueError, KeyError, TypeError) as exc:
+            return _json(400, {"error": f"{type(exc).__name__}: {exc}"})
 
     def stop(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+        if self._http is not None and self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._http.close)
         if self._loop is not None and self._thread is not None:
             for task in self._tasks:
                 self._loop.call_soon_threadsafe(task.cancel)
@@ -207,3 +176,7 @@ class _Locked(EngineEvents):
     def take(self, frames: list[bytes]) -> None:
         with self._lock:
             super().take(frames)
+
+
+def _json(status: int, value, *headers: tuple[str, str]) -> tuple:
+    return status, "application/json", json.dumps(value).encode(), headers

@@ -54,6 +54,9 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     assert proofs["flood"]["honest_served"] and proofs["flood"]["honest_refused"] == 0
     assert proofs["flood"]["seconds_to_honest_call"] < 1.0
     assert proofs["router"]["refused"] == proofs["router"]["tried"] >= 10 and proofs["router"]["honest_status"] == 200
+    router_flood = proofs["router"]["flood"]  # idle connections held on the router's port: all closed, /route served
+    assert router_flood["closed_by_server"] == router_flood["tried"] == 300, router_flood
+    assert router_flood["served_meanwhile_s"] < 1.0 and router_flood["served_at_end_s"] < 1.0, router_flood
     assert report["processes_alive"] and report["objects_lost"] == 0 and report["new_puts_accepted"]
     sockets = report["sockets"]  # benchmarks/hostile_sockets.py: strangers holding ports
     assert set(sockets) == {"slow_auth_node", "slow_auth_control", "flood_node", "flood_control", "flood_grpc",
