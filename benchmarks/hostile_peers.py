@@ -167,13 +167,20 @@ def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
             sock.sendall(wire.pack_request(op, 1, b"k", 1, 10**12, len(payload)) + payload)
             replies, closed = drain(sock)
         refused += closed and replies == [(op, Code.FORBIDDEN)]
-    # WRITEs claiming a term far ahead of the leader's: stored or not, the node's term stays.
+    # WRITEs claiming a term far ahead of the leader's: refused (no leader sealed them), the node's term stays.
     data = b"t" * 1000
-    with connect(address, credential) as sock:
-        for i in range(20):
-            sock.sendall(wire.pack_request(wire.Op.WRITE, i, b"term/%d" % i, 10**15 + i, 10**12 + i, len(data),
-                                           checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data), wire.NO_SEAL) + data)
-        drain(sock, 1.0)
+    high_term_refused = 0
+    for i in range(20):
+        with connect(address, credential) as sock:
+            try:
+                sock.sendall(wire.pack_request(wire.Op.WRITE, i, b"term/%d" % i, 10**15 + i, 10**12 + i, len(data),
+                                               checksum(data)) + wire.WRITE_OPTIONS.pack(0, 0, len(data), wire.NO_SEAL)
+                             + data)
+            except OSError:  # closed on the refusal before the payload was all sent
+                pass
+            replies, _closed = drain(sock, 1.0)
+        # FORBIDDEN, or closed before it could be read (the node hangs up on a refused WRITE's payload)
+        high_term_refused += (wire.Op.WRITE, Code.OK) not in replies
     # An operator's master RPCs (Drain) with the client token, over the control port and over gRPC.
     rpcs_tried = rpcs_refused = 0
     node_id = cluster.nodes[0].info["node_id"]
@@ -195,6 +202,7 @@ def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
     with Client(cluster.master_address, token=secret) as operator:
         draining = [n.node_id for n in operator.stats().nodes if n.draining]
     return {"member_ops_tried": tried, "member_ops_refused": refused, "high_term_writes": 20,
+            "high_term_writes_refused": high_term_refused,
             "member_rpcs_tried": rpcs_tried, "member_rpcs_refused": rpcs_refused, "nodes_draining": draining}
 
 
@@ -403,6 +411,7 @@ def main() -> int:
           and report["client_role"]["member_ops_refused"] == report["client_role"]["member_ops_tried"]
           and report["client_role"]["member_rpcs_refused"] == report["client_role"]["member_rpcs_tried"]
           and not report["client_role"]["nodes_draining"] and hostile_etcd.held(report["etcd_peer"])
+          and report["client_role"]["high_term_writes_refused"] == 20
           and report["client_writes"]["ok"] and report["after_failover"]["objects_lost_or_changed"] == 0
           and report["after_failover"]["new_puts_accepted"] and report["proofs"]["ok"] and report["sockets"]["ok"])
     report["ok"] = ok

@@ -33,7 +33,7 @@ def test_hostile_peers_are_refused_and_nothing_stored_is_lost():
     role = report["client_role"]
     assert role["member_ops_refused"] == role["member_ops_tried"] == len(roles.MEMBER_OPS)
     assert role["member_rpcs_refused"] == role["member_rpcs_tried"] == 2 * len(roles.MEMBER_RPCS)  # both planes
-    assert role["nodes_draining"] == []
+    assert role["nodes_draining"] == [] and role["high_term_writes_refused"] == role["high_term_writes"] == 20
     assert report["fuzz"]["frames"] >= 150 and report["fuzz"]["grpc_calls"] > 20
     assert report["stalls"]["closed_by_server"] == report["stalls"]["stalled_requests"]
     assert report["unread_replies"]["closed_by_server"] and report["unread_replies"]["node_logged_giving_up"]
