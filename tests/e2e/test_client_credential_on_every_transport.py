@@ -77,20 +77,22 @@ def client_connection(node, attach: bool):
     return sock
 
 
-def with_ucx_client(node, work):
-    """work(transport, address) on a UcxTransport that proves the client role, on a fresh event loop."""
+def with_ucx_client(node, work, credential=None):
+    """work(transport, address) on a UcxTransport that proves `credential` (default: the client role), on a fresh
+    event loop."""
     from test_ucx import with_ucx
 
     address = f"{node.host}:{node.port}"
+    credential = credential or client_credential()
 
     async def ask_hello():
-        tcp = TcpTransport(credential=client_credential())
+        tcp = TcpTransport(credential=credential)
         try:
             return await tcp.hello(address)
         finally:
             await tcp.close()
 
-    return with_ucx((UCX_TLS, address, asyncio.run(ask_hello())), work, credential=client_credential())
+    return with_ucx((UCX_TLS, address, asyncio.run(ask_hello())), work, credential=credential)
 
 
 async def ucx_request(transport, address: str, op: int, key: bytes, generation: int, arg: int):
@@ -239,3 +241,45 @@ def test_every_node_op_by_every_caller_is_served_or_refused_as_the_role_table_sa
     for op in (Op.INVENTORY, Op.REPORT):
         assert call(node, wire.pack_request(op, 1, b"", 0, LEADER_TERM))[2] == Code.OK
     assert_term_and_data_unchanged(node, "table")
+
+
+def expected_over_ucx(op: Op, caller: str) -> str:
+    if op in (Op.WRITE, Op.READ):  # the data path UCX carries
+        return expected_answer(op, caller)
+    if op in roles.MEMBER_OPS and caller != "member":
+        return "refused"  # refused as over TCP, before saying UCX does not carry it
+    return "not over UCX"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ucxx") is None, reason="UCX is an optional extra (kvpool[ucx])")
+def test_every_node_op_by_every_caller_over_ucx_is_served_refused_or_sent_to_tcp_as_the_table_says(node):
+    expected = {(op.name, caller): expected_over_ucx(op, caller) for op in NODE_OPS for caller in CALLERS}
+    seen = {}
+    for caller in CALLERS:
+        async def every_op(ucx, address):
+            for op in NODE_OPS:
+                key, data = f"ucx-table/{op.name}/{caller}".encode(), b"u" * 3000
+                if op == Op.WRITE:
+                    seal = wire.NO_SEAL if caller == "client" else seal_for(node.node_id, key, 1, data,
+                                                                              term=LEADER_TERM)
+                    try:
+                        await ucx.write(address, key, 1, memoryview(data), checksum(data), WriteOptions(seal=seal),
+                                        term=LEADER_TERM)
+                        status = Code.OK
+                    except KvpoolError as exc:
+                        status = exc.code
+                elif op == Op.READ:
+                    buf = bytearray(len(GUARDED_VALUE))
+                    try:
+                        await ucx.read_into(address, *GUARDED, memoryview(buf))
+                        status = Code.OK
+                    except KvpoolError as exc:
+                        status = exc.code
+                else:
+                    status, _message = await ucx_request(ucx, address, op, key, 1, 0)
+                seen[op.name, caller] = ("refused" if status == Code.FORBIDDEN else
+                                         "not over UCX" if status == Code.PROTOCOL else "served")
+            return True
+        with_ucx_client(node, every_op, member_credential() if caller == "member" else None)
+    assert seen == expected
+    assert_term_and_data_unchanged(node, "ucx-table")
