@@ -6,7 +6,7 @@ read back into what the API returns or the typed error they stand for.
 
 from kvpool.errors import InternalError, KeyNotFoundError, Code, error_for
 from kvpool.protocol.keys import validate_key, validate_keys
-from kvpool.protocol.wire import NO_SEAL, SEAL
+from kvpool.protocol.wire import SEAL
 from kvpool.proto import kvpool_pb2 as pb
 
 from .put_options import hold_seconds
@@ -159,9 +159,8 @@ class Started:
                 raise InternalError(f"BatchPutStart answered {len(self.seals)} bytes of seals for {at}")
 
     def seal(self, i: int, copy: int) -> bytes:
-        """The leader's seal over copy `copy` (in the placement's order as answered) of put i."""
-        if not self.seals:
-            return NO_SEAL
+        """The leader's seal over copy `copy` (in the placement's order as answered) of put i; only when the
+        answer carried seals."""
         at = self.seal_at[i] + copy * SEAL
         return self.seals[at:at + SEAL]
 

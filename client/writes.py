@@ -177,10 +177,10 @@ async def _write_started(core: Core, started: Started, raws, views, digests, opt
     for i in started.indices:
         by_placement.setdefault(started.placement[i], []).append(i)
     groups: dict[str, tuple[list, list]] = {}  # node address -> ([(index, node id)], [WriteItem])
+    sealed = bool(started.seals)  # else every WriteItem shares its put's options as they are
     for where, indices in by_placement.items():
         placement = started.placements[where]
         term, generation = placement.term, started.generation
-        sealed = bool(started.seals)
         for copy, replica in enumerate(placement.replicas):
             group = groups.get(replica.address)
             if group is None:

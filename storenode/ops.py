@@ -125,7 +125,7 @@ class NodeOps:
         stored = self.store.index.get(req.key, req.generation)
         if stored is not None and (stored.checksum != req.checksum or stored.size != req.length):
             raise KeyExistsError(f"generation {req.generation} of this key is stored with other bytes; "
-                              "a stored version is never replaced")
+                                 "a stored version is never replaced")
 
     def checked_record(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> ObjectRecord:
         """The record of a write whose bytes are in its extent, once they match its checksum and no other
