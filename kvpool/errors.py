@@ -23,6 +23,7 @@ class Code(IntEnum):
     NOT_LEADER = 12
     PROTOCOL = 13  # data protocol only: a malformed frame
     FORBIDDEN = 14  # data protocol only: a transport this client may not use (e.g. a wrong cluster token)
+    QUOTA_EXCEEDED = 15  # a tenant's put past its quota with nothing of its own left to evict
 
 
 class KvpoolError(Exception):
@@ -113,6 +114,12 @@ class ForbiddenError(KvpoolError, PermissionError):
     code = Code.FORBIDDEN
 
 
+class QuotaExceededError(NoSpaceError):
+    """A tenant's put would take it past its quota, and none of its own objects may be evicted to make
+    room (all pinned, held or being read)."""
+    code = Code.QUOTA_EXCEEDED
+
+
 class BatchError(KvpoolError):
     """Some items of a batch failed; `errors` maps each failed key to its error. For reads, `results` holds
     every item's outcome in order (what the call would have returned for it, or its error), so what did arrive
@@ -129,7 +136,7 @@ class BatchError(KvpoolError):
 _BY_CODE = {cls.code: cls for cls in (
     KeyNotFoundError, KeyExistsError, NoSpaceError, ValueTooLargeError, InvalidKeyError,
     InvalidArgumentError, UnavailableError, StaleReplicaError, ChecksumMismatchError,
-    PutExpiredError, InternalError, NotLeaderError, ProtocolError, ForbiddenError,
+    PutExpiredError, InternalError, NotLeaderError, ProtocolError, ForbiddenError, QuotaExceededError,
 )}
 
 

@@ -22,6 +22,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PUT_EXPIRED: _ClassVar[Status]
     INTERNAL: _ClassVar[Status]
     NOT_LEADER: _ClassVar[Status]
+    QUOTA_EXCEEDED: _ClassVar[Status]
 
 class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -53,6 +54,7 @@ CHECKSUM_MISMATCH: Status
 PUT_EXPIRED: Status
 INTERNAL: Status
 NOT_LEADER: Status
+QUOTA_EXCEEDED: Status
 TIER_UNSPECIFIED: Tier
 DRAM: Tier
 SSD: Tier

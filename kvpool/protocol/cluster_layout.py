@@ -6,7 +6,7 @@ Every key lives under /kvpool/<cluster>/ so clusters can share one etcd.
                    attached to the leading master's lease
                    (created only if absent: it is the election key; its create revision is the term)
   masters/<id>     same JSON, one per running master (leader and followers), under its lease
-  objects/<key>    the placement record of one committed object (master/placement_record.py)
+  tenants/<name>   JSON TenantRecord (kvpool/protocol/tenants.py): a tenant's token version and limits
 """
 
 import json
@@ -34,6 +34,14 @@ def master_key(cluster: str) -> bytes:
 def masters_prefix(cluster: str) -> bytes:
     """Every running master (leader or follower) registers here under its lease."""
     return prefix(cluster) + b"masters/"
+
+
+def tenants_prefix(cluster: str) -> bytes:
+    return prefix(cluster) + b"tenants/"
+
+
+def tenant_key(cluster: str, name: str) -> bytes:
+    return tenants_prefix(cluster) + name.encode()
 
 
 @dataclass
