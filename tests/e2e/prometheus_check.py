@@ -166,18 +166,46 @@ def fill_variables(expr: str, variables: dict) -> str:
     return _VARIABLE.sub(value, expr)
 
 
+_LABEL_VALUES = re.compile(r"^\s*label_values\((?:(.*),)?\s*(\w+)\s*\)\s*$")
+
+
+def template_values(dashboard_path, prometheus_url: str) -> dict:
+    """A value for each of the dashboard's own template variables, as Grafana would pick one: a
+    label_values(metric, label) query's first value in Prometheus, a custom or constant variable's first
+    option, else its current value; a variable with no value is left out (its queries then fail)."""
+    values = {}
+    for variable in json.loads(Path(dashboard_path).read_text()).get("templating", {}).get("list", ()):
+        name, kind = variable.get("name"), variable.get("type")
+        query = variable.get("query")
+        query = query.get("query", "") if isinstance(query, dict) else query or ""
+        found = _LABEL_VALUES.match(query) if kind == "query" else None
+        if found:
+            match = urllib.parse.urlencode({"match[]": found.group(1)}) if found.group(1) else ""
+            options = api_call(f"{prometheus_url}/api/v1/label/{found.group(2)}/values?{match}")
+        elif kind in ("custom", "constant"):
+            options = [option.strip() for option in query.split(",") if option.strip()]
+        else:
+            options = [variable.get("current", {}).get("value")]
+        options = [option for option in options if option not in (None, "", "$__all")]
+        if options:
+            values[name] = options[0]
+    return values
+
+
 def check_dashboard(dashboard_path, prometheus_url: str, variables: dict | None = None) -> list[str]:
-    """Evaluate every panel query of the dashboard at `prometheus_url` (/api/v1/query, now) with `variables`
-    filling its template variables; returns one line per query that fails (no variable value, an error, an
-    empty result, or no finite value: what Grafana would draw as nothing), empty when every query shows data."""
+    """Evaluate every panel query of the dashboard at `prometheus_url` (/api/v1/query, now), its template
+    variables filled from `variables`, else as template_values() picks them; returns one line per query that
+    fails (no variable value, an error, an empty result, or no finite value: what Grafana would draw as
+    nothing), empty when every query shows data."""
     failures = []
     queries = dashboard_queries(dashboard_path)
     if not queries:
         return [f"{dashboard_path}: no panel queries"]
+    filled = {**template_values(dashboard_path, prometheus_url), **(variables or {})}
     for title, ref, expr in queries:
         where = f"panel {title!r} query {ref}: {expr}"
         try:
-            query = fill_variables(expr, variables or {})
+            query = fill_variables(expr, filled)
             data = api_call(f"{prometheus_url}/api/v1/query", urllib.parse.urlencode({"query": query}).encode())
         except (KeyError, RuntimeError) as error:
             failures.append(f"{where}: {error}")

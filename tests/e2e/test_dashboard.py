@@ -12,6 +12,7 @@ import yaml
 from prometheus_check import MISSING, PROMETHEUS, Prometheus, check_dashboard, dashboard_queries, panels
 
 from kvpool import Client
+from kvpool.errors import ForbiddenError
 from kvpool.net.netutil import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +39,9 @@ def exported(urls) -> set[str]:
 
 
 def drive(cluster, round: str = "") -> None:
-    """Traffic that moves every panel: puts, reads (cached and not), a miss, a remove, and a node refusing a
-    stale cached placement (an error). Keys of each `round` are its own."""
+    """Traffic that moves every panel: puts, reads (cached and not), a miss, a remove, a node refusing a
+    stale cached placement (an error), and a call with a wrong credential refused. Keys of each `round` are
+    its own."""
     token = cluster.client_token
     keys = [f"d{round}/{i}" for i in range(20)]
     with Client(cluster.master_address, token=token) as writer, Client(cluster.master_address, token=token) as other:
@@ -57,6 +59,9 @@ def drive(cluster, round: str = "") -> None:
             return "kvpool_node_errors_total" in exported(cluster.metrics_urls.values())
 
         wait_until(stale_read_refused, 20, what="a node to count an error")
+    with Client(cluster.master_address, token="kvpool-not-this-cluster") as stranger:
+        with pytest.raises(ForbiddenError):
+            stranger.put(keys[0], b"v")
 
 
 def test_every_metric_the_dashboard_queries_is_exported(own_cluster):
@@ -96,6 +101,10 @@ def cycle_tiers(cluster, round: str) -> None:
             values = reader.batch_get(keys)
             assert {len(value) for value in values if value is not None} == {BLOCK}  # (None: evicted already)
 
+MOVED = ("kvpool_node_tier_evictions_total", "kvpool_node_tier_demotions_total", "kvpool_node_tier_promotions_total",
+         "kvpool_node_errors_total", "kvpool_master_lookup_hits_total", "kvpool_master_lookup_misses_total",
+         "kvpool_master_grpc_unauthenticated_total")
+
 
 @pytest.mark.skipif(PROMETHEUS is None, reason=MISSING)
 def test_every_dashboard_query_shows_data_in_a_real_prometheus(own_cluster, tmp_path):
@@ -115,8 +124,8 @@ def test_every_dashboard_query_shows_data_in_a_real_prometheus(own_cluster, tmp_
         target["expr"] = target["expr"].replace("kvpool_", "kvpool_misnamed_", 1)
         (tmp_path / "broken.json").write_text(json.dumps(broken))
         caught = check_dashboard(tmp_path / "broken.json", prometheus.url)
-        moved = {name: prometheus.values(f"sum(increase(kvpool_node_tier_{name}_total[5m]))")
-                 for name in ("evictions", "demotions", "promotions")}
+        # What the panels show moved with the traffic: not just series at 0.
+        moved = {counter: prometheus.values(f"sum(increase({counter}[5m]))") for counter in MOVED}
     assert not failures, "dashboard queries that show nothing:\n" + "\n".join(failures)
-    assert all(values[0] > 0 for values in moved.values()), f"the tier panels stayed flat: {moved}"
+    assert all(values[0] > 0 for values in moved.values()), f"counters the traffic did not move: {moved}"
     assert len(caught) == 1 and "kvpool_misnamed_" in caught[0] and caught[0].endswith("no data"), caught
