@@ -33,7 +33,7 @@ _VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)|\[\[(\w+)\]\]")
 
 class Prometheus:
     """The prometheus binary scraping `targets` (name -> metrics URL) every `interval` seconds, each target
-    labelled instance=<its name>; a context manager that stops the server and keeps its log in work_dir."""
+    labelled instance=<its name> and component= as deploy/prometheus/prometheus.yml labels it; a context manager that stops the server and keeps its log in work_dir."""
 
     def __init__(self, targets: dict, work_dir: Path, interval: float = 1.0, timeout: float = 30.0):
         if PROMETHEUS is None:
@@ -66,8 +66,7 @@ class Prometheus:
             jobs.append({"job_name": f"kvpool-{name}", "metrics_path": parts.path or "/metrics",
                          "scheme": parts.scheme, "scrape_interval": every, "scrape_timeout": every,
                          "static_configs": [{"targets": [parts.netloc],
-                                             "labels": {"instance": name,
-                                                        "component": name.split("-")[0]}}]})
+                                             "labels": {"instance": name, "component": _component(name)}}]})
         return {"global": {"scrape_interval": every}, "scrape_configs": jobs}
 
     def _ready(self) -> bool:
@@ -114,6 +113,12 @@ class Prometheus:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _component(name: str) -> str:
+    """LocalCluster's "node-0" is a "storenode", as in deploy/prometheus/prometheus.yml; "master" is itself."""
+    kind = name.split("-")[0]
+    return "storenode" if kind == "node" else kind
 
 
 def api_call(url: str, body: bytes | None = None) -> dict:

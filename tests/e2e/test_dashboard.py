@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_check import MISSING, PROMETHEUS, Prometheus, check_dashboard, dashboard_queries, panels
+from prometheus_check import (MISSING, PROMETHEUS, Prometheus, check_dashboard, dashboard_queries, fill_variables,
+                              panels)
 
 from kvpool import Client
 from kvpool.errors import ForbiddenError
@@ -129,3 +130,15 @@ def test_every_dashboard_query_shows_data_in_a_real_prometheus(own_cluster, tmp_
     assert not failures, "dashboard queries that show nothing:\n" + "\n".join(failures)
     assert all(values[0] > 0 for values in moved.values()), f"counters the traffic did not move: {moved}"
     assert len(caught) == 1 and "kvpool_misnamed_" in caught[0] and caught[0].endswith("no data"), caught
+
+
+def test_panels_in_rows_are_checked_and_every_grafana_variable_is_filled_or_named(tmp_path):
+    dashboard = {"panels": [{"title": "top", "targets": [{"refId": "A", "expr": "up"}]},
+                            {"type": "row", "title": "tenants", "collapsed": True, "panels": [
+                                {"title": "inside", "targets": [{"refId": "B", "expr": "x{tenant=\"$tenant\"}"}]}]}]}
+    (tmp_path / "d.json").write_text(json.dumps(dashboard))
+    assert dashboard_queries(tmp_path / "d.json") == [("top", "A", "up"), ("inside", "B", 'x{tenant="$tenant"}')]
+    assert fill_variables('rate(m{node="$node",t=~"${tenant:regex}"}[$__rate_interval]) [[node]]',
+                          {"node": "node-0", "tenant": "b"}) == 'rate(m{node="node-0",t=~"b"}[1m]) node-0'
+    with pytest.raises(KeyError, match=r"\$tenant"):
+        fill_variables('x{tenant="$tenant"}', {})
