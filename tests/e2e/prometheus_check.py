@@ -33,7 +33,8 @@ _VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)|\[\[(\w+)\]\]")
 
 class Prometheus:
     """The prometheus binary scraping `targets` (name -> metrics URL) every `interval` seconds, each target
-    labelled instance=<its name> and component= as deploy/prometheus/prometheus.yml labels it; a context manager that stops the server and keeps its log in work_dir."""
+    labelled instance=<its name> and component= as deploy/prometheus/prometheus.yml labels it; a context
+    manager that stops the server and keeps its log in work_dir."""
 
     def __init__(self, targets: dict, work_dir: Path, interval: float = 1.0, timeout: float = 30.0):
         if PROMETHEUS is None:
