@@ -22,9 +22,9 @@ from kvpool.protocol import control
 from kvpool.protocol.keys import validate_key, validate_keys
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
-from kvpool.security.grpc_auth import CALLER_ROLE
+from kvpool.security.grpc_auth import CALLER
 from kvpool.security.placement_seal import PlacementSeal
-from kvpool.security.roles import Role, check_rpc
+from kvpool.security.roles import MEMBER, Caller, check_rpc, check_scope
 
 from . import convert
 from .election import LeadershipState
@@ -110,6 +110,15 @@ _BATCH_SIZE = {"BatchPutStart": lambda r: len(r.items) + len(r.keys),
                "BatchGetReplicaList": lambda r: len(r.keys), "BatchExists": lambda r: len(r.keys),
                control.LOOKUP: len}
 
+# The keys each call names, for the scope check (roles.check_scope): every RPC that names a key is here.
+_ITEM_KEYS = lambda r: [item.key for item in r.items]  # noqa: E731
+_KEYS = {"PutStart": lambda r: (r.key,), "PutEnd": lambda r: (r.key,), "PutRevoke": lambda r: (r.key,),
+         "BatchPutStart": lambda r: _ITEM_KEYS(r) + list(r.keys) if r.items else r.keys,
+         "BatchPutEnd": lambda r: _ITEM_KEYS(r) + list(r.keys) if r.items else r.keys,
+         "BatchPutRevoke": _ITEM_KEYS, "GetReplicaList": lambda r: (r.key,),
+         "BatchGetReplicaList": lambda r: r.keys, "Exists": lambda r: (r.key,), "BatchExists": lambda r: r.keys,
+         "Remove": lambda r: (r.key,), "RemoveByPrefix": lambda r: (r.prefix,), control.LOOKUP: lambda keys: keys}
+
 FOLLOWER_RPCS = ("Stats",)  # what a master that does not lead still answers itself
 
 
@@ -154,7 +163,7 @@ def _rpc(handler):
     @functools.wraps(handler)
     async def method(self, request, context):
         try:
-            return await self.dispatch(name, request, CALLER_ROLE.get())
+            return await self.dispatch(name, request, CALLER.get())
         except ForbiddenError as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except NotLeading as exc:
@@ -178,6 +187,8 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     control_address = ""  # HOST:PORT of this master's control port (master/control_port.py)
     key_watch: KeyWatch | None = None  # serves WatchKeys from the leader's key feed
     sealer: PlacementSeal | None = None  # seals the copies it places (None: a cluster without a secret)
+    caller: Caller = MEMBER  # who the call being served proved (set by serve_now; read by handlers that scope)
+    current = staticmethod(lambda caller: True)  # whether a caller's credential still holds (Verifier.current)
     _fold_timer: asyncio.TimerHandle | None = None  # folds the ends a BatchPutEnd let wait
 
     @property
@@ -194,22 +205,28 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         self.master_id = master_id
         self.address = address
 
-    async def dispatch(self, name: str, request, role: Role):
+    async def dispatch(self, name: str, request, caller: Caller):
         """Serve the RPC `name`, whichever port it came in by: the leadership gate (NotLeading),
         the handler, FREEs, metrics. The replicas a request released (an overwritten or removed
         version) are freed on their nodes before it is answered, so the caller's next read
         cannot get them."""
-        response = self.serve_now(name, request, role)
+        response = self.serve_now(name, request, caller)
         if type(response) is _COROUTINE:
             response = await response
         return response
 
-    def serve_now(self, name: str, request, role: Role):
+    def serve_now(self, name: str, request, caller: Caller):
         """dispatch without a coroutine when nothing needs waiting for (most calls): the response;
         else a coroutine finishing the call (its hold, the FREEs it caused) and returning it.
-        role: what the caller proved; what it may call is kvpool/security/roles.py's, checked here only."""
+        caller: what it proved; what it may call and which keys it may name are kvpool/security/roles.py's,
+        checked here only."""
         started = time.perf_counter()
-        check_rpc(role, name)
+        check_rpc(caller.role, name)
+        if caller.scope is not None:
+            keys_of = _KEYS.get(name)
+            if keys_of is not None:
+                check_scope(caller, keys_of(request), name)
+        self.caller = caller  # read by the handlers that scope their answer, before their first await
         gate = self.leadership
         if gate is not None and name not in FOLLOWER_RPCS and not gate.answering():
             leader = gate.leader_address if gate.leader_address != self.address else ""
@@ -449,8 +466,13 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         if self.key_watch is None or (gate is not None and not gate.answering()):
             leader = gate.leader_address if gate is not None and gate.leader_address != self.address else ""
             await _not_leader(context, leader)
+        caller = CALLER.get()
         try:
-            await self.key_watch.serve(request, context)
+            check_scope(caller, (request.prefix,), "WatchKeys")
+        except ForbiddenError as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        try:
+            await self.key_watch.serve(request, context, caller.scope, lambda: self.current(caller))
         except FeedClosed:
             await _not_leader(context, "")
 

@@ -29,7 +29,7 @@ import time
 from kvpool.security import auth
 from kvpool.protocol import wire
 from kvpool.net import ucx_common as layout
-from kvpool.security.auth import Role
+from kvpool.security.auth import Caller
 from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code, KvpoolError, UnavailableError
 from kvpool.protocol.keys import MAX_KEY_BYTES
@@ -143,15 +143,15 @@ class UcxServer:
         worker_address = bytes(buf[layout.CONNECT_MSG.size:])
         verifier = self.server.verifier
         if verifier.open:  # a node without a secret takes any peer as a member
-            role = Role.MEMBER
+            caller = auth.MEMBER
         else:  # no reply, not even an endpoint, for a peer that proves nothing
-            key = verifier.key(role)
-            if key is None or not self.server.ucx_tickets.take(ticket) or not hmac.compare_digest(
-                    proof, auth.ticket_proof(key, role, ticket, worker_address)):
+            taken = self.server.ucx_tickets.take(ticket)  # who the ticket was handed to, and their key
+            if taken is None or taken[0].role != role or not verifier.current(taken[0]) or not hmac.compare_digest(
+                    proof, auth.ticket_proof(taken[1], role, ticket, worker_address)):
                 self.metrics.error("ucx_connect", "FORBIDDEN")
                 log.warning("dropped a UCX CONNECT without a valid ticket and proof")
                 return
-            role = Role(role)
+            caller = taken[0]
         api = self.ucx.api
         try:
             endpoint = api.UCXEndpoint.create_from_worker_address(
@@ -166,11 +166,18 @@ class UcxServer:
             sent.after(lambda _: self._close_quietly(endpoint))
             return
         conn = self._new_conn_id()
-        connection = _Connection(self, conn, endpoint, role)
+        connection = _Connection(self, conn, endpoint, caller)
         self.connections[conn] = connection
         self.metrics.connections.inc()
         answer = layout.ACCEPT_MSG.pack(wire.MAGIC, layout.PROTOCOL_VERSION, Code.OK, conn)
         connection.send(layout.tag_of(layout.ACCEPT, nonce), answer, 0)
+
+    def end_lapsed_tenants(self) -> int:
+        """Close every connection whose tenant's token ended (storenode/server.py's, for UCX); how many."""
+        lapsed = [c for c in self.connections.values() if not self.server.verifier.current(c.caller)]
+        for connection in lapsed:
+            connection.close("tenant token ended")
+        return len(lapsed)
 
     def _close_quietly(self, endpoint) -> None:
         closing = close_endpoint(endpoint)
@@ -218,11 +225,12 @@ class UcxServer:
 class _Connection:
     """One client: its endpoint, and a task serving its requests in order."""
 
-    def __init__(self, owner: UcxServer, conn: int, endpoint, role: Role):
+    def __init__(self, owner: UcxServer, conn: int, endpoint, caller: Caller):
         self.owner = owner
         self.conn = conn
         self.endpoint = endpoint
-        self.role = role  # what its CONNECT proved
+        self.caller = caller  # what its CONNECT proved (the TCP connection its ticket was handed on)
+        self.role = caller.role
         self.node = owner.node
         self.store = owner.store
         self.dram = owner.store.dram
@@ -351,6 +359,13 @@ class _Connection:
         req = _new_record(Request, (op, req_id, bytes(frame[_HEADER:_HEADER + key_len]), generation, flags, arg,
                                     length, value_checksum))
         began = time.perf_counter()
+        refused = self.node.out_of_scope(self.caller, op, req.key)  # the keys its credential may name
+        if refused is not None:
+            if op == wire.Op.WRITE:
+                self._refuse(op, req_id, low, refused.code, str(refused), length)
+            else:
+                self._error(op, req_id, low, refused.code, str(refused))
+            return True
         if op == wire.Op.WRITE:
             options = _new_record(StoredOptions, wire.WRITE_OPTIONS.unpack_from(frame, _HEADER + key_len))
             await self._write(req, low, options)
