@@ -33,6 +33,7 @@ from .key_watch import KeyWatch
 from .metrics import MasterMetrics
 from .node_io import HoldOrder, NodeIO
 from .objects import ObjectTable
+from .tenants import TenantAdmin
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     sealer: PlacementSeal | None = None  # seals the copies it places (None: a cluster without a secret)
     caller: Caller = MEMBER  # who the call being served proved (set by serve_now; read by handlers that scope)
     current = staticmethod(lambda caller: True)  # whether a caller's credential still holds (Verifier.current)
+    tenants: TenantAdmin | None = None  # an operator's tenants (None: a master that keeps none)
     _fold_timer: asyncio.TimerHandle | None = None  # folds the ends a BatchPutEnd let wait
 
     @property
@@ -477,7 +479,19 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             await _not_leader(context, "")
 
     @_rpc
+    def Tenants(self, request):
+        if self.tenants is None:
+            return pb.TenantsResponse(status=pb.INVALID_ARGUMENT, message="this master keeps no tenants")
+        return _answer_async(pb.TenantsResponse, self.tenants.serve, request)
+
+    @_rpc
     def Stats(self, request):
+        caller = self.caller
+        if caller.tenant:  # a tenant sees the masters (to find and follow the leader) and its own figures only
+            return pb.StatsResponse(master_id=self.master_id, address=self.address,
+                                    control_address=self.control_address,
+                                    tenants=self.tenants.figures([caller.tenant]) if self.tenants else (),
+                                    **self._leadership_stats())
         t = self._table
         nodes = [convert.node_stats(node, t.objects_on(node.node_id))
                  for node in sorted(t.nodes.values(), key=lambda n: n.node_id)]
@@ -485,6 +499,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             master_id=self.master_id, address=self.address, control_address=self.control_address,
             nodes=nodes, objects=t.object_count, bytes=t.total_bytes, pending_puts=t.pending_count,
             under_replicated=t.under_replicated(), **convert.counter_stats(t.counters), **self._leadership_stats(),
+            tenants=self.tenants.figures() if self.tenants is not None and caller.scope is None else (),
         )
 
     def _leadership_stats(self) -> dict:

@@ -53,7 +53,7 @@ TENANT_REFUSED_OPS = frozenset({wire.Op.ATTACH, wire.Op.LOCATE, wire.Op.RELEASE,
                                 wire.Op.COMMIT})
 
 # Master RPCs only a member may call: an operator's, which move every client's data.
-MEMBER_RPCS = frozenset({"Drain"})
+MEMBER_RPCS = frozenset({"Drain", "Tenants"})
 
 
 def check_scope(caller: Caller, keys, what: str) -> None:
