@@ -266,7 +266,7 @@ async def _serve(args) -> int:
             return 1
         shares = TenantShares(registration.etcd, args.cluster, node_id, capacity_of(record), verifier, store)
         tenants = TenantDirectory(registration.etcd, args.cluster, verifier,
-                                  on_change=lambda: _tenants_changed(server, ucx, shares))
+                                  on_change=lambda: _tenants_changed(server, shares))
         tenants.start()
         shares.start()
         health.ready = lambda: (True, "") if registration.in_etcd() else (
@@ -296,9 +296,10 @@ async def _serve(args) -> int:
             tier.segment.close()
 
 
-def _tenants_changed(server, ucx, shares) -> None:
-    """A tenant's record changed: end the connections whose token lapsed (TCP and UCX), take its new limits."""
-    ended = server.end_lapsed_tenants() + (ucx.end_lapsed_tenants() if ucx is not None else 0)
+def _tenants_changed(server, shares) -> None:
+    """A tenant's record changed: end the TCP connections whose token lapsed (a UCX connection's requests are
+    refused from then on: storenode/ucx_server.py), take its new limits."""
+    ended = server.end_lapsed_tenants()
     if ended:
         log.info("closed %d connections of rotated or deleted tenant tokens", ended)
     shares.apply()

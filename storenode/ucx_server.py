@@ -31,7 +31,7 @@ from kvpool.protocol import wire
 from kvpool.net import ucx_common as layout
 from kvpool.security.auth import Caller
 from kvpool.protocol.checksum import checksum
-from kvpool.errors import Code, KvpoolError, UnavailableError
+from kvpool.errors import Code, ForbiddenError, KvpoolError, UnavailableError
 from kvpool.protocol.keys import MAX_KEY_BYTES
 from kvpool.net.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
 
@@ -171,13 +171,6 @@ class UcxServer:
         self.metrics.connections.inc()
         answer = layout.ACCEPT_MSG.pack(wire.MAGIC, layout.PROTOCOL_VERSION, Code.OK, conn)
         connection.send(layout.tag_of(layout.ACCEPT, nonce), answer, 0)
-
-    def end_lapsed_tenants(self) -> int:
-        """Close every connection whose tenant's token ended (storenode/server.py's, for UCX); how many."""
-        lapsed = [c for c in self.connections.values() if not self.server.verifier.current(c.caller)]
-        for connection in lapsed:
-            connection.close("tenant token ended")
-        return len(lapsed)
 
     def _close_quietly(self, endpoint) -> None:
         closing = close_endpoint(endpoint)
@@ -360,6 +353,9 @@ class _Connection:
                                     length, value_checksum))
         began = time.perf_counter()
         refused = self.node.out_of_scope(self.caller, op, req.key)  # the keys its credential may name
+        if refused is None and self.caller.tenant and not self.owner.server.verifier.current(self.caller):
+            # Rotated or deleted: refused from now on (a UCX connection closed here is not seen by its peer).
+            refused = ForbiddenError("wrong tenant token (rotated or deleted)")
         if refused is not None:
             if op == wire.Op.WRITE:
                 self._refuse(op, req_id, low, refused.code, str(refused), length)
