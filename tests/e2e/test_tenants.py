@@ -313,3 +313,15 @@ def test_a_rotated_or_deleted_token_is_refused_at_once_on_open_connections(pool)
             while time.monotonic() < deadline:
                 c.exists("k")
     assert not cluster.takes(new, nodes)
+
+
+def test_a_tenant_is_refused_the_operators_calls(pool):
+    cluster, tokens = pool
+    with Client(cluster.master_address, token=tokens["team-a"]) as a:
+        for call in (lambda: a.drain("anything"), lambda: a.tenants("list"),
+                     lambda: a.tenants("create", "team-z"), lambda: a.tenants("rotate", "team-b")):
+            with pytest.raises(ForbiddenError, match="operator's call"):
+                call()
+    with Client(cluster.master_address, token=cluster.secret) as operator:
+        assert [t.name for t in operator.tenants("list")] == ["team-a", "team-b"]  # nothing made or changed
+        assert [t.version for t in operator.tenants("list")] == [1, 1]
