@@ -19,6 +19,7 @@ import time
 import aetcd
 
 from kvpool.errors import InvalidArgumentError, KeyExistsError, KeyNotFoundError, UnavailableError
+from kvpool.cluster.etcd_client import follow_prefix
 from kvpool.protocol import cluster_layout
 from kvpool.protocol.tenants import MAX_TENANTS, TenantRecord, name_problem, record_problem
 
@@ -65,21 +66,7 @@ class TenantDirectory:
                 await self._task
 
     async def run(self) -> None:
-        while True:
-            try:
-                watch = await self._etcd.watch_prefix(self._prefix)
-                try:
-                    await self._read()  # what changed before the watch began
-                    async for _event in watch:
-                        await self._read()
-                finally:
-                    with contextlib.suppress(Exception):
-                        await watch.cancel()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - etcd away: keep the records we have, read again later
-                log.debug("tenant watch failed (%s: %s)", type(exc).__name__, exc)
-            await asyncio.sleep(self.retry_delay)
+        await follow_prefix(self._etcd, self._prefix, self._read, self.retry_delay, "tenant watch")
 
     async def _read(self) -> None:
         records = await read_records(self._etcd, self._cluster)
