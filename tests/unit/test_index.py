@@ -283,7 +283,8 @@ def test_recovery_adopts_intact_objects_and_drops_torn_and_expired(make_store, t
     good = [os.urandom(n) for n in (1, 4000, 20_000)]
     for i, data in enumerate(good):
         put(store, b"good%d" % i, data, generation=10 + i, flags=WriteFlag.PREFER_SSD)
-    torn = put(store, b"torn", os.urandom(9000), generation=7, flags=WriteFlag.PREFER_SSD)
+    torn_data = os.urandom(9000)
+    torn = put(store, b"torn", torn_data, generation=7, flags=WriteFlag.PREFER_SSD)
     freed = put(store, b"freed", os.urandom(100), generation=8, flags=WriteFlag.PREFER_SSD)
     clock.now = 1.0
     put(store, b"expired", os.urandom(100), generation=9, flags=WriteFlag.PREFER_SSD, ttl_ms=1000)
@@ -291,7 +292,7 @@ def test_recovery_adopts_intact_objects_and_drops_torn_and_expired(make_store, t
     # Stored before nodes bounded generations: a master adopting it could never place the key again.
     put(store, b"poisoned", os.urandom(100), generation=2**64 - 1, flags=WriteFlag.PREFER_SSD)
     segment = store.ssd.segment
-    segment.pwrite_all(b"\xff", segment.payload_offset(torn.ssd, len(b"torn")) + 5000)
+    segment.pwrite_all(bytes([torn_data[5000] ^ 0xFF]), segment.payload_offset(torn.ssd, len(b"torn")) + 5000)
     # Key and payload written but no header: a WRITE killed mid-way.
     segment.pwrite_all(b"half written", 60 * 4096 + 200)
     store.free(b"freed", 8)
