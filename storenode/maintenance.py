@@ -68,14 +68,16 @@ class Maintenance:
 
     async def sweep(self) -> None:
         self.store.expire_due()
+        self.store.enforce_quotas()
         await self._relieve_dram()
         await self._relieve_ssd()
 
     async def _relieve_dram(self) -> None:
-        """Above the high watermark: demote the coldest to SSD (or drop their DRAM copy) down to the low one."""
+        """Above the high watermark: demote the coldest to SSD (or drop their DRAM copy) down to the low one.
+        Any tenant's objects may be demoted; without an SSD they are evicted, so reserves are kept."""
         store, dram = self.store, self.store.dram
         while (need := dram.excess()) > 0:
-            batch = store.victims(dram, need, BATCH)
+            batch = store.victims(dram, need, BATCH, protect=store.ssd is None)
             before = dram.used
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.dram is not None:
@@ -91,7 +93,7 @@ class Maintenance:
         """Above the high watermark: evict the coldest SSD objects for good down to the low one."""
         store, ssd = self.store, self.store.ssd
         while ssd and (need := ssd.excess()) > 0:
-            batch = store.victims(ssd, need, BATCH)
+            batch = store.victims(ssd, need, BATCH)  # sparing tenants at their reserve
             before = ssd.used
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.ssd is not None:
