@@ -160,9 +160,10 @@ def test_quota_exceeded_when_nothing_of_its_own_may_go_and_nothing_changes(make_
     assert not busy.live and pinned.live and held.live
 
 
-def test_soft_pinned_objects_go_only_after_unpinned_ones(make_store):
+@pytest.mark.parametrize("limit", [share(quota=2000), share(quota_dram=2000)])
+def test_soft_pinned_objects_go_only_after_unpinned_ones(make_store, limit):
     store = make_store()
-    store.set_tenant_shares({"a": share(quota=2000)})
+    store.set_tenant_shares({"a": limit})
     res = store.reserve(key("a", "soft"), 1000, 0)
     soft = store.new_record(key("a", "soft"), 1, 1000, 0, 0, 0, 0, 60_000)
     store.commit(res, soft)
@@ -279,6 +280,27 @@ def test_pool_pressure_spares_a_tenant_at_its_reserve_and_takes_only_its_excess(
     put(store, b"last", 1024)
     assert not t[1].live
     assert_figures_exact(store)
+
+
+def test_a_write_needing_several_victims_takes_no_more_than_a_tenants_excess(make_store):
+    store = make_store(dram=8192)
+    store.set_tenant_shares({"t": share(reserve=2048)})
+    t = [put(store, key("t", f"{i}"), 1024) for i in range(3)]  # the coldest, 1024 bytes above its reserve
+    x = [put(store, key("x", f"{i}"), 1024) for i in range(5)]
+    put(store, key("x", "big"), 2048)
+    assert [rec.live for rec in t] == [False, True, True] and not x[0].live and x[-1].live
+
+
+@pytest.mark.parametrize("mode", policy.POLICIES)
+def test_pressure_ranks_the_tenants_objects_against_each_other_as_the_policy_does(make_store, mode):
+    store = make_store(mode=mode)
+    popular_but_old = put(store, key("a", "k"), 100)
+    for _ in range(3):
+        read(store, popular_but_old)
+    recent_but_unread = put(store, key("b", "k"), 100)
+    store.clock.now += 1
+    coldest = store.victims(store.dram, None, 1)
+    assert coldest == [recent_but_unread if mode == policy.LFU else popular_but_old]
 
 
 def test_a_protected_tenant_evicts_its_own_and_no_space_when_nothing_else_may_go(make_store):
