@@ -151,6 +151,10 @@ def pressure_victims(store, tier, need: int | None, limit: int, writer: TenantUs
     victims are evicted, not demoted), a tenant other than `writer` gives up objects only while it keeps
     its reserve after them."""
     n, now = tier.number, store.clock()
+    if not store.tenants.named():  # a node without tenants: the tier's order alone, as it always was
+        if need is None:
+            return policy.victims(tier.members, now, limit)
+        return policy.pick(tier.members, need, now, tier.extent_length, limit)
     streams = []
     for usage in store.tenants.usages():
         order = usage.orders[n]

@@ -140,10 +140,11 @@ class ObjectStore:
                    raw_size: int, ttl_ms: int, soft_pin_ms: int) -> ObjectRecord:
         now = self.clock()
         # (positional: expires_at, soft_pin_until, hold_until, dram, ssd, last_access)
+        tenants = self.tenants
         rec = ObjectRecord(key, generation, size, value_checksum, flags, raw_size or size,
                            now + ttl_ms / 1000 if ttl_ms else 0.0, now + soft_pin_ms / 1000 if soft_pin_ms else 0.0,
                            0.0, None, None, now)
-        rec.tenant = self.tenants.of_key(key)
+        rec.tenant = tenants.of_key(key) if key.startswith(SCOPE_MARK_BYTE) else tenants.none
         return rec
 
     def commit(self, res: Reservation, rec: ObjectRecord) -> None:
@@ -160,7 +161,9 @@ class ObjectStore:
         old = self.index.add(rec)
         if old is not None:
             self._unindexed(old, reason=None)
-        self._indexed(rec)
+        usage = rec.tenant  # (_indexed, inline: the everyday write)
+        usage.objects += 1
+        usage.bytes += rec.size
         self.join_tier(tier, rec)
         if tier.alloc.used > tier.high_bytes:  # above the high watermark (tier.excess() > 0), cheaply
             self.on_pressure()

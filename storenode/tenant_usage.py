@@ -73,6 +73,10 @@ class TenantTable:
         self._by_name: dict[str, TenantUsage] = {}
         self._seen = 0  # usages made for names without a share (bounded by MAX_SEEN)
 
+    def named(self) -> bool:
+        """Whether any key of a tenant has been met (or a share set) here."""
+        return bool(self._by_name)
+
     def usages(self):
         yield self.none
         yield from self._by_name.values()
