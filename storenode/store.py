@@ -330,7 +330,11 @@ class ObjectStore:
             offset = tier.alloc.allocate(length)
             if offset is not None:
                 return offset
-        while batch := self.victims(tier, None, ROOM_BATCH, writer):
+        if not self.tenants.named():  # a node without tenants: off the tier's order, as it always was
+            pick = lambda: policy.victims(tier.members, self.clock(), ROOM_BATCH)  # noqa: E731
+        else:
+            pick = lambda: self.victims(tier, None, ROOM_BATCH, writer)  # noqa: E731
+        while batch := pick():
             before = len(tier.members)
             for rec in batch:
                 self.release_from(tier, rec)
