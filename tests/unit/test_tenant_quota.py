@@ -18,33 +18,7 @@ from kvpool.storenode.ssd import SsdSegment
 from kvpool.storenode.store import ObjectStore
 from kvpool.storenode.tenant_usage import OTHER
 from kvpool.storenode.tiers import StorageTier
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1_000.0
-
-    def __call__(self):
-        return self.now
-
-
-@pytest.fixture
-def make_store(tmp_path):
-    made = []
-
-    def make(dram=64 * 1024, ssd=0, **options):
-        n = len(made)
-        dram_tier = StorageTier(DramSegment(dram, f"q-{n}", directory=str(tmp_path)), 0.9, 0.75)
-        ssd_tier = StorageTier(SsdSegment(str(tmp_path / f"ssd{n}"), ssd), 0.9, 0.75) if ssd else None
-        options.setdefault("hard_pin_quota", dram // 2)
-        store = ObjectStore(dram_tier, ssd_tier, clock=Clock(), **options)
-        made.append(store)
-        return store
-
-    yield make
-    for store in made:
-        for tier in store.tiers:
-            tier.segment.close()
+from small_store import make_store  # noqa: F401 (a fixture)
 
 
 def share(quota=0, quota_dram=0, quota_ssd=0, quota_objects=0, reserve=0) -> NodeShare:
