@@ -9,6 +9,7 @@ never held up by it.
 import asyncio
 import logging
 
+from . import quota
 from .index import ObjectRecord
 from .moves import Mover
 from .store import ObjectStore
@@ -68,7 +69,8 @@ class Maintenance:
 
     async def sweep(self) -> None:
         self.store.expire_due()
-        self.store.enforce_quotas()
+        await self._relieve_dram_shares()
+        self.store.enforce_quotas()  # what demotion could not bring within a share is evicted
         await self._relieve_dram()
         await self._relieve_ssd()
 
@@ -88,6 +90,24 @@ class Maintenance:
             if dram.used >= before:  # nothing could move (all busy or protected)
                 return
             await asyncio.sleep(0)
+
+    async def _relieve_dram_shares(self) -> None:
+        """Tenants above their DRAM share's high watermark: demote their own coldest to SSD down to its low one."""
+        store, dram = self.store, self.store.dram
+        if store.ssd is None:
+            return
+        for usage in store.tenants.limited():
+            while (need := quota.dram_excess(usage, dram)) > 0:
+                before = usage.tier_bytes[0]
+                for rec in quota.own_victims(store, usage, dram, need, BATCH):
+                    if rec.live and rec.refcount == 0 and rec.dram is not None:
+                        if rec.ssd is not None:
+                            store.release_from(dram, rec)
+                        else:
+                            await self.mover.demote(rec)
+                if usage.tier_bytes[0] >= before:
+                    break
+                await asyncio.sleep(0)
 
     async def _relieve_ssd(self) -> None:
         """Above the high watermark: evict the coldest SSD objects for good down to the low one."""

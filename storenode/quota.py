@@ -96,6 +96,22 @@ def _give_up(store, tier, chosen: dict) -> None:
             store.drop_copy(rec, tier)
 
 
+def dram_excess(usage: TenantUsage, dram) -> int:
+    """Bytes of the tenant's DRAM copies to demote now: down to the tier's low watermark of its DRAM share
+    once above the high one (as the tier itself, policy.excess), so its next writes land in DRAM again."""
+    limit = tier_limit(usage, 0)
+    return policy.excess(usage.tier_bytes[0] + usage.pending_tier[0], limit, dram.high, dram.low) if limit else 0
+
+
+def own_victims(store, usage: TenantUsage, tier, need: int, limit: int) -> list:
+    """The tenant's own coldest objects in `tier` whose bytes add up to `need` (at most `limit`)."""
+    return policy.pick(usage.orders[tier.number], need, store.clock(), _size, limit)
+
+
+def _size(rec) -> int:
+    return rec.size
+
+
 def admit(store, usage: TenantUsage, order: list, size: int) -> list:
     """The tiers of `order` a new object of `size` bytes of a tenant with a quota may take, after giving
     up the tenant's own coldest objects as its quota needs; QuotaExceededError (nothing given up) if
@@ -104,6 +120,8 @@ def admit(store, usage: TenantUsage, order: list, size: int) -> list:
     store.expire_due()  # what ran out of time goes before anything else
     roomy = [tier for tier in order if tier_has_room(usage, tier, size)]
     tier = roomy[0] if roomy else order[0]
+    if tier is not order[0] and tier is store.ssd:
+        store.on_pressure()  # spilled past a full DRAM share: the sweep demotes the tenant's coldest
     chosen, unmet = _plan(store, usage, tier, size, True)
     if unmet is not None:
         name, limit, held = unmet

@@ -11,6 +11,7 @@ from kvpool.protocol.tenants import MAX_TENANTS, NodeShare, scope_of
 from kvpool.protocol.wire import WriteFlag
 from kvpool.storenode import policy
 from kvpool.storenode.dram import DramSegment
+from kvpool.storenode.maintenance import Maintenance
 from kvpool.storenode.metrics import NodeMetrics
 from kvpool.storenode.moves import Mover
 from kvpool.storenode.recovery import recover
@@ -205,6 +206,22 @@ def test_lowering_a_share_is_kept_by_the_next_write_or_the_sweep(make_store):
     for i in range(5):
         put(store, key("a", f"more{i}"), 1000)
     assert len(live(store, "a")) == 7 and store.enforce_quotas() == 0
+    assert_figures_exact(store)
+
+
+def test_the_sweep_demotes_a_tenant_above_its_dram_share_rather_than_evict(make_store):
+    store = make_store(dram=64 * 1024, ssd=64 * 4096)
+    pressed = []
+    store.on_pressure = lambda: pressed.append(True)
+    recs = [put(store, key("a", f"{i}"), 1000) for i in range(8)]
+    store.set_tenant_shares({"a": share(quota_dram=4000)})
+    spilled = put(store, key("a", "spilled"), 1000)  # its DRAM share is over: the write goes to SSD...
+    assert spilled.ssd is not None and pressed  # ...and wakes the sweep
+    asyncio.run(Maintenance(store).sweep())
+    usage = store.tenants.of_key(spilled.key)
+    assert usage.tier_bytes[0] == 0.75 * 4000 and usage.objects == 9 and usage.evicted_quota == 0
+    assert [rec.dram is None for rec in recs] == [True] * 5 + [False] * 3  # its coldest went down
+    assert put(store, key("a", "next"), 1000).dram is not None  # room in its DRAM share again
     assert_figures_exact(store)
 
 
