@@ -127,6 +127,9 @@ def admit(store, usage: TenantUsage, order: list, size: int) -> list:
         name, limit, held = unmet
         unit = "objects" if name == "quota_objects" else "bytes"
         asked = 1 if name == "quota_objects" else size
+        if asked > limit:
+            raise QuotaExceededError(f"a {size}-byte object of tenant {usage.name!r} is larger than its "
+                                     f"{name} of {limit} bytes on this node")
         raise QuotaExceededError(
             f"tenant {usage.name!r} is at its {name} of {limit} {unit} on this node ({held} held, "
             f"{asked} more asked) and none of its own objects may be evicted (pinned, held or being read)")

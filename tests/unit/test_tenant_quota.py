@@ -130,6 +130,8 @@ def test_quota_exceeded_when_nothing_of_its_own_may_go_and_nothing_changes(make_
     assert {k: v for k, v in usage.figures().items() if k != "refused"} == {
         k: v for k, v in before[1].items() if k != "refused"}
     assert store.take_dropped() == []
+    with pytest.raises(QuotaExceededError, match="a 3001-byte object of tenant 'a' is larger than its quota"):
+        store.reserve(key("a", "huge"), 3001, 0)
     store.release(busy)  # the reader is done: the busy one may go now
     put(store, key("a", "new"), 10)
     assert not busy.live and pinned.live and held.live
