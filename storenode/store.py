@@ -83,7 +83,8 @@ class ObjectStore:
         try:
             return self._reserve(key, size, flags, dram_only, usage)
         except NoSpaceError:
-            usage.refused += 1
+            if not dram_only:  # refused through the shared mapping, a client writes through the socket
+                usage.refused += 1
             raise
 
     def _reserve(self, key: bytes, size: int, flags: int, dram_only: bool, usage: TenantUsage) -> Reservation:
@@ -102,6 +103,9 @@ class ObjectStore:
                                f"{self.index.hard_pinned_bytes + self._reserved_hard} pinned, {size} more asked")
         limited = usage.limited
         if limited:
+            if dram_only and self.ssd is not None and not quota.tier_has_room(usage, self.dram, size):
+                self.on_pressure()  # as for a full DRAM below: the socket's WRITE spills to SSD
+                raise NoSpaceError(f"tenant {usage.name!r} is at its DRAM share; write through the socket")
             order = quota.admit(self, usage, order, size)
         for tier in order:
             offset = tier.alloc.allocate(tier.segment.extent_length(len(key), size))

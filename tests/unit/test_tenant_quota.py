@@ -219,9 +219,12 @@ def test_the_sweep_demotes_a_tenant_above_its_dram_share_rather_than_evict(make_
     store.set_tenant_shares({"a": share(quota_dram=4000)})
     spilled = put(store, key("a", "spilled"), 1000)  # its DRAM share is over: the write goes to SSD...
     assert spilled.ssd is not None and pressed  # ...and wakes the sweep
+    with pytest.raises(NoSpaceError, match="write through the socket"):  # as a shared-memory write into full DRAM
+        store.reserve(key("a", "shm"), 1000, 0, dram_only=True)
+    assert all(rec.live for rec in recs)
     asyncio.run(Maintenance(store).sweep())
     usage = store.tenants.of_key(spilled.key)
-    assert usage.tier_bytes[0] == 0.75 * 4000 and usage.objects == 9 and usage.evicted_quota == 0
+    assert usage.tier_bytes[0] == 0.75 * 4000 and usage.objects == 9 and usage.evicted_quota == usage.refused == 0
     assert [rec.dram is None for rec in recs] == [True] * 5 + [False] * 3  # its coldest went down
     assert put(store, key("a", "next"), 1000).dram is not None  # room in its DRAM share again
     assert_figures_exact(store)
