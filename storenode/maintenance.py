@@ -70,7 +70,7 @@ class Maintenance:
     async def sweep(self) -> None:
         self.store.expire_due()
         await self._relieve_dram_shares()
-        self.store.enforce_quotas()  # what demotion could not bring within a share is evicted
+        quota.enforce(self.store)  # what demotion could not bring within a share is evicted
         await self._relieve_dram()
         await self._relieve_ssd()
 

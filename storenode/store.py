@@ -165,7 +165,7 @@ class ObjectStore:
         old = self.index.add(rec)
         if old is not None:
             self._unindexed(old, reason=None)
-        usage = rec.tenant  # (_indexed, inline: the everyday write)
+        usage = rec.tenant
         usage.objects += 1
         usage.bytes += rec.size
         self.join_tier(tier, rec)
@@ -272,10 +272,6 @@ class ObjectStore:
         a tenant other than `writer` only above its reserve unless `protect` is off, i.e. for demotions)."""
         return quota.pressure_victims(self, tier, need, limit, writer, protect)
 
-    def enforce_quotas(self) -> int:
-        """Bring every tenant back within its share (the sweep); the objects given up."""
-        return quota.enforce(self)
-
     def adopt(self, offset: int, obj: StoredObject) -> bool:
         """Index an object found intact on the SSD at start; False if that version is indexed already.
 
@@ -289,7 +285,8 @@ class ObjectStore:
                            expires_at=obj.expires_ms / 1000, ssd=offset, last_access=self.clock(),
                            tenant=self.tenants.of_key(obj.key))
         self.index.add(rec)
-        self._indexed(rec)
+        rec.tenant.objects += 1
+        rec.tenant.bytes += rec.size
         self.join_tier(self.ssd, rec)
         return True
 
@@ -348,11 +345,6 @@ class ObjectStore:
             if len(tier.members) >= before:  # nothing left the tier: no way to make room
                 break
         return None
-
-    def _indexed(self, rec: ObjectRecord) -> None:
-        usage = rec.tenant
-        usage.objects += 1
-        usage.bytes += rec.size
 
     def _unindexed(self, rec: ObjectRecord, reason: str | None) -> None:
         """After index.remove: leave the tiers now, free the bytes once no transfer uses them."""

@@ -9,7 +9,7 @@ from kvpool.errors import NoSpaceError, QuotaExceededError
 from kvpool.protocol.checksum import checksum
 from kvpool.protocol.tenants import MAX_TENANTS, NodeShare, scope_of
 from kvpool.protocol.wire import WriteFlag
-from kvpool.storenode import policy
+from kvpool.storenode import policy, quota
 from kvpool.storenode.dram import DramSegment
 from kvpool.storenode.maintenance import Maintenance
 from kvpool.storenode.metrics import NodeMetrics
@@ -202,12 +202,12 @@ def test_lowering_a_share_is_kept_by_the_next_write_or_the_sweep(make_store):
     put(store, key("a", "new"), 1000)  # a's next write brings a down, its coldest first
     assert live(store, "a") == ["3", "new"]
     assert live(store, "b") == ["0", "1", "2", "3"]
-    assert store.enforce_quotas() == 2  # the sweep brings b down
+    assert quota.enforce(store) == 2  # the sweep brings b down
     assert live(store, "b") == ["2", "3"]
     store.set_tenant_shares({})  # no share: no limit
     for i in range(5):
         put(store, key("a", f"more{i}"), 1000)
-    assert len(live(store, "a")) == 7 and store.enforce_quotas() == 0
+    assert len(live(store, "a")) == 7 and quota.enforce(store) == 0
     assert_figures_exact(store)
 
 
