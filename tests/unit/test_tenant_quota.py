@@ -342,6 +342,17 @@ def test_the_sweep_spares_a_tenant_at_its_reserve_but_demotes_it(make_store):
     assert t.live
 
 
+def test_a_demotion_that_finds_no_room_keeps_a_protected_tenants_object_in_dram(make_store):
+    store = make_store(dram=64 * 1024, ssd=2 * 4096, hard_pin_quota=1 << 20)
+    for i in range(2):
+        put(store, f"pinned{i}".encode(), 3000, flags=WriteFlag.HARD_PIN | WriteFlag.PREFER_SSD)
+    store.set_tenant_shares({"t": share(reserve=5000)})
+    t, plain = put(store, key("t", "k"), 1000), put(store, b"plain", 1000)
+    mover = Mover(store)
+    assert not asyncio.run(mover.demote(t)) and t.live and t.dram is not None  # it stays in DRAM
+    assert not asyncio.run(mover.demote(plain)) and not plain.live  # nowhere to go: evicted, as before
+
+
 # -- figures
 
 
