@@ -336,13 +336,13 @@ class ObjectStore:
         else:
             pick = lambda: self.victims(tier, None, ROOM_BATCH, writer)  # noqa: E731
         while batch := pick():
-            before = len(tier.members)
+            before = tier.objects
             for rec in batch:
                 self.release_from(tier, rec)
                 offset = tier.alloc.allocate(length)
                 if offset is not None:
                     return offset
-            if len(tier.members) >= before:  # nothing left the tier: no way to make room
+            if tier.objects >= before:  # nothing left the tier: no way to make room
                 break
         return None
 

@@ -8,8 +8,9 @@ from . import eviction_order, policy
 class StorageTier:
     """A segment (DramSegment or SsdSegment) with its own extent allocator.
 
-    `members` holds the records with a copy in this tier, coldest first (eviction_order.py; the
-    store sets the kind, LRU or LFU); counters are totals
+    `members` holds the records of keys of no tenant with a copy in this tier, coldest first
+    (eviction_order.py; the store sets the kind, LRU or LFU; each tenant keeps its own: tenant_usage.py),
+    `objects` counts every tenant's; counters are totals
     since start. Each tier counts the moves it takes part in: a demotion counts
     in DRAM and in SSD alike, as does a promotion.
     """

@@ -16,7 +16,7 @@ from kvpool.storenode.metrics import NodeMetrics
 from kvpool.storenode.moves import Mover
 from kvpool.storenode.recovery import recover
 from kvpool.storenode.ssd import SsdSegment
-from kvpool.storenode.store import ObjectStore
+from kvpool.storenode.store import ROOM_BATCH, ObjectStore
 from kvpool.storenode.tenant_usage import OTHER
 from kvpool.storenode.tiers import StorageTier
 from small_store import make_store  # noqa: F401 (a fixture)
@@ -297,6 +297,14 @@ def test_pressure_ranks_the_tenants_objects_against_each_other_as_the_policy_doe
     store.clock.now += 1
     coldest = store.victims(store.dram, None, 1)
     assert coldest == [recent_but_unread if mode == policy.LFU else popular_but_old]
+
+
+def test_room_for_a_large_write_is_made_over_several_batches_of_tenants_objects(make_store):
+    store = make_store(dram=64 * 128)
+    small = [put(store, key("a", f"{i}"), 128) for i in range(64)]
+    big = put(store, key("a", "big"), 3000)  # more victims than one batch (ROOM_BATCH)
+    assert big.dram is not None and sum(not rec.live for rec in small) == 24 > ROOM_BATCH
+    assert_figures_exact(store)
 
 
 def test_a_protected_tenant_evicts_its_own_and_no_space_when_nothing_else_may_go(make_store):
