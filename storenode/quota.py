@@ -4,9 +4,10 @@ Quota: a write of a tenant with a quota (tenant_usage.TenantUsage.limited) is ad
 in the write's tier, its bytes in all tiers and its object count, counting its writes still in flight,
 leave room for it; else its own coldest objects go first (expired ones already gone, then its tier's
 order, soft-pinned last; never hard-pinned, held or busy ones). They are planned before anything goes: if
-they cannot make room, QuotaExceededError and nothing changed. A demotion keeps the SSD quota the same
-way (or drops the object), a promotion never takes a tenant past its DRAM quota, and the sweep brings a
-tenant whose share was lowered back within it.
+they cannot make room, QuotaExceededError and nothing changed. A write at a full DRAM share goes to SSD
+if the SSD share has room, and the sweep demotes the tenant's coldest (maintenance.py). A demotion keeps
+the SSD quota as a write does (or drops the object), a promotion never takes a tenant past its DRAM
+quota, and the sweep brings a tenant whose share was lowered back within it.
 
 Reserve: under pool pressure (store.make_room, the sweep), an object of a tenant other than the writer
 goes only while its tenant keeps at least its reserve after it. Protected tenants' orders are not walked
