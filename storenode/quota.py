@@ -194,3 +194,27 @@ def pressure_victims(store, tier, need: int | None, limit: int, writer: TenantUs
     if need is None:
         return list(islice(candidates, limit))
     return policy.take(candidates, need, tier.extent_length, limit)
+
+
+class SpareVictims:
+    """What is left of the last batch of pressure victims of each tier (store.make_room), for the next
+    writes: merging the heads of every tenant's order costs a step per tenant, so a batch serves the
+    writes that follow while its records still may go as they would have been chosen. A record is taken
+    again only if it is still in the tier, still a victim, untouched since (its coldness stamp unchanged:
+    nothing newer is colder), and, unless it is the writer's, its tenant keeps its reserve after it.
+    A batch holds at most ROOM_BATCH records, so what it left out (the next writer's own objects, a tenant
+    grown past its reserve since) waits at most that many victims."""
+
+    def __init__(self):
+        self._left: dict[int, list] = {}  # tier number -> [(record, coldness stamp)]
+
+    def take(self, store, tier, writer: TenantUsage | None, limit: int) -> list:
+        n, now, coldness = tier.number, store.clock(), store.coldness
+        kept = [(rec, stamp) for rec, stamp in self._left.get(n, ())
+                if rec.live and (rec.dram, rec.ssd)[n] is not None and coldness(rec) == stamp
+                and policy.victim_class(rec, now) is not None
+                and (rec.tenant is writer or not protected(rec.tenant, rec.size))]
+        if not kept:
+            kept = [(rec, coldness(rec)) for rec in pressure_victims(store, tier, None, limit, writer)]
+        self._left[n] = kept
+        return [rec for rec, _ in kept]

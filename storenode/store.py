@@ -50,6 +50,7 @@ class ObjectStore:
             tier.members = eviction_order.new_order(mode)
         self.coldness = eviction_order.coldness(mode)
         self.tenants = TenantTable(mode, self.tiers)
+        self.spare_victims = quota.SpareVictims()  # make_room's, once tenants are met
         self.index = ObjectIndex()
         self.mode = mode
         self.hard_pin_quota = hard_pin_quota
@@ -334,7 +335,7 @@ class ObjectStore:
         if not self.tenants.named():  # a node without tenants: off the tier's order, as it always was
             pick = lambda: policy.victims(tier.members, self.clock(), ROOM_BATCH)  # noqa: E731
         else:
-            pick = lambda: self.victims(tier, None, ROOM_BATCH, writer)  # noqa: E731
+            pick = lambda: self.spare_victims.take(self, tier, writer, ROOM_BATCH)  # noqa: E731
         while batch := pick():
             before = tier.objects
             for rec in batch:

@@ -307,6 +307,23 @@ def test_room_for_a_large_write_is_made_over_several_batches_of_tenants_objects(
     assert_figures_exact(store)
 
 
+def test_the_victims_left_from_a_batch_are_taken_only_while_still_cold_and_allowed(make_store):
+    store = make_store(dram=8192)
+    store.set_tenant_shares({"t": share(reserve=4096)})
+    t = [put(store, key("t", f"{i}"), 1024) for i in range(6)]
+    x = [put(store, key("x", f"{i}"), 1024) for i in range(2)]
+    put(store, key("t", "new"), 1024)  # t's write takes its own coldest, t[0]; t[1:] and x are left over
+    assert not t[0].live
+    read(store, t[1])  # used since: no longer among the coldest
+    put(store, key("x", "2"), 1024)
+    assert t[1].live and not t[2].live
+    put(store, key("x", "3"), 1024)  # t keeps its reserve after losing t[3]...
+    assert not t[3].live
+    put(store, key("x", "4"), 1024)  # ...but not after losing t[4]: x's own coldest goes
+    assert t[4].live and t[5].live and not x[0].live
+    assert store.tenants.of_key(t[0].key).bytes == 4096
+
+
 def test_a_protected_tenant_evicts_its_own_and_no_space_when_nothing_else_may_go(make_store):
     store = make_store(dram=4096)
     store.set_tenant_shares({"t": share(reserve=4096), "u": share(reserve=4096)})
