@@ -92,5 +92,20 @@ class LfuOrder:
         self._count_of[rec] = count
 
 
+def _recency(rec) -> float:
+    return rec.last_access
+
+
+def _frequency(rec) -> tuple:
+    return rec.hits, rec.last_access
+
+
+def coldness(mode: str):
+    """A record's place in the order `mode` keeps, as a value comparable across orders (policy.coldest_of):
+    the last use (LRU), or the hit count, then the last use (LFU). An order's own sequence is exact; this
+    stamp ranks the heads of several orders against each other."""
+    return _frequency if mode == policy.LFU else _recency
+
+
 def new_order(mode: str):
     return LfuOrder() if mode == policy.LFU else LruOrder()

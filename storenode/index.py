@@ -31,6 +31,7 @@ class ObjectRecord:
     live: bool = True            # False once dropped from the index; extents go when refcount is 0
     promoting: bool = False
     slot: int = -1               # its row in the index's InventoryColumns while indexed
+    tenant: object = None        # its tenant's TenantUsage (storenode/tenant_usage.py), set by the store
 
     @property
     def hard_pin(self) -> bool:

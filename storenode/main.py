@@ -218,6 +218,7 @@ async def _serve(args) -> int:
     maintenance = Maintenance(store)
     metrics = NodeMetrics()
     metrics.track_tiers(store.tiers)
+    metrics.track_tenants(store.tenants)
     verifier = auth.Verifier(args.secret)
     auth.warn_if_open(verifier, "this storage node")
     credential = auth.Credential.for_member(args.secret) if args.secret else None

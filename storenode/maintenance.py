@@ -9,6 +9,7 @@ never held up by it.
 import asyncio
 import logging
 
+from . import quota
 from .index import ObjectRecord
 from .moves import Mover
 from .store import ObjectStore
@@ -68,14 +69,17 @@ class Maintenance:
 
     async def sweep(self) -> None:
         self.store.expire_due()
+        await self._relieve_dram_shares()
+        quota.enforce(self.store)  # what demotion could not bring within a share is evicted
         await self._relieve_dram()
         await self._relieve_ssd()
 
     async def _relieve_dram(self) -> None:
-        """Above the high watermark: demote the coldest to SSD (or drop their DRAM copy) down to the low one."""
+        """Above the high watermark: demote the coldest to SSD (or drop their DRAM copy) down to the low one.
+        Any tenant's objects may be demoted; without an SSD they are evicted, so reserves are kept."""
         store, dram = self.store, self.store.dram
         while (need := dram.excess()) > 0:
-            batch = store.victims(dram, need, BATCH)
+            batch = store.victims(dram, need, BATCH, protect=store.ssd is None)
             before = dram.used
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.dram is not None:
@@ -87,11 +91,29 @@ class Maintenance:
                 return
             await asyncio.sleep(0)
 
+    async def _relieve_dram_shares(self) -> None:
+        """Tenants above their DRAM share's high watermark: demote their own coldest to SSD down to its low one."""
+        store, dram = self.store, self.store.dram
+        if store.ssd is None:
+            return
+        for usage in store.tenants.limited():
+            while (need := quota.dram_excess(usage, dram)) > 0:
+                before = usage.tier_bytes[0]
+                for rec in quota.own_victims(store, usage, dram, need, BATCH):
+                    if rec.live and rec.refcount == 0 and rec.dram is not None:
+                        if rec.ssd is not None:
+                            store.release_from(dram, rec)
+                        else:
+                            await self.mover.demote(rec)
+                if usage.tier_bytes[0] >= before:
+                    break
+                await asyncio.sleep(0)
+
     async def _relieve_ssd(self) -> None:
         """Above the high watermark: evict the coldest SSD objects for good down to the low one."""
         store, ssd = self.store, self.store.ssd
         while ssd and (need := ssd.excess()) > 0:
-            batch = store.victims(ssd, need, BATCH)
+            batch = store.victims(ssd, need, BATCH)  # sparing tenants at their reserve
             before = ssd.used
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.ssd is not None:

@@ -50,6 +50,49 @@ class _TierCollector:
             yield family
 
 
+_TENANT_COUNTERS = {
+    "hits": ("kvpool_node_tenant_hits", "READs of the tenant's keys served"),
+    "misses": ("kvpool_node_tenant_misses", "READs of the tenant's keys answered NOT_FOUND or STALE"),
+    "refused": ("kvpool_node_tenant_refused", "The tenant's writes refused QUOTA_EXCEEDED or NO_SPACE"),
+}
+
+
+class _TenantCollector:
+    """Per-tenant figures (storenode/tenant_usage.py). The tenant label is bounded whatever names keys
+    carry: a tenant with a share (at most MAX_TENANTS) by name, "" for keys of no tenant, every other
+    name in one "_other" series (TenantTable.labelled)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def describe(self):
+        return []  # collected on demand only
+
+    def collect(self):
+        figures = self.table.labelled()
+        size = GaugeMetricFamily("kvpool_node_tenant_bytes", "Bytes of the tenant's objects in the tier",
+                                 labels=["tier", "tenant"])
+        objects = GaugeMetricFamily("kvpool_node_tenant_objects", "The tenant's objects on the node",
+                                    labels=["tenant"])
+        evictions = CounterMetricFamily("kvpool_node_tenant_evictions",
+                                        "The tenant's objects the node evicted, by its own quota or pool pressure",
+                                        labels=["tenant", "reason"])
+        for tenant, values in figures.items():
+            size.add_metric(["dram", tenant], values["dram_bytes"])
+            size.add_metric(["ssd", tenant], values["ssd_bytes"])
+            objects.add_metric([tenant], values["objects"])
+            evictions.add_metric([tenant, "quota"], values["evicted_quota"])
+            evictions.add_metric([tenant, "pressure"], values["evicted_pressure"])
+        yield size
+        yield objects
+        yield evictions
+        for field, (name, doc) in _TENANT_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["tenant"])
+            for tenant, values in figures.items():
+                family.add_metric([tenant], values[field])
+            yield family
+
+
 class Total:
     """A counter the event loop bumps (one thread: no lock); read at scrape time."""
 
@@ -134,3 +177,7 @@ class NodeMetrics:
     def track_tiers(self, tiers) -> None:
         """Export each StorageTier's usage and counters, labelled by tier name."""
         self.registry.register(_TierCollector(tiers))
+
+    def track_tenants(self, table) -> None:
+        """Export each tenant's figures (a storenode.tenant_usage.TenantTable), labelled by tenant."""
+        self.registry.register(_TenantCollector(table))

@@ -10,6 +10,7 @@ import logging
 
 from kvpool.protocol.checksum import checksum
 
+from . import quota
 from .index import ObjectRecord
 from .store import ObjectStore
 
@@ -26,17 +27,23 @@ class Mover:
 
         A full SSD first gives up its own coldest objects (what it holds was
         demoted earlier, so it is colder); if nothing there may go, the object
-        is evicted instead.
+        is evicted instead, unless that would take its tenant below its reserve
+        (then it stays in DRAM). At its tenant's SSD quota, the tenant's own
+        coldest SSD objects make room for it, or else it is evicted.
         """
         store, ssd = self.store, self.ssd
         offset = None
         if ssd is not None:
+            if not quota.make_tier_room(store, rec.tenant, ssd, rec.size):
+                store.evict(rec, quota.QUOTA)
+                return False
             length = ssd.extent_length(rec)
             offset = ssd.alloc.allocate(length)
             if offset is None:
-                offset = store.make_room(ssd, length)
+                offset = store.make_room(ssd, length, rec.tenant)
         if offset is None:
-            store.evict(rec, "dram full and no ssd room")
+            if not quota.protected(rec.tenant, rec.size):
+                store.evict(rec, "dram full and no ssd room")
             return False
         store.acquire(rec)
         ok = False
@@ -66,16 +73,21 @@ class Mover:
 
         It may take DRAM over its high watermark: the sweep that follows demotes
         DRAM's coldest objects, and the promoted one was just read twice, so hot
-        objects end up in DRAM and cold ones on SSD.
+        objects end up in DRAM and cold ones on SSD. It never takes its tenant
+        past its DRAM quota.
         """
         store, dram = self.store, self.dram
         if not rec.live or rec.dram is not None or rec.ssd is None or rec.promoting:
+            return False
+        if not quota.tier_has_room(rec.tenant, dram, rec.size):
             return False
         offset = dram.alloc.allocate(rec.size)
         if offset is None:
             return False
         rec.promoting = True
         store.acquire(rec)
+        usage = rec.tenant
+        usage.pending_tier[0] += rec.size  # its DRAM quota counts the copy under way
         intact = False
         try:
             target = dram.segment.view(offset, rec.size)
@@ -86,6 +98,7 @@ class Mover:
             log.error("promoting %s from SSD failed: %s", rec.name, exc)
         finally:
             rec.promoting = False
+            usage.pending_tier[0] -= rec.size
             if intact and rec.live:
                 rec.dram = offset
                 store.join_tier(dram, rec)

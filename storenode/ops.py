@@ -170,7 +170,7 @@ class NodeOps:
         generation = req.generation
         rec, why = self.store.lookup(req.key, generation)
         if rec is None:
-            self.store.count_miss()
+            self.store.count_miss(req.key)
             if why == "stale":
                 raise StaleReplicaError(f"this node no longer holds generation {generation} of the key")
             raise KeyNotFoundError(f"no generation {generation} of this key here")

@@ -7,6 +7,7 @@ refcount), so the rules are unit-tested without a node; the order among them
 Times are unix seconds (time.time()): expiry is stored on disk as wall-clock time.
 """
 
+from heapq import merge
 from itertools import islice
 
 LRU = "lru"
@@ -51,7 +52,7 @@ def victim_class(rec, now: float) -> int | None:
     return _SOFT_PINNED if rec.soft_pin_until > now else _UNPINNED
 
 
-def _in_order(ordered, now: float):
+def in_order(ordered, now: float):
     """Evictable records of `ordered` (a tier's records, coldest first): unpinned and expired ones in
     that order, then the soft-pinned ones in that order. Lazy and one pass, so taking a few victims
     costs a few steps plus the protected records passed over on the way."""
@@ -76,15 +77,44 @@ def victims(ordered, now: float, limit: int | None = None) -> list:
     queue names before it evicts anything, so here they just rank as unpinned.
     The result is a list: act on it only after this returns (the order changes then).
     """
-    return list(islice(_in_order(ordered, now), limit))
+    return list(islice(in_order(ordered, now), limit))
 
 
 def pick(ordered, need: int, now: float, size=lambda rec: rec.size, limit: int | None = None) -> list:
     """The first victims whose sizes add up to at least `need` bytes (all of them, or `limit`, if they don't)."""
+    return take(in_order(ordered, now), need, size, limit)
+
+
+def within(ordered, now: float, budget: int):
+    """in_order's records of `ordered` while their sizes add up to at most `budget` bytes: it stops at the
+    first that would pass it, so a tenant near its reserve costs a step, not a walk of its objects."""
+    for rec in in_order(ordered, now):
+        budget -= rec.size
+        if budget < 0:
+            return
+        yield rec
+
+
+def coldest_of(streams: list, now: float, coldness):
+    """The records of several streams (each in_order's or within's, coldest first) merged coldest first by
+    `coldness(rec)` (eviction_order.coldness): unpinned ones of every stream, then soft-pinned ones. Lazy:
+    a few victims cost a few steps per stream."""
+    if len(streams) == 1:
+        return streams[0]
+
+    def rank(rec):
+        return (_SOFT_PINNED if rec.soft_pin_until > now and not expired(rec, now) else _UNPINNED,
+                coldness(rec))
+
+    return merge(*streams, key=rank)
+
+
+def take(candidates, need: int, size, limit: int | None) -> list:
+    """The first of `candidates` whose sizes add up to at least `need` (all of them, or `limit`, if they don't)."""
     chosen, freed = [], 0
     if need <= 0:
         return chosen
-    for rec in _in_order(ordered, now):
+    for rec in candidates:
         chosen.append(rec)
         freed += size(rec)
         if freed >= need or len(chosen) == limit:

@@ -14,11 +14,13 @@ from typing import NamedTuple
 from kvpool.protocol import inventory
 from kvpool.errors import NoSpaceError, ValueTooLargeError
 from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
+from kvpool.protocol.tenants import SCOPE_MARK_BYTE, NodeShare
 from kvpool.protocol.wire import WriteFlag
 
-from . import eviction_order, policy
+from . import eviction_order, policy, quota
 from .index import ObjectIndex, ObjectRecord
 from .ssd import StoredObject
+from .tenant_usage import TenantTable, TenantUsage
 from .tiers import StorageTier
 
 log = logging.getLogger(__name__)
@@ -28,12 +30,14 @@ ROOM_BATCH = 16  # victims taken from a tier's order at a time while making room
 # Plain ints: IntFlag arithmetic is slow on the per-request path.
 _HARD_PIN, _PREFER_SSD = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD)
 _new_reservation = tuple.__new__  # a NamedTuple from a tuple, without its Python-level constructor
+_NOT_PRESSURE = ("expired", "torn", quota.QUOTA)  # eviction reasons other than pool pressure
 
 
 class Reservation(NamedTuple):
     tier: StorageTier
     offset: int
     hard_pinned: int  # bytes counted against the hard-pin quota until commit or abort
+    pending: tuple | None  # (usage, bytes) counted against a tenant's quota until commit or abort
 
 
 class ObjectStore:
@@ -44,6 +48,9 @@ class ObjectStore:
         self.tiers = [dram] + ([ssd] if ssd else [])
         for tier in self.tiers:  # the store's policy decides how each tier orders its members
             tier.members = eviction_order.new_order(mode)
+        self.coldness = eviction_order.coldness(mode)
+        self.tenants = TenantTable(mode, self.tiers)
+        self.spare_victims = quota.SpareVictims()  # make_room's, once tenants are met
         self.index = ObjectIndex()
         self.mode = mode
         self.hard_pin_quota = hard_pin_quota
@@ -55,20 +62,33 @@ class ObjectStore:
         self._reserved_hard = 0
         self._evicted: list[list] = []
 
-    def set_tenant_shares(self, shares: dict) -> None:
-        """The part of each tenant's limits this node keeps (kvpool/protocol/tenants.py NodeShare)."""
-        self.tenant_shares = shares
+    def set_tenant_shares(self, shares: dict[str, NodeShare]) -> None:
+        """The tenants' shares of their limits to keep from now on (tenant_usage.py, quota.py); a tenant
+        absent has none. A lowered quota is brought down by the tenant's next write or the next sweep."""
+        self.tenants.set_shares(shares)
 
     # -- WRITE: reserve an extent, receive into it, then commit (or abort)
 
     def reserve(self, key: bytes, size: int, flags: int, dram_only: bool = False) -> Reservation:
-        """An extent for a new object: preferred tier, then the other, then after evicting; else NoSpaceError.
-        dram_only: a writer that fills the extent through the shared mapping."""
-        dram = self.dram
-        if not flags & (_PREFER_SSD | _HARD_PIN):  # the everyday write: DRAM first, if it has room now
+        """An extent for a new object: preferred tier, then the other, then after evicting; else NoSpaceError
+        (QuotaExceededError: its tenant's share would not hold it). dram_only: a writer that fills the
+        extent through the shared mapping."""
+        usage = self.tenants.none
+        if key.startswith(SCOPE_MARK_BYTE):
+            usage = self.tenants.of_key(key)
+        elif not flags & (_PREFER_SSD | _HARD_PIN):  # the everyday write: DRAM first, if it has room now
+            dram = self.dram
             offset = dram.alloc.allocate(dram.segment.extent_length(len(key), size))
             if offset is not None:
-                return _new_reservation(Reservation, (dram, offset, 0))
+                return _new_reservation(Reservation, (dram, offset, 0, None))
+        try:
+            return self._reserve(key, size, flags, dram_only, usage)
+        except NoSpaceError:
+            if not dram_only:  # refused through the shared mapping, a client writes through the socket
+                usage.refused += 1
+            raise
+
+    def _reserve(self, key: bytes, size: int, flags: int, dram_only: bool, usage: TenantUsage) -> Reservation:
         if dram_only:
             order = [self.dram]
         else:
@@ -82,10 +102,16 @@ class ObjectStore:
                                              self.hard_pin_quota):
             raise NoSpaceError(f"hard-pin quota of {self.hard_pin_quota} bytes exceeded: "
                                f"{self.index.hard_pinned_bytes + self._reserved_hard} pinned, {size} more asked")
+        limited = usage.limited
+        if limited:
+            if dram_only and self.ssd is not None and not quota.tier_has_room(usage, self.dram, size):
+                self.on_pressure()  # as for a full DRAM below: the socket's WRITE spills to SSD
+                raise NoSpaceError(f"tenant {usage.name!r} is at its DRAM share; write through the socket")
+            order = quota.admit(self, usage, order, size)
         for tier in order:
             offset = tier.alloc.allocate(tier.segment.extent_length(len(key), size))
             if offset is not None:
-                return self._reserved(tier, offset, hard)
+                return self._reserved(tier, offset, hard, usage if limited else None, size)
         if dram_only and self.ssd is not None:
             # Making room in DRAM here would throw away objects the sweep could demote; a WRITE
             # over the socket can land on SSD (or make room there, where the coldest data is).
@@ -94,34 +120,45 @@ class ObjectStore:
         # The coldest data lives in the last tier: make room there first.
         for tier in reversed(self.tiers):
             if tier in order:
-                offset = self.make_room(tier, tier.segment.extent_length(len(key), size))
+                offset = self.make_room(tier, tier.segment.extent_length(len(key), size), usage)
                 if offset is not None:
-                    return self._reserved(tier, offset, hard)
+                    return self._reserved(tier, offset, hard, usage if limited else None, size)
         raise NoSpaceError(f"no room for {size} bytes: " + ", ".join(
             f"{t.name} {t.used}/{t.capacity} used" for t in self.tiers) + "; nothing more may be evicted")
 
-    def _reserved(self, tier: StorageTier, offset: int, hard: int) -> Reservation:
+    def _reserved(self, tier: StorageTier, offset: int, hard: int, limited: TenantUsage | None,
+                  size: int) -> Reservation:
         self._reserved_hard += hard
-        return Reservation(tier, offset, hard)
+        if limited is None:
+            return Reservation(tier, offset, hard, None)
+        limited.pend(tier.number, size, 1)
+        return Reservation(tier, offset, hard, (limited, size))
 
     def abort(self, res: Reservation) -> None:
         """Give back a reservation whose payload never arrived whole (no header was written)."""
         self._reserved_hard -= res.hard_pinned
+        if res.pending is not None:
+            res.pending[0].pend(res.tier.number, res.pending[1], -1)
         res.tier.alloc.free(res.offset)
 
     def new_record(self, key: bytes, generation: int, size: int, value_checksum: int, flags: int,
                    raw_size: int, ttl_ms: int, soft_pin_ms: int) -> ObjectRecord:
         now = self.clock()
         # (positional: expires_at, soft_pin_until, hold_until, dram, ssd, last_access)
-        return ObjectRecord(key, generation, size, value_checksum, flags, raw_size or size,
-                            now + ttl_ms / 1000 if ttl_ms else 0.0, now + soft_pin_ms / 1000 if soft_pin_ms else 0.0,
-                            0.0, None, None, now)
+        tenants = self.tenants
+        rec = ObjectRecord(key, generation, size, value_checksum, flags, raw_size or size,
+                           now + ttl_ms / 1000 if ttl_ms else 0.0, now + soft_pin_ms / 1000 if soft_pin_ms else 0.0,
+                           0.0, None, None, now)
+        rec.tenant = tenants.of_key(key) if key.startswith(SCOPE_MARK_BYTE) else tenants.none
+        return rec
 
     def commit(self, res: Reservation, rec: ObjectRecord) -> None:
         """Make a fully received object visible (an older copy of the same version is dropped)."""
-        tier, offset, hard_pinned = res
+        tier, offset, hard_pinned, pending = res
         if hard_pinned:
             self._reserved_hard -= hard_pinned
+        if pending is not None:
+            pending[0].pend(tier.number, pending[1], -1)
         if tier is self.dram:
             rec.dram = offset
         else:
@@ -129,6 +166,9 @@ class ObjectStore:
         old = self.index.add(rec)
         if old is not None:
             self._unindexed(old, reason=None)
+        usage = rec.tenant
+        usage.objects += 1
+        usage.bytes += rec.size
         self.join_tier(tier, rec)
         if tier.alloc.used > tier.high_bytes:  # above the high watermark (tier.excess() > 0), cheaply
             self.on_pressure()
@@ -150,10 +190,12 @@ class ObjectStore:
         now = self.clock()
         rec.last_access = now
         rec.hits += 1
+        usage = rec.tenant
+        usage.hits += 1
         if rec.dram is not None:
-            self.dram.members.touch(rec)
+            usage.orders[0].touch(rec)
         if rec.ssd is not None:
-            self.ssd.members.touch(rec)
+            usage.orders[1].touch(rec)
         if from_dram:
             self.dram.hits += 1
             return False
@@ -162,9 +204,11 @@ class ObjectStore:
         promote = policy.count_hit_for_promotion(rec, now, self.promote_window, self.promote_after)
         return promote and not rec.promoting and rec.dram is None
 
-    def count_miss(self) -> None:
+    def count_miss(self, key: bytes = b"") -> None:
+        """A READ of `key` answered NOT_FOUND or STALE."""
         for tier in self.tiers:
             tier.misses += 1
+        self.tenants.of_key(key).misses += 1
 
     def acquire(self, rec: ObjectRecord) -> None:
         rec.refcount += 1
@@ -223,8 +267,11 @@ class ObjectStore:
             self.evict(rec, "expired")
         return len(due)
 
-    def victims(self, tier: StorageTier, need: int, limit: int | None = None) -> list[ObjectRecord]:
-        return policy.pick(tier.members, need, self.clock(), tier.extent_length, limit)
+    def victims(self, tier: StorageTier, need: int | None, limit: int, writer: TenantUsage | None = None,
+                protect: bool = True) -> list[ObjectRecord]:
+        """What pool pressure gives up of `tier` first (quota.pressure_victims: coldest first across tenants,
+        a tenant other than `writer` only above its reserve unless `protect` is off, i.e. for demotions)."""
+        return quota.pressure_victims(self, tier, need, limit, writer, protect)
 
     def adopt(self, offset: int, obj: StoredObject) -> bool:
         """Index an object found intact on the SSD at start; False if that version is indexed already.
@@ -236,8 +283,11 @@ class ObjectStore:
             return False
         self.ssd.alloc.claim(offset, self.ssd.segment.extent_length(len(obj.key), obj.size))
         rec = ObjectRecord(obj.key, obj.generation, obj.size, obj.checksum, obj.flags, obj.raw_size,
-                           expires_at=obj.expires_ms / 1000, ssd=offset, last_access=self.clock())
+                           expires_at=obj.expires_ms / 1000, ssd=offset, last_access=self.clock(),
+                           tenant=self.tenants.of_key(obj.key))
         self.index.add(rec)
+        rec.tenant.objects += 1
+        rec.tenant.bytes += rec.size
         self.join_tier(self.ssd, rec)
         return True
 
@@ -263,7 +313,7 @@ class ObjectStore:
 
     def report(self, node_id: str) -> dict:
         tiers = {tier.name: tier.stats() for tier in self.tiers}
-        return {"node_id": node_id, "tiers": tiers, "evicted": self.take_dropped()}
+        return {"node_id": node_id, "tiers": tiers, "evicted": self.take_dropped(), "tenants": self.tenants.report()}
 
     def inventory(self) -> list[Entry]:
         return inventory.decode(self.inventory_reply())
@@ -274,21 +324,26 @@ class ObjectStore:
 
     # -- bookkeeping
 
-    def make_room(self, tier: StorageTier, length: int) -> int | None:
+    def make_room(self, tier: StorageTier, length: int, writer: TenantUsage | None = None) -> int | None:
         """Give up victims of `tier` one by one until an extent of `length` fits; its offset, or None.
-        What ran out of time goes first; then the coldest, taken a few at a time off the tier's order."""
+        What ran out of time goes first; then the coldest, taken a few at a time off the tier's order
+        (off the tenants' orders, sparing those at their reserve but the writer's: self.victims)."""
         if self.expire_due():
             offset = tier.alloc.allocate(length)
             if offset is not None:
                 return offset
-        while batch := policy.victims(tier.members, self.clock(), ROOM_BATCH):
-            before = len(tier.members)
+        if not self.tenants.named():  # a node without tenants: off the tier's order, as it always was
+            pick = lambda: policy.victims(tier.members, self.clock(), ROOM_BATCH)  # noqa: E731
+        else:
+            pick = lambda: self.spare_victims.take(self, tier, writer, ROOM_BATCH)  # noqa: E731
+        while batch := pick():
+            before = tier.objects
             for rec in batch:
                 self.release_from(tier, rec)
                 offset = tier.alloc.allocate(length)
                 if offset is not None:
                     return offset
-            if len(tier.members) >= before:  # nothing left the tier: no way to make room
+            if tier.objects >= before:  # nothing left the tier: no way to make room
                 break
         return None
 
@@ -300,7 +355,14 @@ class ObjectStore:
                 if reason:
                     tier.evictions += 1
                     tier.evicted_bytes += rec.size
+        usage = rec.tenant
+        usage.objects -= 1
+        usage.bytes -= rec.size
         if reason:
+            if reason is quota.QUOTA:
+                usage.evicted_quota += 1
+            elif reason not in _NOT_PRESSURE:
+                usage.evicted_pressure += 1
             self.note_dropped(rec.key, rec.generation)
         if rec.refcount == 0:
             self._free_extents(rec)
@@ -321,12 +383,19 @@ class ObjectStore:
         tier.alloc.free(offset)
 
     def join_tier(self, tier: StorageTier, rec: ObjectRecord) -> None:
-        tier.members.add(rec)
+        usage, number = rec.tenant, tier.number
+        usage.orders[number].add(rec)
+        usage.tier_bytes[number] += rec.size
+        tier.objects += 1
         self.index.columns.join(rec, DRAM_BIT if tier is self.dram else SSD_BIT)
         if rec.flags & _HARD_PIN:
             tier.pinned_bytes += rec.size
 
     def _leave(self, tier: StorageTier, rec: ObjectRecord) -> None:
         self.index.columns.leave(rec, DRAM_BIT if tier is self.dram else SSD_BIT)
-        if tier.members.discard(rec) and rec.flags & _HARD_PIN:
-            tier.pinned_bytes -= rec.size
+        usage, number = rec.tenant, tier.number
+        if usage.orders[number].discard(rec):
+            usage.tier_bytes[number] -= rec.size
+            tier.objects -= 1
+            if rec.flags & _HARD_PIN:
+                tier.pinned_bytes -= rec.size

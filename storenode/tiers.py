@@ -8,8 +8,9 @@ from . import eviction_order, policy
 class StorageTier:
     """A segment (DramSegment or SsdSegment) with its own extent allocator.
 
-    `members` holds the records with a copy in this tier, coldest first (eviction_order.py; the
-    store sets the kind, LRU or LFU); counters are totals
+    `members` holds the records of keys of no tenant with a copy in this tier, coldest first
+    (eviction_order.py; the store sets the kind, LRU or LFU; each tenant keeps its own: tenant_usage.py),
+    `objects` counts every tenant's; counters are totals
     since start. Each tier counts the moves it takes part in: a demotion counts
     in DRAM and in SSD alike, as does a promotion.
     """
@@ -21,7 +22,9 @@ class StorageTier:
         self.high, self.low = high, low
         self.high_bytes = high * self.alloc.capacity  # used above this: excess() > 0 (checked per write)
         self.full = f"{self.name} full"  # why its victims go (store.release_from)
-        self.members = eviction_order.LruOrder()
+        self.members = eviction_order.LruOrder()  # of keys of no tenant; each tenant has its own (tenant_usage.py)
+        self.number = 1 if self.name == "ssd" else 0  # indexes per-tier figures (tenant_usage.py)
+        self.objects = 0  # objects with a copy here, every tenant's
         self.pinned_bytes = 0  # hard-pinned objects with a copy here
         self.hits = self.misses = 0
         self.demotions = self.promotions = 0
@@ -46,7 +49,7 @@ class StorageTier:
 
     def stats(self) -> dict:
         return {
-            "capacity": self.capacity, "used": self.used, "objects": len(self.members),
+            "capacity": self.capacity, "used": self.used, "objects": self.objects,
             "hits": self.hits, "misses": self.misses, "demotions": self.demotions,
             "promotions": self.promotions, "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
             "watermark": policy.watermark(self.used, self.capacity, self.high, self.low),

@@ -246,8 +246,10 @@ def test_report_and_inventory_describe_what_the_node_holds(node):
     assert get(node, b"plain", 1, 1000)[0] == Code.OK
     assert get(node, b"nope", 1, 10)[0] == Code.NOT_FOUND
     got = report(node)
-    assert set(got) == {"node_id", "tiers", "evicted"}
+    assert set(got) == {"node_id", "tiers", "evicted", "tenants"}
     assert got["node_id"] == node.node_id and got["evicted"] == []
+    assert got["tenants"] == {"": {"objects": 3, "dram_bytes": 6000, "ssd_bytes": 0, "hits": 1, "misses": 1,
+                                   "evicted_quota": 0, "evicted_pressure": 0, "refused": 0}}  # keys of no tenant
     assert set(got["tiers"]) == {"dram"}  # no --ssd: no SSD tier
     dram = got["tiers"]["dram"]
     assert set(dram) == {"capacity", "used", "objects", "hits", "misses", "demotions", "promotions", "evictions",

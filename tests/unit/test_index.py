@@ -17,14 +17,7 @@ from kvpool.storenode.ssd import SsdSegment
 from kvpool.storenode.store import ObjectStore
 from kvpool.storenode.tiers import StorageTier
 from kvpool.protocol.wire import WriteFlag
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1_000.0
-
-    def __call__(self):
-        return self.now
+from small_store import Clock, make_store  # noqa: F401 (a fixture)
 
 
 # -- ObjectIndex
@@ -78,24 +71,6 @@ def test_records_gone_before_their_ttl_do_not_pile_up_in_the_expiry_queue():
 
 
 # -- ObjectStore
-
-@pytest.fixture
-def make_store(tmp_path):
-    made = []
-
-    def make(dram=64 * 1024, ssd=0, **options):
-        dram_tier = StorageTier(DramSegment(dram, f"t-{len(made)}", directory=str(tmp_path)), 0.9, 0.75)
-        ssd_tier = StorageTier(SsdSegment(str(tmp_path / f"ssd{len(made)}"), ssd), 0.9, 0.75) if ssd else None
-        options.setdefault("hard_pin_quota", dram // 2)
-        store = ObjectStore(dram_tier, ssd_tier, clock=options.pop("clock", Clock()), **options)
-        made.append(store)
-        return store
-
-    yield make
-    for store in made:
-        for tier in store.tiers:
-            tier.segment.close()
-
 
 def put(store: ObjectStore, key: bytes, data: bytes, generation: int = 1, flags: int = 0, ttl_ms: int = 0,
         soft_pin_ms: int = 0) -> ObjectRecord:
