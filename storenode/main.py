@@ -303,7 +303,7 @@ def _tenants_changed(server, shares) -> None:
     ended = server.end_lapsed_tenants()
     if ended:
         log.info("closed %d connections of rotated or deleted tenant tokens", ended)
-    shares.apply()
+    shares.changed()
 
 
 async def _until_stopped(work, stopping: asyncio.Event) -> bool:

@@ -39,6 +39,7 @@ class TenantShares:
         self.refresh = refresh
         self.shares: dict = {}
         self._task: asyncio.Task | None = None
+        self._changed = asyncio.Event()  # a tenant's record changed: read the pool's capacity again now
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="tenant-shares")
@@ -49,6 +50,12 @@ class TenantShares:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def changed(self) -> None:
+        """A tenant's record changed: its new shares now, and again once the pool's capacity is read afresh
+        (a node that joined since the last read would otherwise count for nothing until the next one)."""
+        self.apply()
+        self._changed.set()
+
     def apply(self) -> None:
         """Give the store the shares of the tenants' current records over the pool as last read."""
         shares = {name: node_share(record, self.own, self.pool) for name, record in self.verifier.tenants.items()}
@@ -58,6 +65,7 @@ class TenantShares:
 
     async def run(self) -> None:
         while True:
+            self._changed.clear()  # (a change during the read below makes the wait end at once: read again)
             try:
                 records = await asyncio.wait_for(self._etcd.get_prefix(self._prefix), READ_TIMEOUT)
                 pool = [0, 0]
@@ -77,4 +85,5 @@ class TenantShares:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd away: keep the shares we have
                 log.debug("reading the pool's capacity failed (%s: %s)", type(exc).__name__, exc)
-            await asyncio.sleep(self.refresh)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self.refresh)

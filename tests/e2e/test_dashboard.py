@@ -102,6 +102,16 @@ def cycle_tiers(cluster, round: str) -> None:
             values = reader.batch_get(keys)
             assert {len(value) for value in values if value is not None} == {BLOCK}  # (None: evicted already)
 
+def tenant_traffic(cluster, token: str, round: str) -> None:
+    """A tenant's puts past its quota (its own evicted), reads of what is left, and a miss."""
+    keys = [f"q{round}/{i}" for i in range(12)]  # 3 MiB into a quota of 1 MiB
+    with Client(cluster.master_address, token=token) as tenant:
+        for key in keys:
+            tenant.put(key, os.urandom(256 * KiB))
+        assert tenant.get(keys[-1]) is not None and tenant.exists("missing") is False
+        assert tenant.batch_get(keys).count(None) >= 8  # its own coldest went
+
+
 MOVED = ("kvpool_node_tier_evictions_total", "kvpool_node_tier_demotions_total", "kvpool_node_tier_promotions_total",
          "kvpool_node_errors_total", "kvpool_master_lookup_hits_total", "kvpool_master_lookup_misses_total",
          "kvpool_master_grpc_unauthenticated_total")
@@ -111,12 +121,14 @@ MOVED = ("kvpool_node_tier_evictions_total", "kvpool_node_tier_demotions_total",
 def test_every_dashboard_query_shows_data_in_a_real_prometheus(own_cluster, tmp_path):
     cluster = own_cluster(2, metrics=True, dram_per_node="4MiB", ssd_per_node="8MiB",
                           node_args=["--high-watermark", "0.5", "--low-watermark", "0.25"])
+    tenant = cluster.add_tenant("dash", quota=1 * MiB)
     with Prometheus(cluster.metrics_urls, tmp_path / "prometheus") as prometheus:
         # rate() counts only what a series gained between two samples, and a series appears with the
         # traffic that makes it: traffic before and after one scrape, then two scrapes to read it all.
         for round in ("a", "b"):
             drive(cluster, round)
             cycle_tiers(cluster, round)
+            tenant_traffic(cluster, tenant, round)
             prometheus.wait_scraped(scrapes=1 if round == "a" else 2)
         failures = check_dashboard(DASHBOARD, prometheus.url)
         # The check itself: a copy of the dashboard with one metric misnamed fails on that query alone.
@@ -127,6 +139,8 @@ def test_every_dashboard_query_shows_data_in_a_real_prometheus(own_cluster, tmp_
         caught = check_dashboard(tmp_path / "broken.json", prometheus.url)
         # What the panels show moved with the traffic: not just series at 0.
         moved = {counter: prometheus.values(f"sum(increase({counter}[5m]))") for counter in MOVED}
+        moved["tenant quota evictions"] = prometheus.values(
+            'sum(increase(kvpool_node_tenant_evictions_total{tenant="dash",reason="quota"}[5m]))')
     assert not failures, "dashboard queries that show nothing:\n" + "\n".join(failures)
     assert all(values[0] > 0 for values in moved.values()), f"counters the traffic did not move: {moved}"
     assert len(caught) == 1 and "kvpool_misnamed_" in caught[0] and caught[0].endswith("no data"), caught
