@@ -5,7 +5,7 @@ read back into what the API returns or the typed error they stand for.
 """
 
 from kvpool.errors import InternalError, KeyNotFoundError, Code, error_for
-from kvpool.protocol.keys import validate_key, validate_keys
+from kvpool.protocol.keys import validate_key, validate_keys, validate_listing
 from kvpool.protocol.wire import SEAL
 from kvpool.proto import kvpool_pb2 as pb
 
@@ -198,6 +198,18 @@ def removed(response) -> bool:
 
 def remove_prefix_request(prefix: str) -> pb.RemoveByPrefixRequest:
     return pb.RemoveByPrefixRequest(prefix=prefix)
+
+
+def list_keys_request(prefix: str, limit: int, cursor: str | None) -> pb.ListKeysRequest:
+    cursor = "" if cursor is None else cursor
+    validate_listing(prefix, limit, cursor)
+    return pb.ListKeysRequest(prefix=prefix, limit=limit, cursor=cursor)
+
+
+def listed_keys(response: pb.ListKeysResponse) -> tuple[list[str], str | None]:
+    """A ListKeys answer: (the page's keys, the cursor of the next page or None at the end)."""
+    check(response)
+    return list(response.keys), response.next_cursor or None
 
 
 def drain_request(node_id: str) -> pb.DrainRequest:

@@ -104,6 +104,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/kvpool.Master/ListKeys',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.FromString,
+                _registered_method=True)
         self.WatchKeys = channel.unary_stream(
                 '/kvpool.Master/WatchKeys',
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.WatchKeysRequest.SerializeToString,
@@ -199,6 +204,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchKeys(self, request, context):
         """Snapshot, then changes, of the committed keys with a prefix (see WatchKeysRequest).
         """
@@ -278,6 +289,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.SerializeToString,
             ),
             'WatchKeys': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchKeys,
@@ -663,6 +679,33 @@ class Master:
             '/kvpool.Master/Drain',
             kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.Master/ListKeys',
+            kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,
