@@ -9,6 +9,7 @@ import pytest
 from kvpool.master import key_order
 from kvpool.master.key_order import KeyOrder, page
 from kvpool.master.objects import ObjectTable
+from kvpool.master.versions import PutOptions
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from kvpool.errors import UnavailableError
 from kvpool.protocol.tenants import CLIENT_SCOPE, scope_of
@@ -146,8 +147,8 @@ def test_a_page_reads_about_the_keys_it_gives():
     assert sum(ordered is not None for ordered in order._sorted) <= 2  # only the page's buckets were sorted
 
 
-def _table() -> ObjectTable:
-    table = ObjectTable(first_generation=1)
+def _table(clock=None) -> ObjectTable:
+    table = ObjectTable(first_generation=1, **({"clock": clock} if clock else {}))
     table.upsert_node(NodeRecord(node_id="n1", instance="i", host="127.0.0.1", data_port=7000,
                                  tiers={"dram": TierRecord(capacity=1 << 30)}))
     return table
@@ -202,3 +203,17 @@ def test_the_order_holds_what_the_table_holds_through_every_change():
     table.drop_node("n2")
     assert sorted(committed.keys()) == list(committed.order.after("", True))
     assert table.list_keys("k/", 10_000)[0] == sorted(committed.keys())
+
+
+def test_an_object_past_its_ttl_is_not_listed_before_it_is_swept():
+    now = [1000.0]
+    table = _table(lambda: now[0])
+    _put(table, "a")
+    _put(table, "b", options=PutOptions(ttl_seconds=5))
+    _put(table, "c", options=PutOptions(ttl_seconds=50))
+    assert table.list_keys("", 10) == (["a", "b", "c"], "")
+    now[0] += 6
+    assert table.list_keys("", 10) == (["a", "c"], "")
+    assert table.list_keys("", 1) == (["a"], "a")
+    assert table.list_keys("", 1, "a") == (["c"], "")  # the hidden key neither counts nor ends the page
+    assert table.object_count == 3  # listing changed nothing: the sweep drops it
