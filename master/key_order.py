@@ -6,7 +6,7 @@ holds the keys in (bounds[i-1], bounds[i]], as an unsorted set. Adding or droppi
 over the bounds (a thousand strs for a million keys, compared in C) and a set operation: about a
 microsecond each at a million keys, where a sorted list of every key would move memory on each
 insert. A bucket is sorted only when a page reads it, and that order is kept until the bucket
-changes. A bucket past 2 * LOAD keys is cut in two at its middle key; one that shrinks below
+changes. A bucket past 2 * LOAD keys is cut in two at about its median; one that shrinks below
 LOAD / 4 joins its next. (Noting changes to fold in later was measured slower: the fold sorts them.)
 
 Keys are valid UTF-8 strs, so their order as strs (by code point) is their bytes' order.
@@ -14,6 +14,7 @@ Keys are valid UTF-8 strs, so their order as strs (by code point) is their bytes
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
+from itertools import islice
 
 from kvpool.protocol.tenants import SCOPE_MARK, Scope
 
@@ -48,18 +49,34 @@ class KeyOrder:
             self._cut(i)
 
     def add_many(self, keys) -> None:
-        """add() of each key; into an empty order, built sorted at once (a new leader's adoption)."""
-        if self._bounds:
-            add = self.add
-            for key in keys:
-                add(key)
-            return
+        """add() of many keys (none held yet; a new leader adopts a slice of an inventory at a time): sorted
+        at once, then each bucket takes its run of them in one set operation."""
         ordered = sorted(keys)
-        for start in range(0, len(ordered), LOAD):
-            part = ordered[start:start + LOAD]
-            self._bounds.append(part[-1])
-            self._buckets.append(set(part))
-            self._sorted.append(part)
+        if not ordered:
+            return
+        bounds, buckets, in_order = self._bounds, self._buckets, self._sorted
+        if not bounds:
+            parts = _parts(ordered)
+            bounds += [part[-1] for part in parts]
+            buckets += [set(part) for part in parts]
+            in_order += parts
+            return
+        last, start, count, full = len(bounds) - 1, 0, len(ordered), []
+        while start < count:
+            i = bisect_left(bounds, ordered[start], 0, last)
+            if i == last:  # the last bucket takes the rest, its bound rising to the largest
+                end = count
+                bounds[i] = max(bounds[i], ordered[-1])
+            else:
+                end = bisect_right(ordered, bounds[i], start)
+            bucket = buckets[i]
+            bucket.update(ordered[start:end])
+            in_order[i] = None
+            if len(bucket) > 2 * LOAD:
+                full.append(i)
+            start = end
+        for i in reversed(full):  # from the last, so the indices before stay true
+            self._cut(i)
 
     def discard(self, key: str) -> None:
         """Drop `key` if held."""
@@ -79,12 +96,20 @@ class KeyOrder:
         self.__init__()
 
     def _cut(self, i: int) -> None:
-        ordered = sorted(self._buckets[i])
-        half = len(ordered) // 2
-        low, high = ordered[:half], ordered[half:]
-        self._bounds.insert(i, low[-1])
-        self._buckets[i:i + 1] = [set(low), set(high)]
-        self._sorted[i:i + 1] = [low, high]
+        """Cut bucket i in two at about its median key (that of a sample: no sort of the bucket), and each half
+        again while it holds more than 2 * LOAD keys."""
+        bucket = self._buckets[i]
+        sample = sorted(islice(bucket, 0, None, max(1, len(bucket) // 63)))
+        middle = sample[len(sample) // 2]  # below the sample's largest: neither half is empty
+        low = {key for key in bucket if key <= middle}
+        high = bucket - low
+        self._bounds.insert(i, middle)
+        self._buckets[i:i + 1] = [low, high]
+        self._sorted[i:i + 1] = [None, None]
+        if len(high) > 2 * LOAD:
+            self._cut(i + 1)
+        if len(low) > 2 * LOAD:
+            self._cut(i)
 
     def _join_next(self, i: int) -> None:
         """Fold bucket i into bucket i + 1 (which then starts where i did); an empty bucket goes."""
@@ -111,6 +136,12 @@ class KeyOrder:
             yield from ordered[(bisect_left if inclusive else bisect_right)(ordered, start):]
             for i in range(i + 1, len(self._bounds)):
                 yield from self._in_order(i)
+
+
+def _parts(ordered: list[str]) -> list[list[str]]:
+    """`ordered` cut into runs of LOAD keys, the last of them up to twice that."""
+    count = max(1, len(ordered) // LOAD)
+    return [ordered[k * LOAD:(k + 1) * LOAD] for k in range(count - 1)] + [ordered[(count - 1) * LOAD:]]
 
 
 _PAST_SCOPES = chr(ord(SCOPE_MARK) + 1)  # the least key above every tenant's (each begins with SCOPE_MARK)

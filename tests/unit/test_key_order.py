@@ -42,6 +42,11 @@ class Held(set):
         super().discard(key)
         self.order.discard(key)
 
+    def update(self, keys):
+        new = set(keys) - self
+        super().update(new)
+        self.order.add_many(new)
+
 
 def listed(order: KeyOrder, prefix="", limit=7, scope=None, hidden=NEVER) -> list[str]:
     keys, cursor = page(order, prefix, limit, "", scope, hidden)
@@ -57,7 +62,9 @@ def test_random_adds_and_drops_keep_every_key_in_order(small_buckets):
     order = held.order
     for step in range(5000):
         key = f"k{rng.randrange(400):03d}"
-        if rng.random() < 0.55:
+        if rng.random() < 0.02:  # a batch at once (a slice of an inventory adopted)
+            held.update(f"k{rng.randrange(400):03d}" for _ in range(rng.randrange(60)))
+        elif rng.random() < 0.55:
             held.add(key)
         else:
             held.discard(key)
