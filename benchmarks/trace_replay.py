@@ -113,7 +113,8 @@ def _leading(flags) -> int:
         return len(flags)
 
 
-def replay(client, chains: list[list[int]], block_bytes: int, prefix: str) -> dict:
+def replay(client, chains: list[list[int]], block_bytes: int, prefix: str, between=None) -> dict:
+    """between(): called after each request, outside the timed calls (e.g. another tenant's traffic)."""
     content = BlockContent(block_bytes)
     keys = {}
     for chain in chains:
@@ -128,6 +129,8 @@ def replay(client, chains: list[list[int]], block_bytes: int, prefix: str) -> di
     perf = time.perf_counter
     started = perf()
     for request_keys, ids in work:
+        if between is not None:
+            between()
         count = len(request_keys)
         references += count
         t0 = perf()
@@ -218,7 +221,12 @@ def main() -> int:
     parser.add_argument("--low-watermark", type=float, help="passed to the nodes this starts (default: theirs)")
     parser.add_argument("--master", help="HOST:PORT of a running cluster to use instead of starting one")
     parser.add_argument("--tls", action="store_true", help="start the cluster with TLS on every plane")
+    parser.add_argument("--tenant", action="store_true",
+                        help="replay as a tenant of the cluster this starts (the cost of confinement), not with the "
+                             "client token")
     args = parser.parse_args()
+    if args.tenant and args.master:
+        parser.error("--tenant makes its tenant in the cluster it starts: leave out --master")
     chains = load_trace(args.trace, args.requests)
     if not chains:
         parser.error(f"no requests in {args.trace}")
@@ -232,14 +240,16 @@ def main() -> int:
         cluster = LocalCluster(nodes=args.nodes, dram_per_node=str(args.pool // args.nodes),
                                node_args=node_args, tls=args.tls).start()
         args.master = cluster.master_address
+    token = cluster.add_tenant("replay") if args.tenant else None
     prefix = f"trace-replay/{os.getpid()}-{time.time_ns()}/"  # never meets blocks of an earlier run
     try:
-        with Client(args.master, transports=args.transports) as client:
+        with Client(args.master, transports=args.transports, token=token) as client:
             report = replay(client, chains, args.block_bytes, prefix)
             report["pool_after"] = dram_usage(client)
             client.remove_prefix(prefix)
             report["bytes_by_transport"] = client.bytes_by_transport()
             report["tls"] = bool(args.tls)
+            report["tenant"] = bool(args.tenant)
     finally:
         if cluster is not None:
             cluster.stop()

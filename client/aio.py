@@ -211,11 +211,12 @@ class AsyncClient:
     async def exists(self, key: str, hold: float = 0, *, timeout: float | None = None) -> bool:
         """Whether key is stored. hold > 0: also keep it from eviction for that many seconds
         (bounded by the master's --max-hold); the only way a hold is made or renewed."""
-        return convert.exists_answer(await self._call("Exists", convert.exists_request(key, hold), timeout))
+        return convert.exists_answer(await self._call("Exists", convert.exists_request(self._core.stored(key), hold),
+                                                      timeout))
 
     async def batch_exists(self, keys, hold: float = 0, *, timeout: float | None = None) -> list:
         """exists() for every key, in one round trip."""
-        keys = list(keys)
+        keys = self._core.stored_keys(list(keys))
         if hold == 0 and type(hold) in (int, float):  # no hold: a LOOKUP (MasterLink.lookup)
             validate_keys(keys)
             if not keys:
@@ -230,6 +231,7 @@ class AsyncClient:
 
     async def remove(self, key: str, *, timeout: float | None = None) -> bool:
         """True if the key existed."""
+        key = self._core.stored(key)
         request = convert.remove_request(key)
         try:
             answer = await self._call("Remove", request, timeout)
@@ -241,6 +243,9 @@ class AsyncClient:
         """Remove every key starting with `prefix`; returns how many were removed."""
         if not isinstance(prefix, str):
             raise InvalidKeyError(f"prefix must be str, not {type(prefix).__name__}")
+        if not prefix:  # (a tenant's scope would make it non-empty: refused alike)
+            raise InvalidArgumentError("prefix must not be empty")
+        prefix = self._core.stored(prefix)
         try:
             answer = await self._call("RemoveByPrefix", convert.remove_prefix_request(prefix), timeout)
         finally:
@@ -273,6 +278,13 @@ class AsyncClient:
         """Have the master move every object off a storage node (no new placement there, copies
         made elsewhere, then its own freed); returns how many objects had a copy there."""
         return check(await self._call("Drain", convert.drain_request(node_id), timeout)).objects
+
+    async def tenants(self, action: str = "list", name: str = "", *, timeout: float | None = None,
+                      **limits) -> list:
+        """An operator's tenants (needs the cluster secret): action list, usage, create, set, rotate or
+        delete; create and set take limits in bytes (quota, quota_dram, quota_ssd, reserve) or objects
+        (quota_objects). Returns the tenants' TenantUsage (for a change, the record as it now is)."""
+        return list(check(await self._call("Tenants", convert.tenants_request(action, name, limits), timeout)).tenants)
 
     async def _call(self, method: str, request, timeout: float | None):
         """Master.<method> within the call's deadline."""

@@ -4,7 +4,7 @@ Requests are made from the caller's arguments (checked: keys, hold), answers
 read back into what the API returns or the typed error they stand for.
 """
 
-from kvpool.errors import InternalError, KeyNotFoundError, Code, error_for
+from kvpool.errors import Code, InternalError, InvalidArgumentError, KeyNotFoundError, error_for
 from kvpool.protocol.keys import validate_key, validate_keys, validate_listing
 from kvpool.protocol.wire import SEAL
 from kvpool.proto import kvpool_pb2 as pb
@@ -214,3 +214,12 @@ def listed_keys(response: pb.ListKeysResponse) -> tuple[list[str], str | None]:
 
 def drain_request(node_id: str) -> pb.DrainRequest:
     return pb.DrainRequest(node_id=node_id)
+
+
+def tenants_request(action: str, name: str, limits: dict) -> pb.TenantsRequest:
+    """An operator's Tenants call; `limits` (bytes, or objects for quota_objects) as TenantLimits names them."""
+    try:
+        given = pb.TenantLimits(**limits)
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgumentError(f"tenant limits {limits}: {exc}") from None
+    return pb.TenantsRequest(action=action, name=name, limits=given, given=sorted(limits))

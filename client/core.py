@@ -10,7 +10,8 @@ import os
 from kvpool.security import auth
 from kvpool.protocol import transports as transport_names
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
-from kvpool.errors import InvalidArgumentError, KvpoolError
+from kvpool.protocol.tenants import scope_of
+from kvpool.errors import BatchError, InvalidArgumentError, KvpoolError
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 from kvpool.security.tls import client_files
 
@@ -52,6 +53,9 @@ class Core:
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         tls = client_files(tls_ca)
+        # A tenant's keys are stored under its scope (kvpool/protocol/tenants.py): added to every key and
+        # prefix it names here, taken off every key it is shown; "" for the others.
+        self.prefix = scope_of(credential.tenant).prefix if credential is not None and credential.tenant else ""
         self.io = io
         self.master = MasterLink(address, etcd, cluster, rpc_timeout, io=io, credential=credential, tls=tls)
         if transport is None:
@@ -60,6 +64,8 @@ class Core:
                                                 else os.environ.get(transport_names.ENV))
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from None
+            if self.prefix:  # nodes offer tenants no shared memory (its mapping holds every tenant's bytes)
+                allowed = [name for name in allowed if name != transport_names.SHM]
             transport = TransportSelector(connect_timeout, allowed, credential, io=io, tls=tls)
         self.transport = transport
         self.cache = PlacementCache(cache_size)
@@ -76,6 +82,24 @@ class Core:
         if not write_timeout > 0:
             raise InvalidArgumentError(f"write_timeout must be positive, got {write_timeout!r}")
         self.write_timeout = write_timeout
+
+    def stored(self, key):
+        """The key stored for the key `key` this client names (its tenant's scope before it)."""
+        return self.prefix + key if self.prefix and type(key) is str else key
+
+    def stored_keys(self, keys: list) -> list:
+        prefix = self.prefix
+        return [prefix + key if type(key) is str else key for key in keys] if prefix else keys
+
+    def named(self, stored: str) -> str:
+        """The key this client names for a stored key of its scope."""
+        return stored[len(self.prefix):] if self.prefix and stored.startswith(self.prefix) else stored
+
+    def named_errors(self, exc: BatchError) -> BatchError:
+        """`exc` keyed by the keys this client named."""
+        if self.prefix:
+            exc.errors = {self.named(key): error for key, error in exc.errors.items()}
+        return exc
 
     def bounded(self, timeout: float | None, what: str, nbytes: int = 0, armed: bool = True) -> CallDeadline:
         """The deadline of one public call (`async with`): its own `timeout`, else the client's plus a

@@ -40,6 +40,7 @@ MAX_LOOKUPS = 4  # of one key in one read, while each names a newer version than
 async def read(core: Core, keys: list, dests: list | None) -> list:
     """Per key: the value read and verified (in its dest, or a new buffer when dests is None), or the
     error it failed with: KeyNotFoundError when it does not exist (now)."""
+    keys = core.stored_keys(keys)
     count = len(keys)
     cache = core.cache
     raws, infos, cached, missing, todo = [], [], [], [], []  # todo: (key index, replica index) to read

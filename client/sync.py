@@ -130,13 +130,14 @@ class Client:
     stats = _blocking(AsyncClient.stats)
     list_keys = _blocking(AsyncClient.list_keys)
     drain = _blocking(AsyncClient.drain)
+    tenants = _blocking(AsyncClient.tenants)
     flush = _blocking(AsyncClient.flush)
 
     def exists(self, key: str, hold: float = 0, *, timeout: float | None = None) -> bool:
-        return convert.exists_answer(self._call("Exists", convert.exists_request(key, hold), timeout))
+        return convert.exists_answer(self._call("Exists", convert.exists_request(self._core.stored(key), hold), timeout))
 
     def batch_exists(self, keys, hold: float = 0, *, timeout: float | None = None) -> list:
-        keys = list(keys)
+        keys = self._core.stored_keys(list(keys))
         if hold == 0 and type(hold) in (int, float):  # no hold: a LOOKUP (MasterLink.lookup_now)
             validate_keys(keys)
             if not keys:

@@ -43,7 +43,8 @@ async def put(core: Core, key: str, value, overwrite: bool = False, *, tier: str
     """AsyncClient.put."""
     data = readable_view(value)
     async with core.bounded(timeout, f"put of {key!r}", len(data)) as call:
-        await _put(core, call, key, data, overwrite, tier, pin, pin_ttl, ttl, compress, replicas, min_replicas)
+        await _put(core, call, core.stored(key), data, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
+                   min_replicas)
 
 
 async def _put(core: Core, call, key: str, data, overwrite: bool, tier, pin, pin_ttl, ttl, compress, replicas,
@@ -80,11 +81,14 @@ async def batch_put(core: Core, keys, values, overwrite: bool = False, *, tier: 
                     compress: bool | None = None, replicas: int | None = None,
                     min_replicas: int | None = None, timeout: float | None = None) -> None:
     """AsyncClient.batch_put."""
-    keys = list(keys)
+    keys = core.stored_keys(list(keys))
     views = [readable_view(value) for value in values]
     async with core.bounded(timeout, f"batch_put of {len(keys)} keys", sum(map(len, views))) as call:
-        await _start_batch(core, call, keys, views, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
-                           min_replicas)
+        try:
+            await _start_batch(core, call, keys, views, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
+                               min_replicas)
+        except BatchError as exc:
+            raise core.named_errors(exc) from None
 
 
 async def _start_batch(core: Core, call, keys: list, views: list, overwrite: bool, tier, pin, pin_ttl, ttl,

@@ -32,8 +32,8 @@ from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvpool.protocol import control, wire
-from kvpool.security.auth import NONCE, PROOF, ServerHandshake, Verifier, refusal
-from kvpool.security.roles import Role
+from kvpool.security.auth import MAX_IDENT, NONCE, PROOF, ServerHandshake, Verifier, refusal
+from kvpool.security.roles import CLIENT, MEMBER
 from kvpool.sockets.admission import UNPROVED, UNPROVED_PER_ADDRESS, Admission
 from kvpool.errors import Code, ForbiddenError, KvpoolError
 
@@ -91,6 +91,13 @@ class ControlPort:
 
     async def start(self) -> None:
         await self._server.start_serving()
+
+    def end_lapsed_tenants(self) -> int:
+        """Close every connection whose tenant's token ended (rotated or deleted), at once; how many."""
+        lapsed = [c for c in self._connections if not self.verifier.current(c.caller)]
+        for connection in lapsed:
+            connection.close()
+        return len(lapsed)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -156,7 +163,7 @@ class _Connection(asyncio.Protocol):
         self.progress = 0.0  # loop time input last arrived while a frame was incomplete
         self.stall_timer: asyncio.TimerHandle | None = None
         self.handshake: ServerHandshake | None = ServerHandshake(port.verifier)  # None once authenticated
-        self.role = Role.MEMBER if port.verifier.open else Role.CLIENT  # what the peer proved (roles.py)
+        self.caller = MEMBER if port.verifier.open else CLIENT  # what the peer proved (roles.py Caller)
         self.auth_timer: asyncio.TimerHandle | None = None
 
     # -- connection
@@ -240,7 +247,7 @@ class _Connection(asyncio.Protocol):
             if magic != wire.MAGIC or version != wire.VERSION:
                 self._refuse("bad_frame", f"bad magic/version {bytes(magic)!r}/{version}")
                 return
-            if self.handshake is not None and (key_len or length != NONCE + PROOF):
+            if self.handshake is not None and (key_len > MAX_IDENT or length != NONCE + PROOF):
                 self._unauthenticated(req_id, ForbiddenError("authenticate first: this master needs the "
                                                              "cluster token (KVPOOL_TOKEN_FILE or KVPOOL_TOKEN)"))
                 return
@@ -253,10 +260,11 @@ class _Connection(asyncio.Protocol):
             if size < end:
                 break
             body = bytes(buf[start + _HEADER + key_len:end])  # one copy: a slice of bytes is bytes
-            start = end
             if self.handshake is not None:
+                ident = bytes(buf[start + _HEADER:start + _HEADER + key_len])  # a tenant's NAME:VERSION
+                start = end
                 try:
-                    self.role, reply = self.handshake.answer(op, req_id, key_len, _flags, length, body)
+                    self.caller, reply = self.handshake.answer(op, req_id, ident, _flags, length, body)
                 except ForbiddenError as exc:
                     self._unauthenticated(req_id, exc)
                     return
@@ -268,6 +276,7 @@ class _Connection(asyncio.Protocol):
                     return
                 self._reply(reply)
                 continue
+            start = end
             if key_len:
                 self.port.refused.labels("protocol").inc()
                 self._reply(control.pack_error(op, req_id, Code.PROTOCOL, "control frames carry no key"))
@@ -297,7 +306,7 @@ class _Connection(asyncio.Protocol):
             return
         self.port.requests.counts[labels] += 1
         try:
-            response = self.service.serve_now(name, request, self.role)
+            response = self.service.serve_now(name, request, self.caller)
         except Exception as exc:  # noqa: BLE001 - answered as an error frame (_error_frame)
             self._reply(_error_frame(op, req_id, name, exc))
             return

@@ -25,6 +25,7 @@ from typing import Protocol
 import aetcd
 from aetcd.rtypes import EventKind
 
+from kvpool.cluster.etcd_client import follow_prefix
 from kvpool.protocol import cluster_layout
 
 from .lease_refresh import LeaseRefresher
@@ -136,21 +137,7 @@ class Election:
     async def _watch_members(self) -> None:
         """Keep `members` current as masters come and go, so Stats names every master a client may
         fail over to from the moment it registers (the lease loop re-reads them too, as a backstop)."""
-        while True:
-            try:
-                watch = await self._etcd.watch_prefix(self._members_prefix)
-                try:
-                    await self._read_members()  # what changed before the watch began
-                    async for _event in watch:
-                        await self._read_members()
-                finally:
-                    with contextlib.suppress(Exception):
-                        await watch.cancel()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - etcd away: the lease loop notices; watch again later
-                log.debug("master watch failed (%s: %s)", type(exc).__name__, exc)
-            await asyncio.sleep(RETRY_DELAY)
+        await follow_prefix(self._etcd, self._members_prefix, self._read_members, RETRY_DELAY, "master watch")
 
     async def _read_members(self) -> None:
         members = []

@@ -44,9 +44,13 @@ class KeyWatch:
         self.streams = 0
         self._snapshots = asyncio.Semaphore(SNAPSHOT_SLOTS)
 
-    async def serve(self, request: pb.WatchKeysRequest, context) -> None:
-        """Stream until the subscriber goes; FeedClosed when this master stops leading."""
+    async def serve(self, request: pb.WatchKeysRequest, context, scope=None, current=lambda: True) -> None:
+        """Stream until the subscriber goes; FeedClosed when this master stops leading. scope: the keys the
+        caller may see (kvpool/protocol/tenants.py Scope; None: all), its prefix already checked to lie in
+        it; current(): whether the caller's credential still holds (a tenant's token rotated: the stream ends)."""
         prefix = request.prefix
+        # Only the client token's scope with no prefix reaches keys outside it (tenants'): filter those.
+        keep = scope.holds if scope is not None and not prefix else None
         if prefix:
             try:
                 validate_key(prefix)
@@ -57,11 +61,11 @@ class KeyWatch:
                                 f"{self.streams} key watches already; try again later")
         self.streams += 1
         try:
-            await self._stream(request, prefix, context)
+            await self._stream(request, prefix, context, keep, current)
         finally:
             self.streams -= 1
 
-    async def _stream(self, request: pb.WatchKeysRequest, prefix: str, context) -> None:
+    async def _stream(self, request: pb.WatchKeysRequest, prefix: str, context, keep, current) -> None:
         feed = self.feed
         feed_id = feed.open_for_subscriber()
         if not feed_id:
@@ -75,8 +79,10 @@ class KeyWatch:
         while True:
             if feed.id != feed_id:
                 raise FeedClosed("the leader's term ended")
+            if not current():
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "this tenant's token was rotated or deleted")
             if cursor is None:
-                cursor = await self._snapshot(context, feed_id, prefix)
+                cursor = await self._snapshot(context, feed_id, prefix, keep)
                 last_sent = loop.time()
                 continue
             found = feed.since(cursor, prefix, BATCH_CHANGES)
@@ -85,6 +91,8 @@ class KeyWatch:
                 cursor = None
                 continue
             changes, cursor = found
+            if keep is not None:
+                changes = [(kind, key) for kind, key in changes if keep(key)]
             if changes or loop.time() - last_sent >= HEARTBEAT:
                 await _send(context, pb.KeyEvents(
                     feed_id=feed_id, sequence=cursor,
@@ -95,7 +103,7 @@ class KeyWatch:
             else:
                 await asyncio.sleep(0)  # more to scan: let the rest of the master run first
 
-    async def _snapshot(self, context, feed_id: str, prefix: str) -> int:
+    async def _snapshot(self, context, feed_id: str, prefix: str, keep=None) -> int:
         """Send the keys with `prefix` present now, in pages; returns the sequence they were taken at."""
         async with self._snapshots:
             if self.feed.id != feed_id:
@@ -103,6 +111,8 @@ class KeyWatch:
             sequence, keys = self.feed.snapshot(prefix)
             page, size = [], 0
             for key in keys:
+                if keep is not None and not keep(key):
+                    continue
                 if len(page) == 0 and self.feed.id != feed_id:
                     raise FeedClosed("the leader's term ended")
                 page.append(key)

@@ -21,6 +21,7 @@ from kvpool.security import auth, placement_seal, tls
 from kvpool.protocol import cluster_layout
 from kvpool.runtime import config
 from kvpool.cluster.etcd_client import EtcdClient, OpenEtcdError, add_open_etcd_argument
+from kvpool.cluster.tenant_directory import TenantDirectory, TenantRecords
 from kvpool.security.grpc_auth import ServerAuth
 from kvpool.security.replay_cache import CAPACITY as REMEMBERED_PROOFS
 from kvpool.security.replay_cache import ReplayCache
@@ -44,6 +45,7 @@ from .objects import ObjectTable
 from .pending_puts import MAX_REPLICAS
 from .repair import DEFAULT_RATE
 from .service import MAX_BATCH, MasterService
+from .tenants import TenantAdmin
 
 log = logging.getLogger("kvpool.master")
 
@@ -192,12 +194,16 @@ async def serve(args) -> int:
         leadership = Leadership(args, etcd, election, table, node_io, adopter)
         feed = KeyFeed(table, args.key_feed_size)  # opened by a term's first subscriber (key_feed.py)
         service.key_watch = KeyWatch(feed)
+        service.tenants = TenantAdmin(TenantRecords(etcd, args.cluster), verifier, table)
+        service.current = verifier.current
+        tenants = TenantDirectory(etcd, args.cluster, verifier, on_change=control.end_lapsed_tenants)
         kvpool_pb2_grpc.add_MasterServicer_to_server(service, server)
         health = MasterHealth(server, election, metrics)
         health_task = loop.create_task(health.run(), name="health")
         feed_task = loop.create_task(feed.run(election), name="key-feed")
         try:
             node_io.start()
+            tenants.start()
             await election.start()
             await server.start()  # followers serve too: Stats, and NOT_LEADER naming the leader
             await control.start()
@@ -217,6 +223,7 @@ async def serve(args) -> int:
                 task.cancel()
             await asyncio.gather(feed_task, health_task, return_exceptions=True)
             await election.resign()
+            await tenants.stop()
             await server.stop(grace=1.0)
             await control.stop()
             await leadership.stop_term()

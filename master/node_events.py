@@ -81,6 +81,8 @@ class NodeEvents:
             return []
         tiers = report.get("tiers") or {}
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
+        tenants = report.get("tenants")
+        node.tenants = tenants if isinstance(tenants, dict) else {}
         node.reported_up_to(mark)
         node.reports += 1
         self._ledger.counters.reports += 1

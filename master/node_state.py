@@ -21,6 +21,7 @@ class NodeState:
         self.draining = False  # no new placement; its objects are copied elsewhere, then freed here
         self.reported: dict[str, dict] = {}  # tier -> that tier's block of the last REPORT
         self.reports = 0  # REPORTs taken in from this node
+        self.tenants: dict = {}  # name -> its figures on this node, as the last REPORT gave them
         # Its INVENTORY adopted by this leader since it joined or lost contact: only then is it REPORTed,
         # which lets it serve reads (master/read_grants.py).
         self.reconciled = False

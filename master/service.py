@@ -23,17 +23,20 @@ from kvpool.protocol.keys import DEFAULT_LIST_LIMIT, validate_key, validate_keys
 from kvpool.protocol.tenants import Scope
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
-from kvpool.security.grpc_auth import CALLER_ROLE
+from kvpool.security.grpc_auth import CALLER
 from kvpool.security.placement_seal import PlacementSeal
-from kvpool.security.roles import Role, check_rpc
+from kvpool.security.roles import MEMBER, Caller, check_rpc, check_scope
 
 from . import convert
+from .request_items import (BATCH_SIZE, KEYS, answer, answer_async, in_request_order, invalid_keys, valid_keys,
+                            valid_only)
 from .election import LeadershipState
 from .key_feed import FeedClosed
 from .key_watch import KeyWatch
 from .metrics import MasterMetrics
 from .node_io import HoldOrder, NodeIO
 from .objects import ObjectTable
+from .tenants import TenantAdmin
 
 log = logging.getLogger(__name__)
 
@@ -41,76 +44,10 @@ HOLD_TIMEOUT = 2.0  # an Exists with a hold answers from the table if a node is 
 FREE_WAIT = 1.0     # longest a request waits for nodes to confirm the FREEs it caused
 
 
-def _answer(response_cls, fn, *args):
-    """fn(*args), or a response_cls carrying the status of the error it raised."""
-    try:
-        return fn(*args)
-    except Exception as exc:  # noqa: BLE001 - a bug must answer INTERNAL, not kill the RPC
-        return _error_answer(response_cls, fn, exc)
-
-
-async def _answer_async(response_cls, fn, *args):
-    """await fn(*args), or a response_cls carrying the status of the error it raised."""
-    try:
-        return await fn(*args)
-    except Exception as exc:  # noqa: BLE001 - a bug must answer INTERNAL, not kill the RPC
-        return _error_answer(response_cls, fn, exc)
-
-
-def _error_answer(response_cls, fn, exc: Exception):
-    """The answer to a call of `fn` that raised `exc` (called while it is handled): its status, or INTERNAL."""
-    if isinstance(exc, KvpoolError):
-        return response_cls(status=int(exc.code), message=str(exc))
-    log.exception("internal error in %s", fn.__name__)
-    return response_cls(status=pb.INTERNAL, message=f"internal error: {type(exc).__name__}: {exc}")
-
-
-def _valid_keys(keys) -> list[str]:
-    """A batch's keys, all valid, or the typed error of the first that is not, naming its index."""
-    keys = list(keys)
-    validate_keys(keys)
-    return keys
-
-
-def _invalid_keys(keys) -> dict:
-    """index -> the error of each of a batch's keys that is not a valid key."""
-    try:
-        validate_keys(keys)  # one pass over the whole batch when every key is valid (the usual case)
-        return {}
-    except KvpoolError:
-        pass
-    bad = {}
-    for i, key in enumerate(keys):
-        try:
-            validate_key(key)
-        except KvpoolError as exc:
-            bad[i] = exc
-    return bad
-
-
-def _valid_only(column, bad: dict) -> list:
-    """A batch's column without the entries of its invalid keys."""
-    return [value for i, value in enumerate(column) if i not in bad] if bad else list(column)
-
-
-def _in_request_order(count: int, bad: dict, results: list) -> list:
-    """The results of the valid keys, in order, with the invalid keys' errors put back in their places."""
-    if not bad:
-        return results
-    valid = iter(results)
-    return [bad[i] if i in bad else next(valid) for i in range(count)]
-
-
 MAX_BATCH = 65536  # default --max-batch: keys one batch call may name
 # Seconds a BatchPutEnd's plain ends may wait to be folded into the table: long enough for the lookup its
 # client sends next to be answered first, short next to the reads that follow (which fold them anyway).
 FOLD_AFTER = 0.001
-# How many keys each batch request names (its repeated fields of one key each).
-_BATCH_SIZE = {"BatchPutStart": lambda r: len(r.items) + len(r.keys),
-               "BatchPutEnd": lambda r: len(r.items) + len(r.keys), "BatchPutRevoke": lambda r: len(r.items),
-               "BatchGetReplicaList": lambda r: len(r.keys), "BatchExists": lambda r: len(r.keys),
-               control.LOOKUP: len}
-
 FOLLOWER_RPCS = ("Stats",)  # what a master that does not lead still answers itself
 
 
@@ -155,7 +92,7 @@ def _rpc(handler):
     @functools.wraps(handler)
     async def method(self, request, context):
         try:
-            return await self.dispatch(name, request, CALLER_ROLE.get())
+            return await self.dispatch(name, request, CALLER.get())
         except ForbiddenError as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except NotLeading as exc:
@@ -179,6 +116,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     control_address = ""  # HOST:PORT of this master's control port (master/control_port.py)
     key_watch: KeyWatch | None = None  # serves WatchKeys from the leader's key feed
     sealer: PlacementSeal | None = None  # seals the copies it places (None: a cluster without a secret)
+    caller: Caller = MEMBER  # who the call being served proved (set by serve_now; read by handlers that scope)
+    current = staticmethod(lambda caller: True)  # whether a caller's credential still holds (Verifier.current)
+    tenants: TenantAdmin | None = None  # an operator's tenants (None: a master that keeps none)
     _fold_timer: asyncio.TimerHandle | None = None  # folds the ends a BatchPutEnd let wait
     caller_scope: Scope | None = None  # the keys the caller may see (ListKeys lists only those); None: every key
 
@@ -196,29 +136,35 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         self.master_id = master_id
         self.address = address
 
-    async def dispatch(self, name: str, request, role: Role):
+    async def dispatch(self, name: str, request, caller: Caller):
         """Serve the RPC `name`, whichever port it came in by: the leadership gate (NotLeading),
         the handler, FREEs, metrics. The replicas a request released (an overwritten or removed
         version) are freed on their nodes before it is answered, so the caller's next read
         cannot get them."""
-        response = self.serve_now(name, request, role)
+        response = self.serve_now(name, request, caller)
         if type(response) is _COROUTINE:
             response = await response
         return response
 
-    def serve_now(self, name: str, request, role: Role):
+    def serve_now(self, name: str, request, caller: Caller):
         """dispatch without a coroutine when nothing needs waiting for (most calls): the response;
         else a coroutine finishing the call (its hold, the FREEs it caused) and returning it.
-        role: what the caller proved; what it may call is kvpool/security/roles.py's, checked here only."""
+        caller: what it proved; what it may call and which keys it may name are kvpool/security/roles.py's,
+        checked here only."""
         started = time.perf_counter()
-        check_rpc(role, name)
+        check_rpc(caller.role, name)
+        if caller.scope is not None:
+            keys_of = KEYS.get(name)
+            if keys_of is not None:
+                check_scope(caller, keys_of(request), name)
+        self.caller = caller  # read by the handlers that scope their answer, before their first await
         gate = self.leadership
         if gate is not None and name not in FOLLOWER_RPCS and not gate.answering():
             leader = gate.leader_address if gate.leader_address != self.address else ""
             if not leader and gate.etcd_silent():  # asked and silent: no leader can be confirmed
                 raise EtcdSilent(self.address)
             raise NotLeading(leader, gate.leader_control_address if leader else "")
-        batch_size = _BATCH_SIZE.get(name)
+        batch_size = BATCH_SIZE.get(name)
         if batch_size is not None:
             size = batch_size(request)
             if size > self.max_batch:  # placed and answered on the leader's loop: bounded, or it stalls
@@ -265,16 +211,16 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                 raise InvalidArgumentError(f"{count} keys but {len(sizes)} sizes, {len(checksums)} checksums, "
                                            f"{len(request.compressed)} compressed, {len(request.raw_sizes)} raw sizes")
             options = convert.options_of(common)
-            bad = _invalid_keys(keys)
+            bad = invalid_keys(keys)
             started = self._table.put_start_many(
-                _valid_only(keys, bad), _valid_only(sizes, bad), _valid_only(checksums, bad), common.overwrite,
+                valid_only(keys, bad), valid_only(sizes, bad), valid_only(checksums, bad), common.overwrite,
                 common.replicas or 1, options,
-                _valid_only(request.compressed, bad) if request.compressed else None,
-                _valid_only(request.raw_sizes, bad) if request.raw_sizes else None, common.min_replicas)
+                valid_only(request.compressed, bad) if request.compressed else None,
+                valid_only(request.raw_sizes, bad) if request.raw_sizes else None, common.min_replicas)
         except KvpoolError as exc:
             convert.refuse_put_starts(response, count, exc)
             return
-        convert.fill_put_starts(response, _in_request_order(count, bad, started), self.term, self.sealer)
+        convert.fill_put_starts(response, in_request_order(count, bad, started), self.term, self.sealer)
 
     def _put_end(self, req: pb.PutEndRequest) -> pb.StatusResponse:
         validate_key(req.key)
@@ -326,12 +272,12 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     async def _batch_exists(self, req: pb.BatchExistsRequest) -> pb.BatchExistsResponse:
         # One status for the whole answer (the proto has no per-item status): any bad key fails it.
-        keys = _valid_keys(req.keys)
+        keys = valid_keys(req.keys)
         return pb.BatchExistsResponse(status=pb.OK, exists=await self._exists_holding(keys, req.hold_seconds))
 
     def _batch_exists_now(self, req: pb.BatchExistsRequest) -> pb.BatchExistsResponse | None:
         """The answer of a BatchExists that asks for no hold (read from the table at once), else None."""
-        keys = _valid_keys(req.keys)
+        keys = valid_keys(req.keys)
         if self._hold_ms(req.hold_seconds):
             return None
         return pb.BatchExistsResponse(status=pb.OK, exists=self._table.exists_many(keys))
@@ -368,19 +314,19 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     @_rpc
     def PutStart(self, request):
-        return _answer(pb.PutStartResponse, self._put_start, request)
+        return answer(pb.PutStartResponse, self._put_start, request)
 
     @_rpc
     def PutEnd(self, request):
-        return _answer(pb.StatusResponse, self._put_end, request)
+        return answer(pb.StatusResponse, self._put_end, request)
 
     @_rpc
     def PutRevoke(self, request):
-        return _answer(pb.StatusResponse, self._put_revoke, request)
+        return answer(pb.StatusResponse, self._put_revoke, request)
 
     @_rpc
     def BatchPutStart(self, request):
-        response = pb.BatchPutStartResponse(items=[_answer(pb.PutStartResponse, self._put_start, item)
+        response = pb.BatchPutStartResponse(items=[answer(pb.PutStartResponse, self._put_start, item)
                                                    for item in request.items])
         if request.keys:
             self._put_starts(request, response)
@@ -388,7 +334,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     @_rpc
     def BatchPutEnd(self, request):
-        response = pb.BatchStatusResponse(items=[_answer(pb.StatusResponse, self._put_end, item)
+        response = pb.BatchStatusResponse(items=[answer(pb.StatusResponse, self._put_end, item)
                                                  for item in request.items] if request.items else None)
         keys, generations = request.keys, request.generations
         if len(keys) != len(generations):
@@ -401,9 +347,9 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                 self._fold_timer = asyncio.get_running_loop().call_later(FOLD_AFTER, self._fold_ends)
             convert.fill_statuses(response, [None] * len(keys))
             return response
-        bad = _invalid_keys(keys)
-        ended = _in_request_order(len(keys), bad, self._table.put_end_many(_valid_only(keys, bad),
-                                                                           _valid_only(generations, bad)))
+        bad = invalid_keys(keys)
+        ended = in_request_order(len(keys), bad, self._table.put_end_many(valid_only(keys, bad),
+                                                                           valid_only(generations, bad)))
         convert.fill_statuses(response, ended)
         return response
 
@@ -415,37 +361,37 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     @_rpc
     def BatchPutRevoke(self, request):
-        return pb.BatchStatusResponse(items=[_answer(pb.StatusResponse, self._put_revoke, item)
+        return pb.BatchStatusResponse(items=[answer(pb.StatusResponse, self._put_revoke, item)
                                              for item in request.items])
 
     @_rpc
     def GetReplicaList(self, request):
-        return _answer(pb.GetReplicaListResponse, self._replica_list, request.key)
+        return answer(pb.GetReplicaListResponse, self._replica_list, request.key)
 
     @_rpc
     def BatchGetReplicaList(self, request):
-        return pb.BatchGetReplicaListResponse(items=[_answer(pb.GetReplicaListResponse, self._replica_list, key)
+        return pb.BatchGetReplicaListResponse(items=[answer(pb.GetReplicaListResponse, self._replica_list, key)
                                                      for key in request.keys])
 
     @_rpc
     def Exists(self, request):
-        return _answer_async(pb.ExistsResponse, self._exists, request)
+        return answer_async(pb.ExistsResponse, self._exists, request)
 
     @_rpc
     def BatchExists(self, request):
         # Without a hold nothing is waited for: answered here, with no coroutine (lookups are most calls).
-        answered = _answer(pb.BatchExistsResponse, self._batch_exists_now, request)
+        answered = answer(pb.BatchExistsResponse, self._batch_exists_now, request)
         if answered is not None:
             return answered
-        return _answer_async(pb.BatchExistsResponse, self._batch_exists, request)
+        return answer_async(pb.BatchExistsResponse, self._batch_exists, request)
 
     @_rpc
     def Remove(self, request):
-        return _answer(pb.RemoveResponse, self._remove, request.key)
+        return answer(pb.RemoveResponse, self._remove, request.key)
 
     @_rpc
     def RemoveByPrefix(self, request):
-        return _answer(pb.RemoveResponse, self._remove_by_prefix, request.prefix)
+        return answer(pb.RemoveResponse, self._remove_by_prefix, request.prefix)
 
     @_rpc
     def ListKeys(self, request):
@@ -453,7 +399,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     @_rpc
     def Drain(self, request):
-        return _answer(pb.DrainResponse, self._drain, request.node_id)
+        return answer(pb.DrainResponse, self._drain, request.node_id)
 
     async def WatchKeys(self, request, context):
         """A server stream (key_watch.py), so not an _rpc; it ends with NOT_LEADER when the term does."""
@@ -461,13 +407,30 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         if self.key_watch is None or (gate is not None and not gate.answering()):
             leader = gate.leader_address if gate is not None and gate.leader_address != self.address else ""
             await _not_leader(context, leader)
+        caller = CALLER.get()
         try:
-            await self.key_watch.serve(request, context)
+            check_scope(caller, (request.prefix,), "WatchKeys")
+        except ForbiddenError as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        try:
+            await self.key_watch.serve(request, context, caller.scope, lambda: self.current(caller))
         except FeedClosed:
             await _not_leader(context, "")
 
     @_rpc
+    def Tenants(self, request):
+        if self.tenants is None:
+            return pb.TenantsResponse(status=pb.INVALID_ARGUMENT, message="this master keeps no tenants")
+        return answer_async(pb.TenantsResponse, self.tenants.serve, request)
+
+    @_rpc
     def Stats(self, request):
+        caller = self.caller
+        if caller.tenant:  # a tenant sees the masters (to find and follow the leader) and its own figures only
+            return pb.StatsResponse(master_id=self.master_id, address=self.address,
+                                    control_address=self.control_address,
+                                    tenants=self.tenants.figures([caller.tenant]) if self.tenants else (),
+                                    **self._leadership_stats())
         t = self._table
         nodes = [convert.node_stats(node, t.objects_on(node.node_id))
                  for node in sorted(t.nodes.values(), key=lambda n: n.node_id)]
@@ -475,6 +438,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             master_id=self.master_id, address=self.address, control_address=self.control_address,
             nodes=nodes, objects=t.object_count, bytes=t.total_bytes, pending_puts=t.pending_count,
             under_replicated=t.under_replicated(), **convert.counter_stats(t.counters), **self._leadership_stats(),
+            tenants=self.tenants.figures() if self.tenants is not None and caller.scope is None else (),
         )
 
     def _leadership_stats(self) -> dict:

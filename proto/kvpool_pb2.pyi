@@ -394,7 +394,7 @@ class NodeStats(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ..., reports: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address")
+    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address", "tenants")
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +413,7 @@ class StatsResponse(_message.Message):
     REPAIRS_DONE_FIELD_NUMBER: _ClassVar[int]
     REPAIR_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     master_id: str
     address: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
@@ -431,7 +432,70 @@ class StatsResponse(_message.Message):
     repairs_done: int
     repair_bytes: int
     control_address: str
-    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ..., control_address: _Optional[str] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
+    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ..., control_address: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ...) -> None: ...
+
+class TenantLimits(_message.Message):
+    __slots__ = ("quota", "quota_dram", "quota_ssd", "quota_objects", "reserve")
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_DRAM_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_SSD_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_FIELD_NUMBER: _ClassVar[int]
+    quota: int
+    quota_dram: int
+    quota_ssd: int
+    quota_objects: int
+    reserve: int
+    def __init__(self, quota: _Optional[int] = ..., quota_dram: _Optional[int] = ..., quota_ssd: _Optional[int] = ..., quota_objects: _Optional[int] = ..., reserve: _Optional[int] = ...) -> None: ...
+
+class TenantUsage(_message.Message):
+    __slots__ = ("name", "version", "limits", "objects", "dram_bytes", "ssd_bytes", "hits", "misses", "evicted_quota", "evicted_pressure", "refused")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    DRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SSD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_PRESSURE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    limits: TenantLimits
+    objects: int
+    dram_bytes: int
+    ssd_bytes: int
+    hits: int
+    misses: int
+    evicted_quota: int
+    evicted_pressure: int
+    refused: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., limits: _Optional[_Union[TenantLimits, _Mapping]] = ..., objects: _Optional[int] = ..., dram_bytes: _Optional[int] = ..., ssd_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evicted_quota: _Optional[int] = ..., evicted_pressure: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
+
+class TenantsRequest(_message.Message):
+    __slots__ = ("action", "name", "limits", "given")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    GIVEN_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    name: str
+    limits: TenantLimits
+    given: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, action: _Optional[str] = ..., name: _Optional[str] = ..., limits: _Optional[_Union[TenantLimits, _Mapping]] = ..., given: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TenantsResponse(_message.Message):
+    __slots__ = ("status", "message", "tenants")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("node_id",)

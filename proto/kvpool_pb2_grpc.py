@@ -109,6 +109,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.FromString,
                 _registered_method=True)
+        self.Tenants = channel.unary_unary(
+                '/kvpool.Master/Tenants',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.TenantsRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.TenantsResponse.FromString,
+                _registered_method=True)
         self.WatchKeys = channel.unary_stream(
                 '/kvpool.Master/WatchKeys',
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.WatchKeysRequest.SerializeToString,
@@ -210,6 +215,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tenants(self, request, context):
+        """An operator's tenants: create, set, rotate, delete, list, usage (member only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchKeys(self, request, context):
         """Snapshot, then changes, of the committed keys with a prefix (see WatchKeysRequest).
         """
@@ -294,6 +306,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListKeys,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.SerializeToString,
+            ),
+            'Tenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tenants,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.TenantsRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.TenantsResponse.SerializeToString,
             ),
             'WatchKeys': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchKeys,
@@ -706,6 +723,33 @@ class Master:
             '/kvpool.Master/ListKeys',
             kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.Master/Tenants',
+            kvpool_dot_proto_dot_kvpool__pb2.TenantsRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.TenantsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,6 +13,7 @@ import uuid
 
 from kvpool.security import auth, tls
 from kvpool.cluster.etcd_client import OpenEtcdError, add_open_etcd_argument
+from kvpool.cluster.tenant_directory import TenantDirectory
 from kvpool.runtime import config
 from kvpool.protocol import transports
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
@@ -30,6 +31,7 @@ from .registration import NodeRegistration
 from .server import FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVED, MAX_UNPROVED_PER_ADDRESS, DataServer
 from .ssd import SsdSegment
 from .store import ObjectStore
+from .tenant_shares import TenantShares, capacity_of
 from .tiers import StorageTier
 from .ucx_server import start_ucx
 
@@ -228,6 +230,7 @@ async def _serve(args) -> int:
     metrics_http = None
     registration = None
     ucx = None
+    tenants = shares = None
     health = Health()
     beat = loop.create_task(health.beat(), name="health-beat")
     try:
@@ -261,6 +264,11 @@ async def _serve(args) -> int:
         except OpenEtcdError as exc:
             print(f"kvpool-storenode: {exc}", file=sys.stderr, flush=True)
             return 1
+        shares = TenantShares(registration.etcd, args.cluster, node_id, capacity_of(record), verifier, store)
+        tenants = TenantDirectory(registration.etcd, args.cluster, verifier,
+                                  on_change=lambda: _tenants_changed(server, shares))
+        tenants.start()
+        shares.start()
         health.ready = lambda: (True, "") if registration.in_etcd() else (
             False, "etcd lease not refreshed within its ttl: the master may count this node gone")
         print(f"kvpool-storenode ready node_id={node_id} address={record.address}", flush=True)
@@ -273,6 +281,9 @@ async def _serve(args) -> int:
         return 1
     finally:
         beat.cancel()
+        for task in (tenants, shares):
+            if task is not None:
+                await task.stop()
         if registration:
             await registration.stop()
         await server.stop()
@@ -283,6 +294,15 @@ async def _serve(args) -> int:
             metrics_http.close()
         for tier in store.tiers:
             tier.segment.close()
+
+
+def _tenants_changed(server, shares) -> None:
+    """A tenant's record changed: end the TCP connections whose token lapsed (a UCX connection's requests are
+    refused from then on: storenode/ucx_server.py), take its new limits."""
+    ended = server.end_lapsed_tenants()
+    if ended:
+        log.info("closed %d connections of rotated or deleted tenant tokens", ended)
+    shares.apply()
 
 
 async def _until_stopped(work, stopping: asyncio.Event) -> bool:

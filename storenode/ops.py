@@ -13,7 +13,7 @@ import asyncio
 from typing import NamedTuple
 
 from kvpool.protocol import wire
-from kvpool.security.roles import MEMBER_OPS, Role
+from kvpool.security.roles import MEMBER_OPS, TENANT_REFUSED_OPS, Caller, Role
 from kvpool.errors import (ChecksumMismatchError, ForbiddenError, KeyExistsError, InvalidArgumentError,
                            KeyNotFoundError, NotLeaderError, StaleReplicaError)
 from kvpool.protocol.wire import MAX_GENERATION, NO_SEAL
@@ -89,6 +89,24 @@ class NodeOps:
     @staticmethod
     def member_only(op: int) -> bool:
         return op in MEMBER_OPS
+
+    # -- the scope check: the keys a caller may name (kvpool/protocol/tenants.py), every transport
+
+    @staticmethod
+    def out_of_scope(caller: Caller, op: int, key: bytes) -> ForbiddenError | None:
+        """Why `caller` may not send `op` naming `key`, or None: a tenant names only its own keys and is never
+        given shared memory (a mapping of every tenant's bytes); the client token names no tenant's key. The
+        refusal says nothing of whether such a key is stored."""
+        scope = caller.scope
+        if scope is None:
+            return None
+        if key and not scope.holds_bytes(key):
+            return ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} names a key outside this credential's "
+                                  "key space")
+        if caller.role is Role.TENANT and op in TENANT_REFUSED_OPS:
+            return ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()}: shared memory is not offered to a "
+                                  "tenant (its mapping holds every tenant's bytes); use TCP")
+        return None
 
     # -- writes: WRITE (TCP, UCX) and ALLOCATE (shared memory)
 

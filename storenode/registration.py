@@ -59,6 +59,11 @@ class NodeRegistration:
                 await asyncio.sleep(0.5)
         self._keepalive = asyncio.create_task(self._keep_alive(), name="etcd-keepalive")
 
+    @property
+    def etcd(self):
+        """The etcd client the registration keeps (for the node's other reads and watches), once started."""
+        return self._client
+
     def in_etcd(self) -> bool:
         """Registered, and the lease refreshed within its ttl (so the master still counts this node)."""
         return time.monotonic() - self.refreshed < self.ttl

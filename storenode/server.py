@@ -98,6 +98,14 @@ class DataServer:
         is free (the session turns it away) or it was displaced meanwhile."""
         return self.slots.prove(session)
 
+    def end_lapsed_tenants(self) -> int:
+        """Close every connection whose tenant's token ended (rotated or deleted: Verifier.current), at once;
+        how many. Called whenever the tenants' records change (kvpool/cluster/tenant_directory.py)."""
+        lapsed = [task for session, task in self._connections.items() if not self.verifier.current(session.caller)]
+        for task in lapsed:
+            task.cancel()
+        return len(lapsed)
+
     def turned_away_frame(self) -> bytes:
         return wire.pack_error(wire.TURNED_AWAY, 0, Code.UNAVAILABLE,
                                f"node at its limit of {self.max_connections} connections")

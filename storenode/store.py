@@ -55,6 +55,10 @@ class ObjectStore:
         self._reserved_hard = 0
         self._evicted: list[list] = []
 
+    def set_tenant_shares(self, shares: dict) -> None:
+        """The part of each tenant's limits this node keeps (kvpool/protocol/tenants.py NodeShare)."""
+        self.tenant_shares = shares
+
     # -- WRITE: reserve an extent, receive into it, then commit (or abort)
 
     def reserve(self, key: bytes, size: int, flags: int, dram_only: bool = False) -> Reservation:

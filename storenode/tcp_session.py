@@ -19,7 +19,7 @@ import struct
 import time
 
 from kvpool.protocol import transports, wire
-from kvpool.security.auth import Role, ServerHandshake, refusal
+from kvpool.security.auth import CLIENT, MEMBER, Role, ServerHandshake, refusal
 from kvpool.protocol.checksum import Digest, checksum
 from kvpool.errors import Code, ForbiddenError, KvpoolError
 from kvpool.protocol.keys import MAX_KEY_BYTES
@@ -66,7 +66,9 @@ class TcpSession(Framing):
         self.store = server.store
         self.dram = server.store.dram
         self.ssd = server.store.ssd
-        self.role = Role.CLIENT  # until the peer proves more
+        self.caller = CLIENT  # until the peer proves more (kvpool/security/roles.py Caller)
+        self.role = CLIENT.role
+        self.caller_key = b""  # the key it proved with (a UCX ticket handed to it is bound to it)
         self.handshake_due = self.loop.time() + server.frame_timeout  # from the accept, not from the last byte
         self._ssd_buffers: tuple[memoryview, memoryview] | None = None  # made on the first SSD WRITE
         self.shm = SharedMemoryRequests(self)
@@ -135,7 +137,7 @@ class TcpSession(Framing):
         self.out += handshake.challenge()
         await self.flush()
         if verifier.open:  # a node without a secret takes any peer as a member
-            self.role = Role.MEMBER
+            self.caller, self.role = MEMBER, MEMBER.role
             self.grow_staging()
             return True
         await self.fill(_HEADER)
@@ -144,13 +146,15 @@ class TcpSession(Framing):
             log.warning("closing a data connection: bad magic/version %r/%d before AUTH", magic, version)
             return False
         size = _HEADER + key_len + length
-        payload = b""
+        ident = payload = b""
         if size <= HANDSHAKE_STAGING:  # a well-formed AUTH is far smaller; never wait for more
             await self.fill(size)
+            ident = bytes(self.view[self.start + _HEADER:self.start + _HEADER + key_len])
             payload = bytes(self.view[self.start + _HEADER + key_len:self.start + size])
             self.start += size
         try:
-            self.role, reply = handshake.answer(op, req_id, key_len, role, length, payload)
+            self.caller, reply = handshake.answer(op, req_id, ident, role, length, payload)
+            self.role, self.caller_key = self.caller.role, handshake.key
         except ForbiddenError as exc:
             self.metrics.error("auth", "FORBIDDEN")
             log.warning("refused a data connection: %s", exc)
@@ -198,6 +202,11 @@ class TcpSession(Framing):
                 start = self.start
             key = bytes(self.view[start + _HEADER:start + _HEADER + key_len])
             self.start = start + _HEADER + key_len
+            if self.caller.scope is not None:  # a client's: the keys its credential may name (ops.py)
+                refused = self.node.out_of_scope(self.caller, op, key)
+                if refused is not None:  # (a payload may follow that cannot be skipped)
+                    await self.fail(op, req_id, refused.code, str(refused))
+                    return
 
             serving_op = serving.get(op)  # not every wire.Op is a node's (the master's control ops)
             if serving_op is None:
@@ -422,8 +431,11 @@ class TcpSession(Framing):
     async def _hello(self, req: Request) -> bool:
         server = self.server
         offers = server.offers
+        if self.role is Role.TENANT:  # never a mapping that holds other tenants' bytes
+            offers = {name: offer for name, offer in offers.items() if name != transports.SHM}
         if transports.UCX in offers and not server.verifier.open:  # a ticket to prove on UCX's CONNECT
-            offers = {**offers, transports.UCX: {**offers[transports.UCX], "ticket": server.ucx_tickets.issue().hex()}}
+            ticket = server.ucx_tickets.issue(self.caller, self.caller_key)
+            offers = {**offers, transports.UCX: {**offers[transports.UCX], "ticket": ticket.hex()}}
         self.reply_json(req.op, req.req_id, {"node_id": server.node_id, "instance": server.instance,
                                              "host_id": transports.host_id(), "transports": offers})
         return True

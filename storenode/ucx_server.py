@@ -29,9 +29,9 @@ import time
 from kvpool.security import auth
 from kvpool.protocol import wire
 from kvpool.net import ucx_common as layout
-from kvpool.security.auth import Role
+from kvpool.security.auth import Caller
 from kvpool.protocol.checksum import checksum
-from kvpool.errors import Code, KvpoolError, UnavailableError
+from kvpool.errors import Code, ForbiddenError, KvpoolError, UnavailableError
 from kvpool.protocol.keys import MAX_KEY_BYTES
 from kvpool.net.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
 
@@ -143,15 +143,15 @@ class UcxServer:
         worker_address = bytes(buf[layout.CONNECT_MSG.size:])
         verifier = self.server.verifier
         if verifier.open:  # a node without a secret takes any peer as a member
-            role = Role.MEMBER
+            caller = auth.MEMBER
         else:  # no reply, not even an endpoint, for a peer that proves nothing
-            key = verifier.key(role)
-            if key is None or not self.server.ucx_tickets.take(ticket) or not hmac.compare_digest(
-                    proof, auth.ticket_proof(key, role, ticket, worker_address)):
+            taken = self.server.ucx_tickets.take(ticket)  # who the ticket was handed to, and their key
+            if taken is None or taken[0].role != role or not verifier.current(taken[0]) or not hmac.compare_digest(
+                    proof, auth.ticket_proof(taken[1], role, ticket, worker_address)):
                 self.metrics.error("ucx_connect", "FORBIDDEN")
                 log.warning("dropped a UCX CONNECT without a valid ticket and proof")
                 return
-            role = Role(role)
+            caller = taken[0]
         api = self.ucx.api
         try:
             endpoint = api.UCXEndpoint.create_from_worker_address(
@@ -166,7 +166,7 @@ class UcxServer:
             sent.after(lambda _: self._close_quietly(endpoint))
             return
         conn = self._new_conn_id()
-        connection = _Connection(self, conn, endpoint, role)
+        connection = _Connection(self, conn, endpoint, caller)
         self.connections[conn] = connection
         self.metrics.connections.inc()
         answer = layout.ACCEPT_MSG.pack(wire.MAGIC, layout.PROTOCOL_VERSION, Code.OK, conn)
@@ -218,11 +218,12 @@ class UcxServer:
 class _Connection:
     """One client: its endpoint, and a task serving its requests in order."""
 
-    def __init__(self, owner: UcxServer, conn: int, endpoint, role: Role):
+    def __init__(self, owner: UcxServer, conn: int, endpoint, caller: Caller):
         self.owner = owner
         self.conn = conn
         self.endpoint = endpoint
-        self.role = role  # what its CONNECT proved
+        self.caller = caller  # what its CONNECT proved (the TCP connection its ticket was handed on)
+        self.role = caller.role
         self.node = owner.node
         self.store = owner.store
         self.dram = owner.store.dram
@@ -351,6 +352,16 @@ class _Connection:
         req = _new_record(Request, (op, req_id, bytes(frame[_HEADER:_HEADER + key_len]), generation, flags, arg,
                                     length, value_checksum))
         began = time.perf_counter()
+        refused = self.node.out_of_scope(self.caller, op, req.key)  # the keys its credential may name
+        if refused is None and self.caller.tenant and not self.owner.server.verifier.current(self.caller):
+            # Rotated or deleted: refused from now on (a UCX connection closed here is not seen by its peer).
+            refused = ForbiddenError("wrong tenant token (rotated or deleted)")
+        if refused is not None:
+            if op == wire.Op.WRITE:
+                self._refuse(op, req_id, low, refused.code, str(refused), length)
+            else:
+                self._error(op, req_id, low, refused.code, str(refused))
+            return True
         if op == wire.Op.WRITE:
             options = _new_record(StoredOptions, wire.WRITE_OPTIONS.unpack_from(frame, _HEADER + key_len))
             await self._write(req, low, options)

@@ -19,6 +19,7 @@ node's --allow-etcd-without-auth; a client's lookup of the leader, which the mas
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -231,6 +232,27 @@ async def reconnect(etcd: aetcd.Client, timeout: float = 1.0) -> None:
                 await asyncio.wait_for(closing, timeout)
             except Exception as exc:  # noqa: BLE001 - what is left of it goes with the process
                 log.debug("closing the old etcd connection failed: %s", exc)
+
+
+async def follow_prefix(etcd: aetcd.Client, prefix: bytes, read, retry_delay: float, what: str) -> None:
+    """Await read() once the watch of `prefix` is open (what changed before it began), and again after every
+    change under it, until cancelled; after a failed watch (etcd away), open it again `retry_delay` later. For
+    records that are few, read whole each time: no event is missed or applied out of order."""
+    while True:
+        try:
+            watch = await etcd.watch_prefix(prefix)
+            try:
+                await read()
+                async for _event in watch:
+                    await read()
+            finally:
+                with contextlib.suppress(Exception):
+                    await watch.cancel()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - etcd away: keep what was read, watch again later
+            log.debug("%s failed (%s: %s)", what, type(exc).__name__, exc)
+        await asyncio.sleep(retry_delay)
 
 
 def enable_auth(endpoint: str, secret: str, prefix: str = "/kvpool/", timeout: float = 10.0, tls=None) -> bool:

@@ -1,4 +1,4 @@
-"""The `kvpool` command: up, master, storenode, status, keys, drain, bench, token, etcd-auth, tls, router, config."""
+"""The `kvpool` command: up, master, storenode, status, keys, drain, tenant, bench, token, etcd-auth, tls, router, config."""
 
 import argparse
 import os
@@ -46,11 +46,11 @@ def _require_target(args) -> None:
                          "(`kvpool up` prints both)")
 
 
-def _connect(args, **options):
+def _connect(args, token: str | None = None, **options):
     from ..client import Client
 
     _require_target(args)
-    return Client(args.master, etcd=args.etcd, cluster=args.cluster, token=_token(args), **options)
+    return Client(args.master, etcd=args.etcd, cluster=args.cluster, token=token or _token(args), **options)
 
 
 def _check_cluster(args) -> None:
@@ -311,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                        help="also wait until the node holds no objects (fail after SECONDS)")
     drain.set_defaults(func=cmd_drain)
+
+    from . import tenant
+
+    tenant.add_parser(sub, _add_target, _secret, _connect)
 
     bench = sub.add_parser("bench", help="throughput and latency against a running cluster")
     _add_target(bench)

@@ -37,4 +37,9 @@ def render_status(stats) -> str:
                f"lookups: {stats.hits} hits, {stats.misses} misses (hit rate {hit_rate})\n"
                f"replica health: {stats.under_replicated} objects below their copy target; "
                f"repairs done {stats.repairs_done} ({format_size(stats.repair_bytes)})")
-    return summary + "\n\n" + _table(rows)
+    text = summary + "\n\n" + _table(rows)
+    if stats.tenants:
+        from .tenant import render_tenants
+
+        text += "\n\n" + render_tenants(stats.tenants)
+    return text

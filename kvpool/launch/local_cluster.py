@@ -165,6 +165,40 @@ class LocalCluster:
     def client_credential(self) -> "auth.Credential | None":
         return auth.Credential.for_client(self.client_token) if self.secret else None
 
+    def add_tenant(self, name: str, timeout: float = 10.0, **limits) -> str:
+        """Create tenant `name` (limits as Client.tenants takes them); its token, once the leader and every
+        node take it (their records come from etcd a watch event later)."""
+        from ..client import Client
+
+        with Client(self.master_address, token=self.secret) as operator:
+            [record] = operator.tenants("create", name, **limits)
+            nodes = [node.address for node in operator.stats().nodes]
+        token = auth.tenant_token(self.secret, name, record.version)
+        wait_until(lambda: self.takes(token, nodes), timeout, what=f"every node and master to take tenant {name}")
+        return token
+
+    def takes(self, token: str, nodes: list) -> bool:
+        """Whether the leader and each node at `nodes` (HOST:PORT) take `token` (a handshake proves it)."""
+        import socket
+
+        from ..client import Client
+        from ..errors import KvpoolError
+        from ..protocol.cluster_layout import parse_hostport
+
+        credential = auth.Credential.for_client(token)
+        try:
+            with Client(self.master_address, token=token) as client:
+                client.stats()
+            for address in nodes:
+                host, port = parse_hostport(address)
+                with socket.create_connection((host, port), timeout=2.0) as plain:
+                    sock = self.tls_files.client_context().wrap_socket(plain, server_hostname=host) \
+                        if self.tls_files else plain
+                    auth.handshake_blocking(sock, credential, address)
+        except (KvpoolError, OSError):
+            return False
+        return True
+
     def _keep_secret(self) -> None:
         if self.secret is None:
             given = auth.read_token()

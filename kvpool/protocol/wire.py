@@ -124,6 +124,7 @@ class Op(IntEnum):
     # answers PROTOCOL (unknown op), and the caller asks BatchExists instead.
     LOOKUP = 46
     LIST_KEYS = 47  # ListKeys (added after LOOKUP, so numbered after it)
+    TENANTS = 48  # an operator's Tenants RPC
 
 
 MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry

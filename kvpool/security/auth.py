@@ -29,14 +29,17 @@ from enum import IntFlag
 from pathlib import Path
 
 from ..protocol import wire
+from ..protocol.tenants import MAX_NAME, TenantRecord, name_problem, scope_of
 from ..errors import Code, ForbiddenError, ProtocolError, UnavailableError, error_for
 from ..sockets.socket_input import readable
 from ..sockets.socket_output import send_all
-from .roles import Role  # noqa: F401 - also imported from here
+from .roles import CLIENT, MEMBER, Caller, Role  # noqa: F401 - also imported from here
 
 log = logging.getLogger(__name__)
 
 CLIENT_TOKEN_PREFIX = "kvpool-client-v1:"
+TENANT_TOKEN_PREFIX = "kvpool-tenant-v1:"  # then NAME:VERSION:KEY (64 hex digits)
+MAX_IDENT = MAX_NAME + 21  # bytes of a tenant's "NAME:VERSION" in its AUTH frame
 NONCE = 32  # bytes of each side's nonce
 PROOF = 32  # bytes of an HMAC-SHA256
 MAX_REFUSAL = 8192  # longest AUTH reply a peer reads (a proof, or an error message)
@@ -80,6 +83,12 @@ def secret_problem(token: str) -> str | None:
             return (f"malformed client token (expected {CLIENT_TOKEN_PREFIX} and {_KEY_HEX} hex digits): "
                     "make it with `kvpool token client`")
         return None
+    if token.startswith(TENANT_TOKEN_PREFIX):
+        try:
+            parse_tenant_token(token)
+        except ValueError as exc:
+            return str(exc)
+        return None
     bits = secret_bits(token)
     if bits < MIN_SECRET_BITS:
         return (f"the cluster secret holds about {bits} bits, fewer than {MIN_SECRET_BITS}: make one with "
@@ -100,9 +109,33 @@ def client_token(secret: str) -> str:
     return CLIENT_TOKEN_PREFIX + _derive(secret.encode(), b"client").hex()
 
 
+def tenant_key(secret: str, name: str, version: int) -> bytes:
+    """The key of version `version` of tenant `name`'s token: only a holder of the secret can make it, and a
+    rotation (a new version) makes another."""
+    return _derive(secret.encode(), f"tenant\x00{name}\x00{version}".encode())
+
+
+def tenant_token(secret: str, name: str, version: int) -> str:
+    """The credential to give tenant `name` (version `version` of its record)."""
+    return f"{TENANT_TOKEN_PREFIX}{name}:{version}:{tenant_key(secret, name, version).hex()}"
+
+
+def parse_tenant_token(token: str) -> tuple[str, int, bytes]:
+    """(name, version, key) of a tenant token; ValueError saying what is wrong with it."""
+    malformed = (f"malformed tenant token (expected {TENANT_TOKEN_PREFIX}NAME:VERSION:KEY): "
+                 "make it with `kvpool tenant create` or `kvpool tenant rotate`")
+    try:
+        name, version, key = token[len(TENANT_TOKEN_PREFIX):].split(":")
+        if name_problem(name) or not version.isdigit() or len(key) != _KEY_HEX:
+            raise ValueError
+        return name, int(version), bytes.fromhex(key)
+    except ValueError:
+        raise ValueError(malformed) from None
+
+
 def client_token_of(token: str) -> str:
     """The client token `token` stands for: itself if it is one, else the one the secret `token` makes."""
-    return token if token.startswith(CLIENT_TOKEN_PREFIX) else client_token(token)
+    return token if token.startswith((CLIENT_TOKEN_PREFIX, TENANT_TOKEN_PREFIX)) else client_token(token)
 
 
 def bearer_matches(header: str | None, token: str) -> bool:
@@ -116,10 +149,20 @@ class Credential:
 
     role: Role
     key: bytes
+    tenant: str = ""  # a tenant's credential: its name and token version
+    version: int = 0
+
+    @property
+    def ident(self) -> bytes:
+        """What the AUTH frame names besides the role: a tenant's NAME:VERSION (b"" for the others)."""
+        return f"{self.tenant}:{self.version}".encode() if self.tenant else b""
 
     @classmethod
     def for_client(cls, token: str) -> "Credential":
-        """A client's credential from its token: a client token, or the cluster secret itself."""
+        """A client's credential from its token: a client token, a tenant's, or the cluster secret itself."""
+        if token.startswith(TENANT_TOKEN_PREFIX):
+            name, version, key = parse_tenant_token(token)
+            return cls(Role.TENANT, key, name, version)
         if token.startswith(CLIENT_TOKEN_PREFIX):
             try:
                 key = bytes.fromhex(token[len(CLIENT_TOKEN_PREFIX):])
@@ -130,29 +173,65 @@ class Credential:
 
     @classmethod
     def for_member(cls, secret: str) -> "Credential":
-        if secret.startswith(CLIENT_TOKEN_PREFIX):
+        if secret.startswith((CLIENT_TOKEN_PREFIX, TENANT_TOKEN_PREFIX)):
             raise ValueError("a client token was given where the cluster secret is needed "
                              "(masters and storage nodes take the secret itself)")
         return cls(Role.MEMBER, _derive(secret.encode(), b"member"))
 
 
 class Verifier:
-    """A server's side: the keys of both roles, made from the cluster secret (None: open server)."""
+    """A server's side: the keys of both roles, made from the cluster secret (None: open server), and of
+    each tenant's current token (`tenants`: name -> TenantRecord, kept from etcd by
+    kvpool/cluster/tenant_directory.py; a tenant absent, or a token of another version, proves nothing)."""
 
     def __init__(self, secret: str | None):
         self.open = not secret
-        if secret and secret.startswith(CLIENT_TOKEN_PREFIX):
+        if secret and secret.startswith((CLIENT_TOKEN_PREFIX, TENANT_TOKEN_PREFIX)):
             raise ValueError("a client token was given where the cluster secret is needed")
+        self._secret = secret
         self.keys = {} if self.open else {Role.CLIENT: _derive(secret.encode(), b"client"),
                                           Role.MEMBER: _derive(secret.encode(), b"member")}
         self.placement_key = None if self.open else placement_key(secret)  # checks the leader's seals
+        self.tenants: dict[str, TenantRecord] = {}
+        self._tenant_keys: dict[tuple[str, int], bytes] = {}  # made once per (name, version) taken
 
     def key(self, role: int) -> bytes | None:
         return self.keys.get(role)
 
+    def current(self, caller: Caller) -> bool:
+        """Whether `caller` still proves what it did: a tenant's token version is still its record's."""
+        if caller.role is not Role.TENANT:
+            return True
+        record = self.tenants.get(caller.tenant)
+        return record is not None and record.version == caller.version
 
-def _proof(key: bytes, role: int, server_nonce: bytes, peer_nonce: bytes) -> bytes:
-    return hmac.new(key, b"kvpool peer v1" + bytes([role]) + server_nonce + peer_nonce, hashlib.sha256).digest()
+    def caller_key(self, role: int, ident: bytes) -> tuple[Caller, bytes] | None:
+        """(the caller, the key its proof must be made with) for an AUTH naming `role` and `ident`; None
+        when that proves nothing here (no such role, tenant or version)."""
+        if role == Role.TENANT:
+            if self.open or len(ident) > MAX_IDENT:
+                return None
+            name, _, version = ident.decode("ascii", "replace").partition(":")
+            record = self.tenants.get(name)
+            if record is None or not version.isdigit() or int(version) != record.version:
+                return None
+            key = self._tenant_keys.get((name, record.version))
+            if key is None:
+                if len(self._tenant_keys) > 4 * len(self.tenants) + 64:  # rotated or deleted ones
+                    self._tenant_keys.clear()
+                key = self._tenant_keys[(name, record.version)] = tenant_key(self._secret, name, record.version)
+            return Caller(Role.TENANT, scope_of(name), record.version), key
+        if ident:
+            return None
+        key = self.keys.get(role)
+        if key is None:
+            return None
+        return (MEMBER if role == Role.MEMBER else CLIENT), key
+
+
+def _proof(key: bytes, role: int, server_nonce: bytes, peer_nonce: bytes, ident: bytes = b"") -> bytes:
+    return hmac.new(key, b"kvpool peer v1" + bytes([role]) + server_nonce + peer_nonce + ident,
+                    hashlib.sha256).digest()
 
 
 def _server_proof(key: bytes, server_nonce: bytes, peer_nonce: bytes) -> bytes:
@@ -168,50 +247,59 @@ class ServerHandshake:
     def __init__(self, verifier: Verifier):
         self.verifier = verifier
         self.nonce = secrets.token_bytes(NONCE)
+        self.key = b""
 
     def challenge(self) -> bytes:
         flags = ChallengeFlag.OPEN if self.verifier.open else 0
         return wire.pack_reply(wire.Op.AUTH, 0, Code.OK, NONCE, 0, flags) + self.nonce
 
-    def answer(self, op: int, req_id: int, key_len: int, role: int, length: int, payload: bytes) -> tuple[Role, bytes]:
-        """(the role proved, the OK reply to send) for a peer's first frame; ForbiddenError if it
-        proves nothing (its message is for the peer: send it, then close)."""
+    def answer(self, op: int, req_id: int, ident: bytes, role: int, length: int, payload: bytes) -> tuple[Caller, bytes]:
+        """(the caller proved, the OK reply to send) for a peer's first frame (`ident`: its key bytes, a
+        tenant's NAME:VERSION); ForbiddenError if it proves nothing (its message is for the peer: send it,
+        then close)."""
         if op != wire.Op.AUTH:
             raise ForbiddenError("authenticate first: this server needs the cluster token "
                                  "(KVPOOL_TOKEN_FILE or KVPOOL_TOKEN)")
-        if key_len or length != NONCE + PROOF or len(payload) != length:
+        if length != NONCE + PROOF or len(payload) != length:
             raise ForbiddenError("malformed AUTH frame")
-        key = self.verifier.key(role)
+        found = self.verifier.caller_key(role, ident)
         peer_nonce, proof = payload[:NONCE], payload[NONCE:]
-        if key is None or not hmac.compare_digest(proof, _proof(key, role, self.nonce, peer_nonce)):
-            raise ForbiddenError("wrong cluster token")
+        if found is None or not hmac.compare_digest(proof, _proof(found[1], role, self.nonce, peer_nonce, ident)):
+            raise ForbiddenError("wrong cluster token" if role != Role.TENANT else
+                                 "wrong tenant token (rotated, deleted, or never made)")
+        caller, key = found
+        self.key = key  # what the connection proved with (a UCX ticket it is handed is bound to it)
         reply = wire.pack_reply(wire.Op.AUTH, req_id, Code.OK, PROOF) + _server_proof(key, self.nonce, peer_nonce)
-        return Role(role), reply
+        return caller, reply
 
 
 class Tickets:
     """One-use tickets a server hands out on authenticated connections (in HELLO), so that a transport
     with no handshake of its own (UCX's CONNECT) can be proved with one: an HMAC over a ticket, never
-    the key. Bounded: at most MAX outstanding, each for TTL seconds."""
+    the key. A ticket carries who it was handed to (the caller and its key): the connection it proves is
+    theirs. Bounded: at most MAX outstanding, each for TTL seconds."""
 
     TTL = 60.0
     MAX = 4096
 
     def __init__(self, clock=None):
         self.clock = clock or time.monotonic
-        self._due: dict[bytes, float] = {}  # ticket -> expiry, oldest first
+        self._due: dict[bytes, tuple[float, Caller, bytes]] = {}  # ticket -> (expiry, caller, key), oldest first
 
-    def issue(self) -> bytes:
+    def issue(self, caller: Caller = CLIENT, key: bytes = b"") -> bytes:
         now = self.clock()
-        while self._due and (len(self._due) >= self.MAX or next(iter(self._due.values())) <= now):
+        while self._due and (len(self._due) >= self.MAX or next(iter(self._due.values()))[0] <= now):
             del self._due[next(iter(self._due))]
         ticket = secrets.token_bytes(NONCE)
-        self._due[ticket] = now + self.TTL
+        self._due[ticket] = (now + self.TTL, caller, key)
         return ticket
 
-    def take(self, ticket: bytes) -> bool:
-        due = self._due.pop(ticket, None)
-        return due is not None and due > self.clock()
+    def take(self, ticket: bytes) -> tuple[Caller, bytes] | None:
+        """(the caller it was handed to, its key) if the ticket is outstanding and in time; used up."""
+        entry = self._due.pop(ticket, None)
+        if entry is None or entry[0] <= self.clock():
+            return None
+        return entry[1], entry[2]
 
 
 def ticket_proof(key: bytes, role: int, ticket: bytes, bound_to: bytes) -> bytes:
@@ -255,10 +343,10 @@ class PeerHandshake:
         if self.credential is None:
             raise ForbiddenError(f"{self.server} needs the cluster token: set KVPOOL_TOKEN_FILE (or KVPOOL_TOKEN), "
                                  "or pass token=")
-        role, key = self.credential.role, self.credential.key
-        proof = _proof(key, role, self.server_nonce, self.nonce)
-        return wire.REQUEST.pack(wire.MAGIC, wire.VERSION, wire.Op.AUTH, 0, 0, role, 0, 0,
-                                 NONCE + PROOF, 0) + self.nonce + proof
+        role, key, ident = self.credential.role, self.credential.key, self.credential.ident
+        proof = _proof(key, role, self.server_nonce, self.nonce, ident)
+        return wire.REQUEST.pack(wire.MAGIC, wire.VERSION, wire.Op.AUTH, 0, len(ident), role, 0, 0,
+                                 NONCE + PROOF, 0) + ident + self.nonce + proof
 
     def check(self, reply: bytes) -> None:
         """The server's answer to our AUTH: its header and body (PROOF bytes, or an error message)."""
@@ -373,7 +461,7 @@ def caller_credential(token: str | None = None) -> Credential | None:
     may drain, kvpool/security/roles.py)."""
     if token is None:
         token = read_token()
-    if token and not token.startswith(CLIENT_TOKEN_PREFIX):
+    if token and not token.startswith((CLIENT_TOKEN_PREFIX, TENANT_TOKEN_PREFIX)):
         return Credential.for_member(token)
     return client_credential(token)
 

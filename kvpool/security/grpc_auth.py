@@ -18,7 +18,8 @@ import time
 import grpc
 from kvpool.proto import kvpool_pb2 as pb
 
-from .auth import Credential, Role, Verifier
+from .auth import MEMBER, Credential, Role, Verifier
+from .roles import CLIENT, Caller
 from .replay_cache import ProofRefused, ReplayCache
 from ..errors import ForbiddenError
 
@@ -27,7 +28,7 @@ VERSION = "2"
 STATS = "/kvpool.Master/Stats"  # the one method a proof may be for no master in particular ("")
 
 
-def _mac(key: bytes, role: int, made_ms: int, nonce: str, master: str, method: str, request_digest: bytes) -> str:
+def _mac(key: bytes, role: int | str, made_ms: int, nonce: str, master: str, method: str, request_digest: bytes) -> str:
     message = f"kvpool grpc v{VERSION}|{role}|{made_ms}|{nonce}|{master}|{method}|".encode() + request_digest
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
@@ -40,8 +41,16 @@ def call_proof(credential: Credential, method: str, master: str, request: bytes,
     """The proof for calling `method` with the serialized `request` at the master advertised as `master`."""
     made_ms = int(time.time() * 1000) if made_ms is None else made_ms
     nonce = secrets.token_hex(16)
-    mac = _mac(credential.key, credential.role, made_ms, nonce, master, method, request_digest(request))
-    return f"{VERSION}.{int(credential.role)}.{made_ms}.{nonce}.{mac}.{master}"
+    who = _who(credential)
+    mac = _mac(credential.key, who, made_ms, nonce, master, method, request_digest(request))
+    return f"{VERSION}.{who}.{made_ms}.{nonce}.{mac}.{master}"
+
+
+def _who(credential: Credential) -> str:
+    """The proof's role field: the role's number, and for a tenant ROLE:NAME:VERSION (a tenant's name has
+    no '.')."""
+    role = str(int(credential.role))
+    return f"{role}:{credential.ident.decode()}" if credential.tenant else role
 
 
 class CallVerifier:
@@ -53,14 +62,15 @@ class CallVerifier:
         self.clock = clock
         self.cache = cache if cache is not None else ReplayCache()
 
-    def check(self, proof: str | None, method: str, digest: bytes) -> Role:
-        """The role `proof` proves for `method` called with a request of this `digest` (request_digest)."""
+    def check(self, proof: str | None, method: str, digest: bytes) -> Caller:
+        """The caller `proof` proves for `method` called with a request of this `digest` (request_digest)."""
         if self.verifier.open:
-            return Role.MEMBER
+            return MEMBER
         if not proof:
             raise ForbiddenError("this master needs the cluster token (KVPOOL_TOKEN_FILE or KVPOOL_TOKEN)")
         try:
-            version, role_text, made, nonce, mac, master = proof.split(".", 5)
+            version, who, made, nonce, mac, master = proof.split(".", 5)
+            role_text, _, ident = who.partition(":")
             role, made_ms = int(role_text), int(made)
         except ValueError:
             raise ForbiddenError("malformed kvpool-auth metadata") from None
@@ -69,14 +79,15 @@ class CallVerifier:
                                  "(upgrade the client)")
         if master != self.master and not (method == STATS and master == ""):
             raise ForbiddenError(f"call proof made for master {master or '(any)'!r}; this is {self.master!r}")
-        key = self.verifier.key(role)
-        if key is None or not hmac.compare_digest(mac, _mac(key, role, made_ms, nonce, master, method, digest)):
-            raise ForbiddenError("wrong cluster token, or a proof made for another method or request")
+        found = self.verifier.caller_key(role, ident.encode())
+        if found is None or not hmac.compare_digest(mac, _mac(found[1], who, made_ms, nonce, master, method, digest)):
+            raise ForbiddenError(("wrong tenant token (rotated, deleted, or never made)" if role == Role.TENANT else
+                                  "wrong cluster token") + ", or a proof made for another method or request")
         try:
             self.cache.take(made_ms, nonce, int(self.clock() * 1000))
         except ProofRefused as exc:
             raise ForbiddenError(str(exc)) from None
-        return Role(role)
+        return found[0]
 
 
 class MasterName:
@@ -182,7 +193,7 @@ class ServerAuth(grpc.aio.ServerInterceptor):
         if handler is None or handler_call_details.method.startswith(HEALTH_METHODS):
             return handler  # serving or not, for orchestrators' probes
         if self.calls.verifier.open:
-            return _as_role(handler, Role.MEMBER)
+            return _as_caller(handler, MEMBER)
         if handler.request_streaming:
             return None  # the service has no client streams: UNIMPLEMENTED rather than a stream proved by nothing
         proof = None
@@ -193,7 +204,7 @@ class ServerAuth(grpc.aio.ServerInterceptor):
 
     def _checked(self, handler, proof: str | None, method: str):
         """`handler`, run only once `proof` holds for `method` and the request's bytes (seen as they are
-        deserialized), with CALLER_ROLE set to the role it proved."""
+        deserialized), with CALLER set to the caller it proved."""
         deserialize = handler.request_deserializer
         digest: list[bytes] = []
 
@@ -201,7 +212,7 @@ class ServerAuth(grpc.aio.ServerInterceptor):
             digest.append(request_digest(data))
             return deserialize(data) if deserialize is not None else data
 
-        async def proved(context) -> Role:
+        async def proved(context) -> Caller:
             try:
                 if len(digest) != 1:
                     raise ForbiddenError("no request to check the call proof against")
@@ -215,33 +226,33 @@ class ServerAuth(grpc.aio.ServerInterceptor):
             streams = handler.unary_stream
 
             async def stream(request, context):
-                CALLER_ROLE.set(await proved(context))
+                CALLER.set(await proved(context))
                 return await streams(request, context)
 
             return grpc.unary_stream_rpc_method_handler(stream, deserializer, handler.response_serializer)
         behavior = handler.unary_unary
 
         async def unary(request, context):
-            CALLER_ROLE.set(await proved(context))
+            CALLER.set(await proved(context))
             return await behavior(request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary, deserializer, handler.response_serializer)
 
 
-# The role the current gRPC call proved, for the service's dispatch (kvpool/security/roles.py): set by
+# Who the current gRPC call proved, for the service's dispatch (kvpool/security/roles.py): set by
 # ServerAuth around each call's handler; a call that did not pass it proved nothing.
-CALLER_ROLE: contextvars.ContextVar[Role] = contextvars.ContextVar("kvpool_caller_role", default=Role.CLIENT)
+CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("kvpool_caller", default=CLIENT)
 
 
-def _as_role(handler, role: Role):
-    """`handler` run with CALLER_ROLE set to `role` (a unary one: the server streams are the client's to
+def _as_caller(handler, caller: Caller):
+    """`handler` run with CALLER set to `caller` (a unary one: the server streams are the client's to
     call, roles.py)."""
     if handler.response_streaming or handler.request_streaming:
         return handler
     behavior = handler.unary_unary
 
     async def unary(request, context):
-        CALLER_ROLE.set(role)
+        CALLER.set(caller)
         return await behavior(request, context)
 
     return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer, handler.response_serializer)

@@ -5,21 +5,29 @@ import stat
 
 import pytest
 
+from kvpool.protocol.tenants import TenantRecord
 from kvpool.security import auth
 from kvpool.protocol import wire
 from kvpool.errors import Code, ForbiddenError, ProtocolError, UnavailableError
 
 SECRET = "correct horse battery staple"
+GOLDEN_TENANT_KEY_START = "a55c552ff4e61814"  # HMAC-SHA256(secret, "kvpool key v1 tenant\\0team-a\\01")
 
 
 def handshake(credential, verifier, server_nonce_mutation=None):
     """Both sides of one handshake; returns the role the server granted."""
+    return handshake_caller(credential, verifier).role
+
+
+def handshake_caller(credential, verifier):
+    """Both sides of one handshake; returns the caller the server granted."""
     server = auth.ServerHandshake(verifier)
     peer = auth.PeerHandshake(credential, "test server")
     challenge = server.challenge()
     answer = peer.respond(challenge[:wire.REPLY.size], challenge[wire.REPLY.size:])
     _m, _v, op, req_id, key_len, role, _g, _a, length, _c = wire.REQUEST.unpack_from(answer)
-    granted, reply = server.answer(op, req_id, key_len, role, length, answer[wire.REQUEST.size:])
+    body = answer[wire.REQUEST.size:]
+    granted, reply = server.answer(op, req_id, body[:key_len], role, length, body[key_len:])
     peer.check(reply)
     return granted
 
@@ -65,17 +73,17 @@ def test_a_proof_is_bound_to_its_challenge():
     answer = peer.respond(challenge[:wire.REPLY.size], challenge[wire.REPLY.size:])
     _m, _v, op, req_id, key_len, role, _g, _a, length, _c = wire.REQUEST.unpack_from(answer)
     with pytest.raises(ForbiddenError):  # replayed to another connection (another nonce)
-        second.answer(op, req_id, key_len, role, length, answer[wire.REQUEST.size:])
+        second.answer(op, req_id, b"", role, length, answer[wire.REQUEST.size:])
 
 
 def test_first_frame_must_be_a_well_formed_auth():
     server = auth.ServerHandshake(auth.Verifier(SECRET))
     with pytest.raises(ForbiddenError, match="authenticate first"):
-        server.answer(wire.Op.READ, 1, 0, 0, 0, b"")
+        server.answer(wire.Op.READ, 1, b"", 0, 0, b"")
     with pytest.raises(ForbiddenError, match="malformed"):
-        server.answer(wire.Op.AUTH, 1, 0, 2, 10, b"x" * 10)
+        server.answer(wire.Op.AUTH, 1, b"", 2, 10, b"x" * 10)
     with pytest.raises(ForbiddenError):
-        server.answer(wire.Op.AUTH, 1, 0, 99, auth.NONCE + auth.PROOF, b"x" * (auth.NONCE + auth.PROOF))
+        server.answer(wire.Op.AUTH, 1, b"", 99, auth.NONCE + auth.PROOF, b"x" * (auth.NONCE + auth.PROOF))
 
 
 def test_open_servers_and_peers_without_credentials():
@@ -150,3 +158,42 @@ def test_engine_options_take_the_token_from_a_file(tmp_path):
                         "timeout": CONNECTOR_TIMEOUT}
     with pytest.raises(InvalidArgumentError, match="in test"):
         client_settings({"master": "h:1", "token_file": str(tmp_path / "missing")}, "in test")
+
+
+def test_a_tenant_token_proves_its_tenant_while_its_version_is_current():
+    verifier = auth.Verifier(SECRET)
+    token = auth.tenant_token(SECRET, "team-a", 2)
+    credential = auth.Credential.for_client(token)
+    assert (credential.role, credential.tenant, credential.version) == (auth.Role.TENANT, "team-a", 2)
+    with pytest.raises(ForbiddenError, match="tenant token"):  # no such tenant (yet)
+        handshake(credential, verifier)
+    verifier.tenants["team-a"] = TenantRecord("team-a", version=2)
+    caller = handshake_caller(credential, verifier)
+    assert caller.role is auth.Role.TENANT and caller.scope.prefix == "\x01team-a\x01" and caller.version == 2
+    assert verifier.current(caller)
+    verifier.tenants["team-a"] = TenantRecord("team-a", version=3)  # rotated
+    assert not verifier.current(caller)
+    with pytest.raises(ForbiddenError, match="tenant token"):
+        handshake(credential, verifier)
+    # A tenant's key under another tenant's name, or another version, proves nothing.
+    verifier.tenants["team-b"] = TenantRecord("team-b", version=3)
+    forged = auth.Credential(auth.Role.TENANT, auth.tenant_key(SECRET, "team-a", 3), "team-b", 3)
+    with pytest.raises(ForbiddenError):
+        handshake(forged, verifier)
+    # Nor does a client token claiming a tenant, or a tenant key claiming the client role.
+    with pytest.raises(ForbiddenError):
+        handshake(auth.Credential(auth.Role.CLIENT, auth.tenant_key(SECRET, "team-b", 3)), verifier)
+    assert handshake(auth.Credential.for_client(auth.tenant_token(SECRET, "team-b", 3)), verifier) is auth.Role.TENANT
+
+
+def test_tenant_token_is_golden_and_checked():
+    # A token outlives a version of the software: its form and key derivation are fixed.
+    token = auth.tenant_token("0" * 64, "team-a", 1)
+    assert token == ("kvpool-tenant-v1:team-a:1:"
+                     + auth.tenant_key("0" * 64, "team-a", 1).hex())
+    assert auth.tenant_key("0" * 64, "team-a", 1).hex().startswith(GOLDEN_TENANT_KEY_START)
+    assert auth.secret_problem(token) is None
+    assert "malformed tenant token" in auth.secret_problem("kvpool-tenant-v1:Team:1:" + "0" * 64)
+    assert "malformed tenant token" in auth.secret_problem("kvpool-tenant-v1:team:x:" + "0" * 64)
+    with pytest.raises(ValueError, match="client token"):
+        auth.Verifier(token)

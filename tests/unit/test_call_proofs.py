@@ -6,6 +6,7 @@ import pytest
 
 from kvpool.errors import ForbiddenError
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.protocol.tenants import TenantRecord
 from kvpool.security import auth
 from kvpool.security.grpc_auth import STATS, CallVerifier, MasterName, call_proof, request_digest
 from kvpool.security.replay_cache import MAX_AHEAD_MS, WINDOW_MS, ProofRefused, ReplayCache
@@ -39,7 +40,7 @@ def test_a_proof_holds_once_for_its_master_method_and_request():
     client = auth.Credential.for_client(auth.client_token(SECRET))
     made = int(NOW * 1000)
     proof = call_proof(client, REMOVE, LEADER, removal("k"), made)
-    assert leader.check(proof, REMOVE, request_digest(removal("k"))) is auth.Role.CLIENT
+    assert leader.check(proof, REMOVE, request_digest(removal("k"))).role is auth.Role.CLIENT
     with pytest.raises(ForbiddenError, match="already used"):
         leader.check(proof, REMOVE, request_digest(removal("k")))
     with pytest.raises(ForbiddenError, match="made for master '10.0.0.1:50051'; this is '10.0.0.2:50051'"):
@@ -52,7 +53,7 @@ def test_a_proof_holds_once_for_its_master_method_and_request():
     forged = fresh.replace(LEADER, STANDBY)  # the master named in clear is under the MAC too
     with pytest.raises(ForbiddenError, match="another method or request"):
         standby.check(forged, REMOVE, request_digest(removal("k")))
-    assert leader.check(fresh, REMOVE, request_digest(removal("k"))) is auth.Role.CLIENT
+    assert leader.check(fresh, REMOVE, request_digest(removal("k"))).role is auth.Role.CLIENT
 
 
 def test_only_stats_may_be_asked_of_any_master():
@@ -60,7 +61,7 @@ def test_only_stats_may_be_asked_of_any_master():
     member = auth.Credential.for_member(SECRET)
     empty = pb.StatsRequest().SerializeToString()
     made = int(NOW * 1000)
-    assert standby.check(call_proof(member, STATS, "", empty, made), STATS, request_digest(empty)) is auth.Role.MEMBER
+    assert standby.check(call_proof(member, STATS, "", empty, made), STATS, request_digest(empty)).role is auth.Role.MEMBER
     with pytest.raises(ForbiddenError, match="made for master '\\(any\\)'"):
         leader.check(call_proof(member, REMOVE, "", removal("k"), made), REMOVE, request_digest(removal("k")))
 
@@ -86,7 +87,7 @@ def test_proofs_refused_for_form_token_version_and_clock():
     ahead = call_proof(client, REMOVE, LEADER, removal("k"), int(NOW * 1000) + MAX_AHEAD_MS + 1)
     with pytest.raises(ForbiddenError, match="ahead of the master's clock"):
         leader.check(ahead, REMOVE, digest)
-    assert CallVerifier(auth.Verifier(None)).check(None, "/x", b"") is auth.Role.MEMBER  # an open master
+    assert CallVerifier(auth.Verifier(None)).check(None, "/x", b"").role is auth.Role.MEMBER  # an open master
 
 
 def test_the_proof_format_is_fixed(monkeypatch):
@@ -100,7 +101,7 @@ def test_the_proof_format_is_fixed(monkeypatch):
                      "14f14e9e1c0add0f7982533881d673c4b1ae7c9b86097fe6e783753134a5c94f"
                      ".10.0.0.1:50051")
     leader, _ = masters(Clock(1_700_000_000.2))
-    assert leader.check(proof, REMOVE, request_digest(removal("k"))) is auth.Role.CLIENT
+    assert leader.check(proof, REMOVE, request_digest(removal("k"))).role is auth.Role.CLIENT
 
 
 def test_a_channel_names_the_master_its_stats_named():
@@ -142,3 +143,21 @@ def test_the_replay_cache_forgets_what_the_window_refuses_anyway():
     assert len(cache) == 1 and cache.floor_ms == -1
     with pytest.raises(ProofRefused, match="before the master's clock"):
         cache.take(1000, "n0", later)
+
+
+def test_a_tenant_proof_names_its_tenant_and_ends_with_its_version():
+    verifier = auth.Verifier(SECRET)
+    verifier.tenants["team-a"] = TenantRecord("team-a", version=1)
+    leader = CallVerifier(verifier, "m1:1")
+    tenant = auth.Credential.for_client(auth.tenant_token(SECRET, "team-a", 1))
+    body = removal("\x01team-a\x01k")
+    caller = leader.check(call_proof(tenant, REMOVE, "m1:1", body), REMOVE, request_digest(body))
+    assert caller.role is auth.Role.TENANT and caller.tenant == "team-a"
+    # Another tenant's name on this tenant's key proves nothing; nor does a rotated token.
+    impostor = auth.Credential(auth.Role.TENANT, tenant.key, "team-b", 1)
+    verifier.tenants["team-b"] = TenantRecord("team-b", version=1)
+    with pytest.raises(ForbiddenError):
+        leader.check(call_proof(impostor, REMOVE, "m1:1", body), REMOVE, request_digest(body))
+    verifier.tenants["team-a"] = TenantRecord("team-a", version=2)
+    with pytest.raises(ForbiddenError, match="tenant"):
+        leader.check(call_proof(tenant, REMOVE, "m1:1", body), REMOVE, request_digest(body))

@@ -92,7 +92,7 @@ class ScriptedNode:
         header = await reader.readexactly(wire.REQUEST.size)
         _m, _v, op, req_id, key_len, role, _g, _a, length, _d = wire.REQUEST.unpack(header)
         payload = await reader.readexactly(key_len + length)
-        writer.write(handshake.answer(op, req_id, key_len, role, length, payload[key_len:])[1])
+        writer.write(handshake.answer(op, req_id, payload[:key_len], role, length, payload[key_len:])[1])
 
 
 def run(scenario, link=TcpTransport, **node_options):
