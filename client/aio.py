@@ -256,10 +256,12 @@ class AsyncClient:
                         timeout: float | None = None) -> tuple[list[str], str | None]:
         """A page of the stored keys beginning with `prefix`, in byte order: (up to `limit` keys, 1 to
         10000, the cursor to pass for the next page, None after the last). Only committed objects are
-        listed (not puts in progress). A key stored throughout a listing is listed exactly once, whatever
-        else is put or removed meanwhile."""
-        request = convert.list_keys_request(prefix, limit, cursor)
-        return convert.listed_keys(await self._call("ListKeys", request, timeout))
+        listed (not puts in progress), and only this client's: a tenant's own keys, the client token's
+        those of no tenant. A key stored throughout a listing is listed exactly once, whatever else is
+        put or removed meanwhile."""
+        core = self._core
+        request = convert.list_keys_request(prefix, limit, cursor, core.stored)
+        return convert.listed_keys(await self._call("ListKeys", request, timeout), core.named)
 
     async def iter_keys(self, prefix: str = "", *, timeout: float | None = None):
         """Every stored key beginning with `prefix`, in byte order, a page (list_keys) at a time."""

@@ -20,7 +20,6 @@ import grpc
 from kvpool.errors import ForbiddenError, InvalidArgumentError, KeyNotFoundError, KvpoolError
 from kvpool.protocol import control
 from kvpool.protocol.keys import DEFAULT_LIST_LIMIT, validate_key, validate_keys, validate_listing
-from kvpool.protocol.tenants import Scope
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 from kvpool.security.grpc_auth import CALLER
@@ -120,7 +119,6 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     current = staticmethod(lambda caller: True)  # whether a caller's credential still holds (Verifier.current)
     tenants: TenantAdmin | None = None  # an operator's tenants (None: a master that keeps none)
     _fold_timer: asyncio.TimerHandle | None = None  # folds the ends a BatchPutEnd let wait
-    caller_scope: Scope | None = None  # the keys the caller may see (ListKeys lists only those); None: every key
 
     @property
     def term(self) -> int:
@@ -296,7 +294,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     def _list_keys(self, req: pb.ListKeysRequest) -> pb.ListKeysResponse:
         limit = req.limit or DEFAULT_LIST_LIMIT
         validate_listing(req.prefix, limit, req.cursor)
-        keys, next_cursor = self._table.list_keys(req.prefix, limit, req.cursor, self.caller_scope)
+        keys, next_cursor = self._table.list_keys(req.prefix, limit, req.cursor, self.caller.scope)  # its keys only
         return pb.ListKeysResponse(status=pb.OK, keys=keys, next_cursor=next_cursor)
 
     def _drain(self, node_id: str) -> pb.DrainResponse:
@@ -395,7 +393,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     @_rpc
     def ListKeys(self, request):
-        return _answer(pb.ListKeysResponse, self._list_keys, request)
+        return answer(pb.ListKeysResponse, self._list_keys, request)
 
     @_rpc
     def Drain(self, request):

@@ -17,6 +17,8 @@ from kvpool.errors import InvalidArgumentError, InvalidKeyError
 from kvpool.net.netutil import free_port, wait_until
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
+from kvpool.security import auth
+from kvpool.security.grpc_auth import blocking_channel
 from storenode_harness import master_channel
 
 FAST_ELECTION = ["--election-ttl", "2"]
@@ -198,3 +200,36 @@ def test_a_new_leader_lists_the_keys_it_adopted(own_cluster):
 
         wait_until(lambda: listed() is not None, 30, what="the new leader to list keys")
         assert listed() == keys[:7] + keys[8:]
+
+
+def test_each_caller_lists_only_its_own_key_space(cluster):
+    tokens = {name: cluster.add_tenant(name) for name in ("list-a", "list-b")}
+    names = [f"scoped/{i:02d}" for i in range(12)]
+    with Client(cluster.master_address, token=tokens["list-a"]) as a, \
+            Client(cluster.master_address, token=tokens["list-b"]) as b, \
+            Client(cluster.master_address, token=cluster.client_token) as plain, \
+            Client(cluster.master_address) as member:
+        a.batch_put(names, [b"a"] * len(names))
+        b.batch_put(names[:3], [b"b"] * 3)
+        plain.put("scoped/plain", b"p")
+        # A tenant's keys and cursors as it names them, a page at a time.
+        first, cursor = a.list_keys("scoped/", 5)
+        assert first == names[:5] and cursor == names[4]
+        assert [key for page in every_page(a, "scoped/", 5) for key in page] == names
+        assert list(a.iter_keys()) == names  # "" is every key of its own, none of anyone else's
+        assert list(b.iter_keys("scoped/")) == names[:3]
+        assert list(plain.iter_keys("scoped/")) == ["scoped/plain"]  # the client token: the keys of no tenant
+        assert all(not key.startswith("\x01") for key in plain.iter_keys())
+        everything = list(member.iter_keys())  # the operator: every key as stored
+        assert {"\x01list-a\x01scoped/00", "\x01list-b\x01scoped/02", "scoped/plain"} <= set(everything)
+    # A tenant asking by hand for another tenant's stored prefix, or cursor, is shown nothing of it.
+    with blocking_channel(cluster.master_address, auth.caller_credential(tokens["list-a"])) as channel:
+        stub = kvpool_pb2_grpc.MasterStub(channel)
+        theirs = stub.ListKeys(pb.ListKeysRequest(prefix="\x01list-b\x01"), timeout=5)
+        assert theirs.status == pb.OK and list(theirs.keys) == []
+        from_theirs = stub.ListKeys(pb.ListKeysRequest(cursor="\x01list-b\x01"), timeout=5)
+        assert list(from_theirs.keys) == [] and from_theirs.next_cursor == ""
+        plainly = stub.ListKeys(pb.ListKeysRequest(prefix="scoped/"), timeout=5)
+        assert list(plainly.keys) == []
+        own = stub.ListKeys(pb.ListKeysRequest(prefix="\x01list-a\x01scoped/1"), timeout=5)
+        assert list(own.keys) == ["\x01list-a\x01" + name for name in names[10:]]
