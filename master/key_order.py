@@ -3,7 +3,7 @@
 A leader holds millions of keys and every put adds one, so keeping them in order must cost a put
 little and a page must not read the whole table. The keys are cut into buckets by bounds: bucket i
 holds the keys in (bounds[i-1], bounds[i]], as an unsorted set. Adding or dropping a key is a bisect
-over the bounds (a thousand strs for a million keys, compared in C) and a set operation: one to two
+over the bounds (a few hundred strs for a million keys, compared in C) and a set operation: one to two
 microseconds each at a million keys, less than half of what a sorted list of every key costs
 (sortedcontainers.SortedList, measured alike). A bucket is sorted only when a page reads it, and that order is kept until the bucket
 changes. A bucket past 2 * LOAD keys is cut in two at about its median; one that shrinks below
@@ -18,7 +18,7 @@ from itertools import islice
 
 from kvpool.protocol.tenants import SCOPE_MARK, Scope
 
-LOAD = 1024  # keys a bucket is cut to: a page sorts two or three of them
+LOAD = 4096  # keys a bucket holds about: fewer bounds to bisect, and a page still sorts at most two or three
 
 
 class KeyOrder:
