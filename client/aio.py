@@ -13,7 +13,7 @@ so callers only ever see raw values.
 """
 
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER
-from kvpool.protocol.keys import validate_keys
+from kvpool.protocol.keys import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, validate_keys
 from kvpool.errors import BatchError, InvalidArgumentError, InvalidKeyError, KeyNotFoundError
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
@@ -251,6 +251,27 @@ class AsyncClient:
         finally:
             self._core.cache.invalidate_prefix(prefix)
         return check(answer).removed
+
+    async def list_keys(self, prefix: str = "", limit: int = DEFAULT_LIST_LIMIT, cursor: str | None = None, *,
+                        timeout: float | None = None) -> tuple[list[str], str | None]:
+        """A page of the stored keys beginning with `prefix`, in byte order: (up to `limit` keys, 1 to
+        10000, the cursor to pass for the next page, None after the last). Only committed objects are
+        listed (not puts in progress), and only this client's: a tenant's own keys, the client token's
+        those of no tenant. A key stored throughout a listing is listed exactly once, whatever else is
+        put or removed meanwhile."""
+        core = self._core
+        request = convert.list_keys_request(prefix, limit, cursor, core.stored)
+        return convert.listed_keys(await self._call("ListKeys", request, timeout), core.named)
+
+    async def iter_keys(self, prefix: str = "", *, timeout: float | None = None):
+        """Every stored key beginning with `prefix`, in byte order, a page (list_keys) at a time."""
+        cursor = None
+        while True:
+            keys, cursor = await self.list_keys(prefix, MAX_LIST_LIMIT, cursor, timeout=timeout)
+            for key in keys:
+                yield key
+            if cursor is None:
+                return
 
     async def stats(self, *, timeout: float | None = None) -> pb.StatsResponse:
         return await self._call("Stats", convert.stats_request(), timeout)

@@ -4,8 +4,8 @@ Requests are made from the caller's arguments (checked: keys, hold), answers
 read back into what the API returns or the typed error they stand for.
 """
 
-from kvpool.errors import Code, InternalError, InvalidArgumentError, KeyNotFoundError, error_for
-from kvpool.protocol.keys import validate_key, validate_keys
+from kvpool.errors import Code, InternalError, InvalidArgumentError, InvalidKeyError, KeyNotFoundError, error_for
+from kvpool.protocol.keys import validate_key, validate_keys, validate_listing
 from kvpool.protocol.wire import SEAL
 from kvpool.proto import kvpool_pb2 as pb
 
@@ -198,6 +198,23 @@ def removed(response) -> bool:
 
 def remove_prefix_request(prefix: str) -> pb.RemoveByPrefixRequest:
     return pb.RemoveByPrefixRequest(prefix=prefix)
+
+
+def list_keys_request(prefix: str, limit: int, cursor: str | None, stored) -> pb.ListKeysRequest:
+    """A ListKeys of the keys this client names beginning with `prefix`, after `cursor` (None or "": from the
+    first); stored(key): the key stored for a key it names (its tenant's scope before it)."""
+    if not isinstance(prefix, str) or not (cursor is None or isinstance(cursor, str)):
+        raise InvalidKeyError(f"prefix and cursor must be str, not {type(prefix).__name__}, {type(cursor).__name__}")
+    prefix, cursor = stored(prefix), stored(cursor) if cursor else ""
+    validate_listing(prefix, limit, cursor)
+    return pb.ListKeysRequest(prefix=prefix, limit=limit, cursor=cursor)
+
+
+def listed_keys(response: pb.ListKeysResponse, named) -> tuple[list[str], str | None]:
+    """A ListKeys answer: (the page's keys, the cursor of the next page or None at the end), as this client
+    names them; named(stored): the key it names for a stored key (its tenant's scope taken off)."""
+    check(response)
+    return [named(key) for key in response.keys], named(response.next_cursor) if response.next_cursor else None
 
 
 def drain_request(node_id: str) -> pb.DrainRequest:

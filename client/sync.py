@@ -25,7 +25,7 @@ import functools
 import threading
 
 from kvpool.errors import UnavailableError
-from kvpool.protocol.keys import validate_keys
+from kvpool.protocol.keys import MAX_LIST_LIMIT, validate_keys
 
 from . import convert, writes
 from .aio import AsyncClient
@@ -128,6 +128,7 @@ class Client:
     remove = _blocking(AsyncClient.remove)
     remove_prefix = _blocking(AsyncClient.remove_prefix)
     stats = _blocking(AsyncClient.stats)
+    list_keys = _blocking(AsyncClient.list_keys)
     drain = _blocking(AsyncClient.drain)
     tenants = _blocking(AsyncClient.tenants)
     flush = _blocking(AsyncClient.flush)
@@ -146,6 +147,15 @@ class Client:
         if request is None:
             return []
         return convert.batch_exists_answer(self._call("BatchExists", request, timeout), len(keys))
+
+    def iter_keys(self, prefix: str = "", *, timeout: float | None = None):
+        """Every stored key beginning with `prefix`, in byte order, a page (list_keys) at a time."""
+        cursor = None
+        while True:
+            keys, cursor = self.list_keys(prefix, MAX_LIST_LIMIT, cursor, timeout=timeout)
+            yield from keys
+            if cursor is None:
+                return
 
     exists.__doc__ = AsyncClient.exists.__doc__
     batch_exists.__doc__ = AsyncClient.batch_exists.__doc__

@@ -318,7 +318,11 @@ class KvpoolConnector(RemoteConnector):
         return 0
 
     async def list(self) -> list[str]:
-        raise NotImplementedError("kvpool does not enumerate its keys")
+        """Every chunk stored under this plug-in's key_prefix, as LMCache names it (CacheEngineKey.to_string()),
+        in byte order; read a page of keys at a time (AsyncClient.iter_keys)."""
+        self._check_open()
+        start = len(self.key_prefix)
+        return [name[start:] async for name in self.client.iter_keys(self.key_prefix)]
 
     async def close(self) -> None:
         if not self.closed:

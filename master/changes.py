@@ -4,8 +4,11 @@ The object table keeps its committed versions in one of these: whatever code
 path commits, removes or re-places an object (now or added later) marks its key
 without having to remember to call a hook. For each key it also keeps whether
 the key was present before its first change since the last take, so a follower
-can tell a key that appeared or vanished from one that was only replaced.
+can tell a key that appeared or vanished from one that was only replaced. It keeps its keys in
+order too (key_order.py), for listing them a page at a time, by the same writes.
 """
+
+from .key_order import KeyOrder
 
 
 class ChangeTrackingDict(dict):
@@ -15,6 +18,7 @@ class ChangeTrackingDict(dict):
         super().__init__()
         self._changed: dict = {}  # key -> whether it was present before its first change since the last take
         self.tracking = True  # off while nobody follows the changes
+        self.order = KeyOrder()  # the keys, in order
 
     def _note(self, key) -> None:
         # Called before the write: the first change since the last take records the old presence.
@@ -24,18 +28,22 @@ class ChangeTrackingDict(dict):
     def __setitem__(self, key, value):
         if self.tracking and key not in self._changed:  # _note, inlined: every commit comes here
             self._changed[key] = key in self
+        if key not in self:
+            self.order.add(key)
         dict.__setitem__(self, key, value)
 
     def __delitem__(self, key):
         if self.tracking and key not in self._changed:  # _note, inlined: every eviction comes here
             self._changed[key] = key in self
         dict.__delitem__(self, key)
+        self.order.discard(key)
 
     _missing = object()
 
     def pop(self, key, default=_missing):
         if key in self:
             self._note(key)
+            self.order.discard(key)
             return super().pop(key)
         if default is ChangeTrackingDict._missing:
             raise KeyError(key)
@@ -46,6 +54,7 @@ class ChangeTrackingDict(dict):
             raise KeyError("popitem(): dictionary is empty")
         key = next(reversed(self.keys()))  # popitem's own choice (LIFO), noted before it goes
         self._note(key)
+        self.order.discard(key)
         return key, super().pop(key)
 
     def setdefault(self, key, default=None):
@@ -61,12 +70,14 @@ class ChangeTrackingDict(dict):
         for key in self:
             self._note(key)
         super().clear()
+        self.order.clear()
 
     def add_new(self, keys: list, values: list) -> None:
         """self[k] = v for keys none of which is here, at the speed of dict.update."""
         if self.tracking:
             self._changed.update(dict.fromkeys([k for k in keys if k not in self._changed], False))
         super().update(zip(keys, values))
+        self.order.add_many(keys)
 
     def set_many(self, keys: list, values: list) -> list:
         """self[k] = v for each pair (the keys distinct), at the speed of dict.update; returns the
@@ -79,6 +90,10 @@ class ChangeTrackingDict(dict):
                 if key not in changed:
                     changed[key] = key in self
         dict.update(self, zip(keys, values))
+        add = self.order.add
+        for key, old in zip(keys, replaced):
+            if old is None:
+                add(key)
         return replaced
 
     def mark(self, key) -> None:

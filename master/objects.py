@@ -39,7 +39,9 @@ from collections.abc import Callable
 from kvpool.protocol.cluster_layout import NodeRecord
 from kvpool.errors import KeyNotFoundError, KvpoolError, UnavailableError
 from kvpool.protocol.inventory import Columns
+from kvpool.protocol.tenants import Scope
 
+from . import key_order
 from .inventory_match import Adopted, InventoryMatch
 from .ledger import Counters, FreeOrder, Ledger
 from .node_events import Dropped, NodeEvents
@@ -337,6 +339,19 @@ class ObjectTable:
         (what the key feed reports); a key only replaced or re-placed is in neither."""
         return self._ledger.committed.take_appeared_and_gone()
 
+    def list_keys(self, prefix: str, limit: int, cursor: str = "", scope: Scope | None = None) -> tuple[list[str], str]:
+        """A page of the live committed keys beginning with `prefix`, above `cursor`, in `scope` (None:
+        every key), in order: (up to `limit` keys, the next page's cursor or "" at the end). A
+        page reads about as many keys as it gives (key_order.py), whatever the table holds."""
+        self._unless_adopting("listing keys")
+        expiring = self._ledger.committed.expiring
+        if expiring:
+            now = self._ledger.clock()
+            hidden = lambda key: expiring.get(key, now + 1) <= now  # noqa: E731 - past its ttl, not swept yet
+        else:
+            hidden = _never
+        return key_order.page(self._ledger.committed.order, prefix, limit, cursor, scope, hidden)
+
     def committed_keys(self, prefix: str = "") -> list[str]:
         """Every committed key starting with `prefix` (one not yet dropped after its ttl included)."""
         return [key for key in self._ledger.committed if key.startswith(prefix)]
@@ -378,6 +393,10 @@ class ObjectTable:
 
     def settle_drain(self, key: str) -> None:
         self._replication.settle_drain(key)
+
+
+def _never(_key: str) -> bool:
+    return False
 
 
 def _evicted_keys(evicted) -> list[str]:

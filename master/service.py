@@ -19,7 +19,7 @@ import grpc
 
 from kvpool.errors import ForbiddenError, InvalidArgumentError, KeyNotFoundError, KvpoolError
 from kvpool.protocol import control
-from kvpool.protocol.keys import validate_key, validate_keys
+from kvpool.protocol.keys import DEFAULT_LIST_LIMIT, validate_key, validate_keys, validate_listing
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
 from kvpool.security.grpc_auth import CALLER
@@ -291,6 +291,12 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
         self._table.remove(key)
         return pb.RemoveResponse(status=pb.OK, removed=1)
 
+    def _list_keys(self, req: pb.ListKeysRequest) -> pb.ListKeysResponse:
+        limit = req.limit or DEFAULT_LIST_LIMIT
+        validate_listing(req.prefix, limit, req.cursor)
+        keys, next_cursor = self._table.list_keys(req.prefix, limit, req.cursor, self.caller.scope)  # its keys only
+        return pb.ListKeysResponse(status=pb.OK, keys=keys, next_cursor=next_cursor)
+
     def _drain(self, node_id: str) -> pb.DrainResponse:
         if not node_id:
             raise InvalidArgumentError("node_id must not be empty")
@@ -384,6 +390,10 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     @_rpc
     def RemoveByPrefix(self, request):
         return answer(pb.RemoveResponse, self._remove_by_prefix, request.prefix)
+
+    @_rpc
+    def ListKeys(self, request):
+        return answer(pb.ListKeysResponse, self._list_keys, request)
 
     @_rpc
     def Drain(self, request):

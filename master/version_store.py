@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .changes import ChangeTrackingDict
+from .key_order import KeyOrder
 from .versions import NO_OPTIONS, PINS, ObjectVersion, PutOptions, Replica
 
 # generation, checksum, size, replica set, target copies (min(target, 255)), has the extra block
@@ -232,6 +233,11 @@ class VersionStore:
 
     def keys(self):
         return self._records.keys()
+
+    @property
+    def order(self) -> KeyOrder:
+        """The keys in order (key_order.py), kept by every write."""
+        return self._records.order
 
     def __contains__(self, key: str) -> bool:
         return key in self._records

@@ -319,6 +319,28 @@ class RemoveResponse(_message.Message):
     removed: int
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., removed: _Optional[int] = ...) -> None: ...
 
+class ListKeysRequest(_message.Message):
+    __slots__ = ("prefix", "limit", "cursor")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    limit: int
+    cursor: str
+    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., cursor: _Optional[str] = ...) -> None: ...
+
+class ListKeysResponse(_message.Message):
+    __slots__ = ("status", "message", "keys", "next_cursor")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    next_cursor: str
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., next_cursor: _Optional[str] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -104,6 +104,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/kvpool.Master/ListKeys',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.FromString,
+                _registered_method=True)
         self.Tenants = channel.unary_unary(
                 '/kvpool.Master/Tenants',
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.TenantsRequest.SerializeToString,
@@ -204,6 +209,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Tenants(self, request, context):
         """An operator's tenants: create, set, rotate, delete, list, usage (member only).
         """
@@ -290,6 +301,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.SerializeToString,
             ),
             'Tenants': grpc.unary_unary_rpc_method_handler(
                     servicer.Tenants,
@@ -680,6 +696,33 @@ class Master:
             '/kvpool.Master/Drain',
             kvpool_dot_proto_dot_kvpool__pb2.DrainRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.Master/ListKeys',
+            kvpool_dot_proto_dot_kvpool__pb2.ListKeysRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.ListKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,

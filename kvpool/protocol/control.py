@@ -28,7 +28,7 @@ OP_BY_RPC = {
     "BatchPutStart": Op.BATCH_PUT_START, "BatchPutEnd": Op.BATCH_PUT_END, "BatchPutRevoke": Op.BATCH_PUT_REVOKE,
     "GetReplicaList": Op.GET_REPLICA_LIST, "BatchGetReplicaList": Op.BATCH_GET_REPLICA_LIST,
     "Exists": Op.EXISTS, "BatchExists": Op.BATCH_EXISTS, "Remove": Op.REMOVE,
-    "RemoveByPrefix": Op.REMOVE_BY_PREFIX, "Drain": Op.DRAIN, "Stats": Op.STATS,
+    "RemoveByPrefix": Op.REMOVE_BY_PREFIX, "Drain": Op.DRAIN, "Stats": Op.STATS, "ListKeys": Op.LIST_KEYS,
     "Tenants": Op.TENANTS,
 }
 RPC_BY_OP = {int(op): name for name, op in OP_BY_RPC.items()}

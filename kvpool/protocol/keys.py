@@ -1,8 +1,10 @@
-"""What a valid object key is, checked alike by client and master."""
+"""What a valid object key is, and a valid key listing, checked alike by client and master."""
 
-from ..errors import InvalidKeyError
+from ..errors import InvalidArgumentError, InvalidKeyError
 
 MAX_KEY_BYTES = 1024
+DEFAULT_LIST_LIMIT = 1000  # keys a ListKeys page holds unless asked otherwise
+MAX_LIST_LIMIT = 10_000  # at most: a page is read and answered on the leader's event loop
 
 
 def validate_key(key: str) -> bytes:
@@ -38,3 +40,19 @@ def validate_keys(keys) -> None:
             validate_key(key)
         except InvalidKeyError as exc:
             raise InvalidKeyError(f"keys[{i}]: {exc}") from None
+
+
+def validate_listing(prefix: str, limit: int, cursor: str) -> None:
+    """InvalidArgumentError (InvalidKeyError for a bad prefix or cursor) unless this names a page of keys:
+    a prefix ("" = every key) and cursor ("" = from the first) that could begin or be keys, a limit in
+    1..MAX_LIST_LIMIT."""
+    if type(limit) is not int or not 1 <= limit <= MAX_LIST_LIMIT:
+        raise InvalidArgumentError(f"limit must be a whole number from 1 to {MAX_LIST_LIMIT}, not {limit!r}")
+    for name, value in (("prefix", prefix), ("cursor", cursor)):
+        if not isinstance(value, str):
+            raise InvalidKeyError(f"{name} must be str, not {type(value).__name__}")
+        if value:
+            try:
+                validate_key(value)
+            except InvalidKeyError as exc:
+                raise InvalidKeyError(f"{name}: {exc}") from None

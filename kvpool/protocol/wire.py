@@ -123,6 +123,7 @@ class Op(IntEnum):
     # exists, 0 where not; a bad key is refused whole (its error status). A master older than this op
     # answers PROTOCOL (unknown op), and the caller asks BatchExists instead.
     LOOKUP = 46
+    LIST_KEYS = 47  # ListKeys (added after LOOKUP, so numbered after it)
     TENANTS = 48  # an operator's Tenants RPC
 
 

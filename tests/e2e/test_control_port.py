@@ -79,6 +79,7 @@ def test_hot_calls_go_over_the_control_port_on_one_connection(port_cluster):
         client.batch_put([f"hot/b{i}" for i in range(5)], [value] * 5)
         assert client.batch_get([f"hot/b{i}" for i in range(5)]) == [value] * 5
         client.remove("hot/0")
+        assert len(client.list_keys("hot/")[0]) == 24
         assert client.remove_prefix("hot/") == 24
     with Client(etcd=port_cluster.etcd_endpoint) as client:  # learns the port from the leader's etcd record
         client.put("hot/etcd", value)
@@ -86,7 +87,7 @@ def test_hot_calls_go_over_the_control_port_on_one_connection(port_cluster):
     after = metric_samples(url)
     # A blocking batch_exists without a hold is a Lookup (the lean frame, control.LOOKUP).
     for method in ("PutStart", "PutEnd", "Exists", "Lookup", "BatchPutStart", "BatchPutEnd", "Remove",
-                   "RemoveByPrefix"):
+                   "RemoveByPrefix", "ListKeys"):
         served = metric_total(after, "kvpool_master_rpcs_total", method=method) - metric_total(
             before, "kvpool_master_rpcs_total", method=method)
         over_port = metric_total(after, "kvpool_master_control_requests_total", method=method) - metric_total(

@@ -276,5 +276,20 @@ def test_remove_ping_and_close(engines):
     engine.remote.close()  # a second close is harmless
 
 
+def test_list_names_the_chunks_under_its_prefix_as_lmcache_does(engines, cluster):
+    engine = engines()
+    keys = [key(80 + i) for i in range(3)]
+    for i, k in enumerate(keys):
+        engine.put(k, engine.chunk(seed=80 + i))
+    with Client(cluster.master_address) as client:
+        client.put("lmcache-test/elsewhere", b"not under this engine's prefix")
+        try:
+            listed = engine.on_loop(engine.connector.list())
+        finally:
+            client.remove("lmcache-test/elsewhere")
+    assert sorted(listed) == sorted(k.to_string() for k in keys)
+    assert [CacheEngineKey.from_string(name) for name in sorted(listed)] == sorted(keys, key=lambda k: k.to_string())
+
+
 async def _sync_call_on_loop(connector):
     return connector.exists_sync(key(71))
