@@ -35,7 +35,7 @@ class Flood:
     def __init__(self, client, block: int, total: int, steps: int):
         self.client = client
         self.block = block
-        self.per_step = max(1, total // block // max(1, steps))
+        self.per_step = max(1, -(-total // (block * max(1, steps))))  # rounded up: at least `total` in all
         self.payload = os.urandom(block)
         self.sent = self.refused = 0
         self.count = 0

@@ -88,4 +88,5 @@ KEYS = {"PutStart": lambda r: (r.key,), "PutEnd": lambda r: (r.key,), "PutRevoke
         "BatchPutEnd": lambda r: _item_keys(r) + list(r.keys) if r.items else r.keys,
         "BatchPutRevoke": _item_keys, "GetReplicaList": lambda r: (r.key,),
         "BatchGetReplicaList": lambda r: r.keys, "Exists": lambda r: (r.key,), "BatchExists": lambda r: r.keys,
-        "Remove": lambda r: (r.key,), "RemoveByPrefix": lambda r: (r.prefix,), control.LOOKUP: lambda keys: keys}
+        "Remove": lambda r: (r.key,), "RemoveByPrefix": lambda r: (r.prefix,),
+        "ListKeys": lambda r: (r.prefix, r.cursor) if r.cursor else (r.prefix,), control.LOOKUP: lambda keys: keys}

@@ -119,6 +119,8 @@ def master_requests(key: str, generation: int, size: int) -> dict:
         "BatchExists": pb.BatchExistsRequest(keys=["mine", key]),
         "Remove": pb.RemoveRequest(key=key),
         "RemoveByPrefix": pb.RemoveByPrefixRequest(prefix=key[:3]),
+        "ListKeys": pb.ListKeysRequest(prefix=key[:3]),
+        "ListKeys(cursor)": pb.ListKeysRequest(prefix="", cursor=key),
     }
 
 
@@ -209,7 +211,7 @@ def test_no_call_on_any_plane_reaches_another_tenants_keys(pool, stored):
                     expected[(caller, target, f"tcp {address}", op)] = "refused"
                     seen[(caller, target, f"tcp {address}", op)] = over_tcp(pool, caller, address, frame)
     assert seen == expected
-    assert len(seen) >= 3 * (2 * 14 + 2 * 9)  # the table is not empty
+    assert len(seen) >= 3 * (2 * 16 + 2 * 9)  # the table is not empty
     # Nothing of any object changed: each reads back byte-exact, at its generation.
     test_equal_names_in_two_tenants_are_two_objects(pool, stored)
     with Client(cluster.master_address, token=cluster.secret) as operator:
