@@ -116,3 +116,18 @@ def test_chaos_loses_nothing_committed_over_a_node_and_a_leader_kill():
     assert report["committed"] > 0 and report["lost"] == 0
     assert report["phases"]["after_leader_kill"]["puts"] > 0  # served again after the failover
     assert all(phase["wrong"] == 0 for phase in report["phases"].values())
+
+
+def test_tenants_keeps_a_reserved_tenants_hits_under_another_tenants_flood(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    _conversation_trace(trace, requests=300)
+    report = _run("tenants.py", "--trace", str(trace), "--requests", "300", "--block-bytes", "4KiB",
+                  "--pool", "8MiB", "--a-quota", "6MiB", "--flood-block", "128KiB", "--runs", "1")
+    [run] = report["runs"]
+    assert report["ok"], run
+    assert run["b_hit_vs_alone_with_reserve"] >= 0.9 and run["alone"]["b"]["hit_ratio"] > 0
+    for name in ("flood_with_reserve", "flood_without_reserve"):
+        flood = run[name]["a"]
+        assert flood["within_quota"] and flood["flooded_bytes"] >= 10 * (8 << 20), flood
+        assert run[name]["b"]["wrong_blocks"] == 0
+    assert run["flood_with_reserve"]["a"]["evicted_pressure"] + run["flood_with_reserve"]["a"]["evicted_quota"] > 0
