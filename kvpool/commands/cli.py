@@ -115,33 +115,6 @@ def cmd_status(args) -> int:
     return 0
 
 
-def cmd_keys(args) -> int:
-    """The stored keys beginning with PREFIX, in byte order, every page (or the first --limit keys)."""
-    from ..protocol.keys import MAX_LIST_LIMIT
-
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be at least 1, not {args.limit}")
-    listed: list[str] = []
-    left = args.limit
-    with _connect(args) as client:
-        cursor = None
-        while left is None or left > 0:
-            keys, cursor = client.list_keys(args.prefix, min(MAX_LIST_LIMIT, left or MAX_LIST_LIMIT), cursor)
-            if args.json:
-                listed += keys
-            elif keys:
-                print("\n".join(keys), flush=True)
-            if left is not None:
-                left -= len(keys)
-            if cursor is None:
-                break
-    if args.json:
-        import json
-
-        print(json.dumps(listed))
-    return 0
-
-
 def cmd_drain(args) -> int:
     from ..net.netutil import wait_until
 
@@ -298,12 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="one JSON object (the master's StatsResponse)")
     status.set_defaults(func=cmd_status)
 
-    keys = sub.add_parser("keys", help="the stored keys beginning with PREFIX, one a line, in byte order")
-    keys.add_argument("prefix", metavar="PREFIX", nargs="?", default="", help="\"\" or none: every key")
-    _add_target(keys)
-    keys.add_argument("--limit", type=int, default=None, metavar="N", help="list the first N keys only")
-    keys.add_argument("--json", action="store_true", help="one JSON list of the keys")
-    keys.set_defaults(func=cmd_keys)
+    from . import keys
+
+    keys.add_parser(sub, _add_target, _connect)
 
     drain = sub.add_parser("drain", help="move every object off a storage node so it can be taken down")
     drain.add_argument("node", metavar="NODE", help="node id, as `kvpool status` lists it")
