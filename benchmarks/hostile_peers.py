@@ -181,22 +181,25 @@ def client_role_limits(cluster: LocalCluster, secret: str) -> dict:
             replies, _closed = drain(sock, 1.0)
         # FORBIDDEN, or closed before it could be read (the node hangs up on a refused WRITE's payload)
         high_term_refused += (wire.Op.WRITE, Code.OK) not in replies
-    # An operator's master RPCs (Drain) with the client token, over the control port and over gRPC.
+    # An operator's master RPCs (Drain, Tenants) with the client token, over the control port and over gRPC.
     rpcs_tried = rpcs_refused = 0
     node_id = cluster.nodes[0].info["node_id"]
+    # Each operator's call, as a client would make it: a drain of a node, a tenant of its own making.
+    requests = {"Drain": pb.DrainRequest(node_id=node_id), "Tenants": pb.TenantsRequest(action="create", name="hostile")}
+    assert set(requests) == roles.MEMBER_RPCS, "a member-only RPC without a hostile request here"
     with Client(cluster.master_address, token=auth.client_token(secret)) as client:
-        for rpc in sorted(roles.MEMBER_RPCS):
+        for call in (lambda: client.drain(node_id), lambda: client.tenants("create", "hostile")):
             rpcs_tried += 1
             try:
-                client.drain(node_id)  # the one such RPC today
+                call()
             except ForbiddenError:
                 rpcs_refused += 1
     with blocking_channel(cluster.master_address, credential) as channel:
         stub = kvpool_pb2_grpc.MasterStub(channel)
-        for rpc in sorted(roles.MEMBER_RPCS):
+        for rpc, request in sorted(requests.items()):
             rpcs_tried += 1
             try:
-                getattr(stub, rpc)(getattr(pb, f"{rpc}Request")(node_id=node_id), timeout=5)
+                getattr(stub, rpc)(request, timeout=5)
             except grpc.RpcError as exc:
                 rpcs_refused += exc.code() == grpc.StatusCode.PERMISSION_DENIED
     with Client(cluster.master_address, token=secret) as operator:
