@@ -201,9 +201,9 @@ async def serve(args) -> int:
         health = MasterHealth(server, election, metrics)
         health_task = loop.create_task(health.run(), name="health")
         feed_task = loop.create_task(feed.run(election), name="key-feed")
+        tenants_task = loop.create_task(tenants.run(), name="tenant-directory")
         try:
             node_io.start()
-            tenants.start()
             await election.start()
             await server.start()  # followers serve too: Stats, and NOT_LEADER naming the leader
             await control.start()
@@ -219,11 +219,10 @@ async def serve(args) -> int:
         finally:
             health.stopping = True
             await leadership.stop_campaign()
-            for task in (feed_task, health_task):
+            for task in (feed_task, health_task, tenants_task):
                 task.cancel()
-            await asyncio.gather(feed_task, health_task, return_exceptions=True)
+            await asyncio.gather(feed_task, health_task, tenants_task, return_exceptions=True)
             await election.resign()
-            await tenants.stop()
             await server.stop(grace=1.0)
             await control.stop()
             await leadership.stop_term()

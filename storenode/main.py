@@ -231,7 +231,7 @@ async def _serve(args) -> int:
     metrics_http = None
     registration = None
     ucx = None
-    tenants = shares = None
+    followers: list[asyncio.Task] = []  # keep the tenants' records and this node's shares of them current
     health = Health()
     beat = loop.create_task(health.beat(), name="health-beat")
     try:
@@ -268,8 +268,8 @@ async def _serve(args) -> int:
         shares = TenantShares(registration.etcd, args.cluster, node_id, capacity_of(record), verifier, store)
         tenants = TenantDirectory(registration.etcd, args.cluster, verifier,
                                   on_change=lambda: _tenants_changed(server, shares))
-        tenants.start()
-        shares.start()
+        followers += [loop.create_task(tenants.run(), name="tenant-directory"),
+                      loop.create_task(shares.run(), name="tenant-shares")]
         health.ready = lambda: (True, "") if registration.in_etcd() else (
             False, "etcd lease not refreshed within its ttl: the master may count this node gone")
         print(f"kvpool-storenode ready node_id={node_id} address={record.address}", flush=True)
@@ -281,10 +281,9 @@ async def _serve(args) -> int:
         log.error("storage node failed: %s", exc)
         return 1
     finally:
-        beat.cancel()
-        for task in (tenants, shares):
-            if task is not None:
-                await task.stop()
+        for task in (beat, *followers):
+            task.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
         if registration:
             await registration.stop()
         await server.stop()

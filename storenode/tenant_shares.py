@@ -24,7 +24,7 @@ def capacity_of(record: NodeRecord) -> tuple[int, int]:
 
 
 class TenantShares:
-    """Keeps store.set_tenant_shares current. own: this node's (DRAM, SSD) capacity; verifier: its
+    """Keeps store.set_tenant_shares current (run() until cancelled). own: this node's (DRAM, SSD) capacity; verifier: its
     `tenants` are the records (kvpool/cluster/tenant_directory.py)."""
 
     def __init__(self, etcd, cluster: str, node_id: str, own: tuple[int, int], verifier, store,
@@ -38,17 +38,7 @@ class TenantShares:
         self.store = store
         self.refresh = refresh
         self.shares: dict = {}
-        self._task: asyncio.Task | None = None
         self._changed = asyncio.Event()  # a tenant's record changed: read the pool's capacity again now
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="tenant-shares")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def changed(self) -> None:
         """A tenant's record changed: its new shares now, and again once the pool's capacity is read afresh

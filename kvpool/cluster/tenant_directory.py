@@ -11,7 +11,6 @@ revision, so two operators at once cannot lose one's change.
 """
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -21,18 +20,27 @@ import aetcd
 from kvpool.errors import InvalidArgumentError, KeyExistsError, KeyNotFoundError, UnavailableError
 from kvpool.cluster.etcd_client import follow_prefix
 from kvpool.protocol import cluster_layout
-from kvpool.protocol.tenants import MAX_TENANTS, TenantRecord, name_problem, record_problem
+from kvpool.protocol.tenants import LIMITS, MAX_TENANTS, TenantRecord, name_problem, record_problem
 
 log = logging.getLogger(__name__)
 
 RETRY_DELAY = 0.5
-CALL_TIMEOUT = 5.0  # one etcd call of an operator's change
+CALL_TIMEOUT = 5.0  # one etcd call: a silent etcd is found by the clock
+
+
+async def _answered(call, what: str):
+    """What the etcd `call` answers, within CALL_TIMEOUT; else UnavailableError."""
+    try:
+        return await asyncio.wait_for(call, CALL_TIMEOUT)
+    except TimeoutError:
+        raise UnavailableError(f"etcd did not answer {what} within {CALL_TIMEOUT:g} s; try again once it does") \
+            from None
 
 
 async def read_records(etcd: aetcd.Client, cluster: str) -> dict[str, TenantRecord]:
     """Every tenant's record, by name; a record etcd holds that does not parse is left out (and logged)."""
     records = {}
-    for kv in await etcd.get_prefix(cluster_layout.tenants_prefix(cluster)):
+    for kv in await _answered(etcd.get_prefix(cluster_layout.tenants_prefix(cluster)), "a read of the tenants"):
         try:
             record = TenantRecord.from_json(kv.value)
         except (ValueError, TypeError, KeyError) as exc:
@@ -43,7 +51,8 @@ async def read_records(etcd: aetcd.Client, cluster: str) -> dict[str, TenantReco
 
 
 class TenantDirectory:
-    """Keeps verifier.tenants current from etcd; on_change() after each change that was applied."""
+    """Keeps verifier.tenants current from etcd (run() until cancelled); on_change() after each change that was
+    applied."""
 
     def __init__(self, etcd: aetcd.Client, cluster: str, verifier, on_change=lambda: None,
                  retry_delay: float = RETRY_DELAY):
@@ -53,17 +62,6 @@ class TenantDirectory:
         self.verifier = verifier
         self.on_change = on_change
         self.retry_delay = retry_delay
-        self.synced = asyncio.Event()  # set once the first full read was applied
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="tenant-directory")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def run(self) -> None:
         await follow_prefix(self._etcd, self._prefix, self._read, self.retry_delay, "tenant watch")
@@ -72,7 +70,6 @@ class TenantDirectory:
         records = await read_records(self._etcd, self._cluster)
         changed = records != self.verifier.tenants
         self.verifier.tenants = records
-        self.synced.set()
         if changed:
             try:
                 self.on_change()
@@ -90,7 +87,7 @@ class TenantRecords:
     async def _get(self, name: str) -> tuple[TenantRecord, int]:
         """(its record, its mod revision); KeyNotFoundError if there is none."""
         _check_name(name)
-        found = await self._etcd.get(cluster_layout.tenant_key(self._cluster, name))
+        found = await _answered(self._etcd.get(cluster_layout.tenant_key(self._cluster, name)), f"a read of {name}")
         if found is None:
             raise KeyNotFoundError(f"no tenant {name!r}")
         return TenantRecord.from_json(found.value), found.mod_revision
@@ -103,16 +100,13 @@ class TenantRecords:
         key = cluster_layout.tenant_key(self._cluster, record.name)
         tx = self._etcd.transactions
         compare = [tx.mod(key) == revision] if revision else [tx.version(key) == 0]
-        succeeded, _ = await self._etcd.transaction(compare=compare, success=[tx.put(key, record.to_json())],
-                                                    failure=[])
+        succeeded, _ = await _answered(self._etcd.transaction(
+            compare=compare, success=[tx.put(key, record.to_json())], failure=[]), f"a change of {record.name}")
         if not succeeded:
             if not revision:
                 raise KeyExistsError(f"tenant {record.name!r} exists already")
             raise UnavailableError(f"tenant {record.name!r} was changed meanwhile by someone else; try again")
         return record
-
-    async def list(self) -> list[TenantRecord]:
-        return sorted((await read_records(self._etcd, self._cluster)).values(), key=lambda r: r.name)
 
     async def create(self, name: str, limits: dict) -> TenantRecord:
         _check_name(name)
@@ -134,8 +128,8 @@ class TenantRecords:
         record, revision = await self._get(name)
         key = cluster_layout.tenant_key(self._cluster, name)
         tx = self._etcd.transactions
-        succeeded, _ = await self._etcd.transaction(compare=[tx.mod(key) == revision], success=[tx.delete(key)],
-                                                    failure=[])
+        succeeded, _ = await _answered(self._etcd.transaction(
+            compare=[tx.mod(key) == revision], success=[tx.delete(key)], failure=[]), f"the deletion of {name}")
         if not succeeded:
             raise UnavailableError(f"tenant {name!r} was changed meanwhile by someone else; try again")
         return record
@@ -148,11 +142,10 @@ def _check_name(name: str) -> None:
 
 
 def _limits(given: dict) -> dict:
-    """The limits an operator gave (only those of TenantRecord.limits), as ints."""
-    known = TenantRecord("x").limits()
-    unknown = set(given) - set(known)
+    """The limits an operator gave (only those LIMITS names), as ints."""
+    unknown = set(given) - set(LIMITS)
     if unknown:
-        raise InvalidArgumentError(f"unknown tenant limits {sorted(unknown)}; known: {sorted(known)}")
+        raise InvalidArgumentError(f"unknown tenant limits {sorted(unknown)}; known: {', '.join(LIMITS)}")
     try:
         return {name: int(value) for name, value in given.items()}
     except (TypeError, ValueError):

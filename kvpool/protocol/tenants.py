@@ -3,7 +3,7 @@ the share of its limits a node enforces.
 
 A tenant's objects are stored under its *scope*: the key an engine names, `k`, is stored as
 `SCOPE_MARK + name + SCOPE_MARK + k`. The client adds and strips the scope; masters and nodes only
-check that every key a tenant's call names lies in its scope (`in_scope`), so two tenants' equal key
+check that every key a tenant's call names lies in its scope (`Scope.holds`), so two tenants' equal key
 names are two objects and no key of another tenant can even be named. The client token (no tenant) has
 the keys that do not begin with SCOPE_MARK; members (the cluster secret) have every key.
 
@@ -21,7 +21,7 @@ SCOPE_MARK_BYTE = SCOPE_MARK.encode()
 MAX_NAME = 63
 MAX_TENANTS = 256  # records a cluster may hold: bounds the servers' tables and the metrics' label values
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,%d}\Z" % (MAX_NAME - 1))
-MAX_SCOPE_BYTES = MAX_NAME + 2  # what a scope adds to a key (kvpool/protocol/keys.py allows for it)
+LIMITS = ("quota", "quota_dram", "quota_ssd", "quota_objects", "reserve")  # a record's limits, by name
 
 
 def name_problem(name: str) -> str | None:
@@ -108,8 +108,7 @@ class TenantRecord:
         return record
 
     def limits(self) -> dict:
-        return {"quota": self.quota, "quota_dram": self.quota_dram, "quota_ssd": self.quota_ssd,
-                "quota_objects": self.quota_objects, "reserve": self.reserve}
+        return {name: getattr(self, name) for name in LIMITS}
 
 
 def record_problem(record: TenantRecord) -> str | None:

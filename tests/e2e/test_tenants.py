@@ -324,6 +324,10 @@ def test_a_tenant_is_refused_the_operators_calls(pool):
                      lambda: a.tenants("create", "team-z"), lambda: a.tenants("rotate", "team-b")):
             with pytest.raises(ForbiddenError, match="operator's call"):
                 call()
+    with blocking_channel(cluster.master_address, auth.Credential.for_member(cluster.secret)) as channel:
+        unknown = kvpool_pb2_grpc.MasterStub(channel).Tenants(
+            pb.TenantsRequest(action="create", name="team-z", given=["quota", "bogus"]), timeout=5)
+        assert unknown.status == pb.INVALID_ARGUMENT and "unknown tenant limits ['bogus']" in unknown.message
     with Client(cluster.master_address, token=cluster.secret) as operator:
         assert [t.name for t in operator.tenants("list")] == ["team-a", "team-b"]  # nothing made or changed
         assert [t.version for t in operator.tenants("list")] == [1, 1]
