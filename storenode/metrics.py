@@ -38,16 +38,18 @@ class _TierCollector:
 
     def collect(self):
         stats = {tier.name: tier.stats() for tier in self.tiers}
-        for field, (name, doc) in _TIER_GAUGES.items():
-            family = GaugeMetricFamily(name, doc, labels=["tier"])
-            for tier, values in stats.items():
-                family.add_metric([tier], values[field])
-            yield family
-        for field, (name, doc) in _TIER_COUNTERS.items():
-            family = CounterMetricFamily(name, doc, labels=["tier"])
-            for tier, values in stats.items():
-                family.add_metric([tier], values[field])
-            yield family
+        yield from _families(GaugeMetricFamily, _TIER_GAUGES, "tier", stats)
+        yield from _families(CounterMetricFamily, _TIER_COUNTERS, "tier", stats)
+
+
+def _families(kind, fields: dict, label: str, rows: dict):
+    """A metric family of `kind` per field of `fields` ({field: (name, doc)}), a sample per row of `rows`
+    ({label value: {field: value}}) labelled `label`."""
+    for field, (name, doc) in fields.items():
+        family = kind(name, doc, labels=[label])
+        for labelled, values in rows.items():
+            family.add_metric([labelled], values[field])
+        yield family
 
 
 _TENANT_COUNTERS = {
@@ -86,11 +88,7 @@ class _TenantCollector:
         yield size
         yield objects
         yield evictions
-        for field, (name, doc) in _TENANT_COUNTERS.items():
-            family = CounterMetricFamily(name, doc, labels=["tenant"])
-            for tenant, values in figures.items():
-                family.add_metric([tenant], values[field])
-            yield family
+        yield from _families(CounterMetricFamily, _TENANT_COUNTERS, "tenant", figures)
 
 
 class Total:
