@@ -13,6 +13,7 @@ from kvpool.errors import InvalidArgumentError
 DRAM = "dram"
 SSD = "ssd"
 TIERS = (DRAM, SSD)
+SHARED = "shared"  # the cluster's shared directory (master/shared_tier.py): never a put's preferred tier
 PINS = ("none", "soft", "hard")
 
 

@@ -35,20 +35,29 @@ class SharedDir:
     """One process's view of `<root>/<cluster>/`. `writer` names this process's manifest
     (manifests/<writer>.log), which no other live process may share (e.g. "node-1-<instance>")."""
 
-    def __init__(self, root: str, cluster: str, writer: str):
+    def __init__(self, root: str, cluster: str, writer: str | None):
         for what, name in (("cluster", cluster), ("writer", writer)):
+            if name is None and what == "writer":
+                continue
             if not name or name.startswith(".") or "/" in name or "\x00" in name:
                 raise InvalidArgumentError(f"shared {what} name {name!r} must be one plain file name")
         self.base = os.path.join(root, cluster)
         self.objects_dir = os.path.join(self.base, OBJECTS_DIR)
         self.manifests_dir = os.path.join(self.base, MANIFESTS_DIR)
-        self.manifest_path = os.path.join(self.manifests_dir, writer + MANIFEST_SUFFIX)
-        for directory in (self.base, self.objects_dir, self.manifests_dir):
-            _make_dir(directory)
+        # None: a reader's view (a client's), which creates nothing and writes no manifest.
+        self.manifest_path = os.path.join(self.manifests_dir, writer + MANIFEST_SUFFIX) if writer else None
+        if writer is not None:
+            for directory in (self.base, self.objects_dir, self.manifests_dir):
+                _make_dir(directory)
         self._dirs_made: set[str] = set()  # object directories known to exist (none is ever removed)
         self._manifest_lock = threading.Lock()  # one append (write and fsync) at a time, its length tracked
         self._manifest_fd: int | None = None
         self._manifest_size = 0
+
+    @classmethod
+    def reader(cls, root: str, cluster: str) -> "SharedDir":
+        """A view that only reads (a client's): it creates nothing and writes no manifest."""
+        return cls(root, cluster, None)
 
     def __enter__(self):
         return self
@@ -75,6 +84,7 @@ class SharedDir:
         the others still go in: BatchError then, its `results` each item's length or error (NoSpaceError,
         UnavailableError). A failed directory fsync or manifest append raises for the whole batch, with no
         record written (the files already in place are then unreferenced: space, never a wrong answer)."""
+        self._writer()
         prepared = []
         for obj, payload in items:  # every argument checked before any I/O
             _check_key(obj.key)
@@ -155,6 +165,10 @@ class SharedDir:
                 raise
             self._manifest_size += len(data)
 
+    def _writer(self) -> None:
+        if self.manifest_path is None:
+            raise InvalidArgumentError("a reader's view of the shared tier writes nothing")
+
     def _open_manifest(self) -> int:
         if self._manifest_fd is not None:
             return self._manifest_fd
@@ -232,6 +246,7 @@ class SharedDir:
         """Each object's file gone (items: SharedObject or (key, generation)), its REMOVED record appended
         first; for each, whether a file was there. A file that cannot be unlinked: BatchError after the others,
         its `results` each item's bool or error (the file is then unreferenced)."""
+        self._writer()
         objects = [item if isinstance(item, SharedObject) else SharedObject(item[0], item[1], 0, 0, 0, 0, 0)
                    for item in items]
         for obj in objects:

@@ -366,3 +366,24 @@ def test_directories_and_files_get_their_modes_whatever_the_umask(tmp_path):
 def test_names_that_are_not_one_plain_file_name_are_refused(tmp_path, cluster, writer):
     with pytest.raises(InvalidArgumentError):
         SharedDir(str(tmp_path), cluster, writer)
+
+
+def test_a_readers_view_creates_nothing_reads_and_refuses_to_write(shared, tmp_path):
+    payload = b"r" * 100
+    obj = shared_object(b"read-me", 3, payload)
+    shared.write(obj, payload)
+    with pytest.raises(FileNotFoundError):  # a reader of a directory not mounted makes none
+        os.stat(tmp_path / "elsewhere" / "cluster-a")
+    SharedDir.reader(str(tmp_path / "elsewhere"), "cluster-a")
+    assert not (tmp_path / "elsewhere").exists()
+    reader = SharedDir.reader(str(tmp_path), "cluster-a")
+    dest = bytearray(len(payload))
+    reader.read_into(b"read-me", 3, obj.size, obj.checksum, dest)
+    assert bytes(dest) == payload
+    manifests = sorted(os.listdir(shared.manifests_dir))
+    with pytest.raises(InvalidArgumentError):
+        reader.write(shared_object(b"other", 4, payload), payload)
+    with pytest.raises(InvalidArgumentError):
+        reader.remove(b"read-me", 3)
+    assert sorted(os.listdir(shared.manifests_dir)) == manifests
+    assert files_under(shared.objects_dir) == [object_name(b"read-me", 3)]
