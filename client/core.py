@@ -71,6 +71,9 @@ class Core:
         self.transport = transport
         self.cache = PlacementCache(cache_size)
         # The shared tier's directory, mounted here too: its objects are read from their files, no node between.
+        if shared_dir and self.prefix:
+            raise InvalidArgumentError("a tenant reads shared objects through the nodes: the shared directory "
+                                       "holds every tenant's files (leave out shared_dir)")
         self.shared = SharedDir.reader(shared_dir, cluster) if shared_dir else None
         self.shared_bytes = 0  # value bytes read from the shared tier's files by this client
         self.commits = Commits(self.master, self.cache.invalidate, confirm_puts)

@@ -245,6 +245,8 @@ async def _serve(args) -> int:
     metrics = NodeMetrics()
     metrics.track_tiers(store.tiers)
     metrics.track_tenants(store.tenants)
+    if shared is not None:
+        metrics.track_shared(shared)
     verifier = auth.Verifier(args.secret)
     auth.warn_if_open(verifier, "this storage node")
     credential = auth.Credential.for_member(args.secret) if args.secret else None
