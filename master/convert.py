@@ -13,7 +13,7 @@ from kvpool.protocol.write_options import WriteOptions, lifetime_problem, placed
 from .ledger import Counters
 from .node_state import NodeState
 from .shared_tier import SharedTier
-from .versions import NO_OPTIONS, ObjectVersion, PutOptions
+from .versions import NO_OPTIONS, SHARED, ObjectVersion, PutOptions
 
 TIERS = {"dram": pb.DRAM, "ssd": pb.SSD, "shared": pb.SHARED}
 TIER_NAMES = {value: name for name, value in TIERS.items()}
@@ -71,7 +71,7 @@ def write_options(version: ObjectVersion) -> WriteOptions:
     """What the WRITEs of `version` carry, as its client builds them (write_options.placed_options)."""
     o = version.options
     return placed_options(o.tier == "ssd", o.pin == "hard", o.pin_ttl_seconds if o.pin == "soft" else 0.0,
-                          o.ttl_seconds, version.compressed, version.raw_size)
+                          o.ttl_seconds, version.compressed, version.raw_size, o.tier == SHARED)
 
 
 def seal_of(sealer, version: ObjectVersion, node_id: str, term: int, options: WriteOptions) -> bytes:

@@ -143,7 +143,7 @@ class InventoryMatch:
 
 def _version_from_inventory(entry: Entry, replicas: tuple[Replica, ...], now: float) -> ObjectVersion:
     flags = entry.flags
-    options = PutOptions(tier=SSD if flags & WriteFlag.PREFER_SSD else None,
+    options = PutOptions(tier=SSD if flags & WriteFlag.PREFER_SSD else SHARED if flags & WriteFlag.TO_SHARED else None,
                          pin="hard" if flags & WriteFlag.HARD_PIN else "none")
     return ObjectVersion(entry.key, entry.size, entry.checksum, entry.generation, replicas, options=options,
                          compressed=bool(flags & WriteFlag.COMPRESSED),

@@ -27,7 +27,7 @@ class PutOptions:
     ttl_seconds: float = 0.0  # 0 = no expiry
 
     def validate(self) -> None:
-        if self.tier is not None and self.tier not in TIERS:
+        if self.tier is not None and self.tier not in TIERS and self.tier != SHARED:
             raise InvalidArgumentError(f"unknown tier {self.tier!r}")
         if self.pin not in PINS:
             raise InvalidArgumentError(f"unknown pin {self.pin!r}")

@@ -79,10 +79,21 @@ class Maintenance:
 
     async def sweep(self) -> None:
         self.store.expire_due()
+        await self._move_to_share()
         await self._relieve_dram_shares()
         quota.enforce(self.store)  # what demotion could not bring within a share is evicted
         await self._relieve_dram()
         await self._relieve_ssd()
+
+    async def _move_to_share(self) -> None:
+        """put(tier="shared") objects go on to the shared tier (a node without one keeps them)."""
+        store = self.store
+        waiting, store.to_share, busy = store.to_share, [], []
+        for start in range(0, len(waiting) if self.shared is not None else 0, BATCH):
+            batch = [rec for rec in waiting[start:start + BATCH] if rec.live]
+            busy += [rec for rec in batch if rec.refcount]  # being read: the next sweep moves them
+            await self.shared.move_out([rec for rec in batch if not rec.refcount])
+        store.to_share[:0] = busy
 
     async def _relieve_dram(self) -> None:
         """Above the high watermark: demote the coldest to SSD (or drop their DRAM copy) down to the low one.

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 MAX_EVICTED_LISTED = 100_000  # bound on the REPORT backlog if nobody polls
 ROOM_BATCH = 16  # victims taken from a tier's order at a time while making room
 # Plain ints: IntFlag arithmetic is slow on the per-request path.
-_HARD_PIN, _PREFER_SSD = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD)
+_HARD_PIN, _PREFER_SSD, _TO_SHARED = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD), int(WriteFlag.TO_SHARED)
 _new_reservation = tuple.__new__  # a NamedTuple from a tuple, without its Python-level constructor
 MOVED = wire.MOVED_TO_SHARED  # the reason an object leaves the node for the shared tier (storenode/shared_tier.py)
 _NOT_PRESSURE = ("expired", "torn", quota.QUOTA, MOVED)  # eviction reasons other than pool pressure
@@ -63,6 +63,7 @@ class ObjectStore:
         self.on_dropped = lambda: None  # the server hooks in here: an EVICTIONS request may be waiting
         self._reserved_hard = 0
         self._evicted: list[list] = []
+        self.to_share: list[ObjectRecord] = []  # put(tier="shared") objects the sweep moves on to the shared tier
 
     def set_tenant_shares(self, shares: dict[str, NodeShare]) -> None:
         """The tenants' shares of their limits to keep from now on (tenant_usage.py, quota.py); a tenant
@@ -172,7 +173,10 @@ class ObjectStore:
         usage.objects += 1
         usage.bytes += rec.size
         self.join_tier(tier, rec)
-        if tier.alloc.used > tier.high_bytes:  # above the high watermark (tier.excess() > 0), cheaply
+        if rec.flags & _TO_SHARED:
+            self.to_share.append(rec)
+            self.on_pressure()
+        elif tier.alloc.used > tier.high_bytes:  # above the high watermark (tier.excess() > 0), cheaply
             self.on_pressure()
 
     # -- READ and friends

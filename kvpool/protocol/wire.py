@@ -160,6 +160,7 @@ class WriteFlag(IntFlag):
     HARD_PIN = 1    # never evicted; counted against the node's hard-pin quota
     PREFER_SSD = 2  # place in the SSD tier rather than DRAM
     COMPRESSED = 4  # the payload is lz4-compressed (the node stores it as is)
+    TO_SHARED = 8   # put(tier="shared"): the node moves it on to the shared tier as soon as it is stored
 
 
 def pack_request(op: Op, req_id: int, key: bytes, generation: int = 0, arg: int = 0,

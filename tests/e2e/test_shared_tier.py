@@ -192,3 +192,15 @@ def test_eviction_at_capacity_leaves_concurrent_readers_no_wrong_bytes(shared_cl
     assert stats.capacity == 6 * 1024 * 1024 and stats.servers == 2
     wait_until(lambda: sum(os.path.getsize(p) for _, p in shared_files(shared_dir).values()) <= 7 * 1024 * 1024,
                20, what="the evicted files to be unlinked")
+
+
+def test_a_put_to_the_shared_tier_lands_there_and_reads_back(shared_cluster, tmp_path):
+    cluster = shared_cluster(nodes=1)
+    with Client(cluster.master_address) as client:
+        keys = [f"through-{i}" for i in range(8)]
+        client.batch_put(keys, [value_of(k) for k in keys], tier="shared")
+        wait_until(lambda: shared_objects(cluster) == 8, 20, what="the puts to move on to the shared tier")
+        assert sorted(shared_files(tmp_path / "shared")) == sorted(keys)
+        assert [client.get(k) for k in keys] == [value_of(k) for k in keys]
+        with pytest.raises(KvpoolError, match="tier must be"):
+            client.put("bad", b"x", tier="nfs")
