@@ -251,6 +251,8 @@ class SharedDir:
                    for item in items]
         for obj in objects:
             _check_key(obj.key)
+        if not objects:
+            return []
         try:
             self._append([pack_record(REMOVED, obj) for obj in objects])
         except OSError as exc:

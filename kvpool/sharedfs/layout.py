@@ -139,12 +139,16 @@ class ManifestRecords:
     def __len__(self) -> int:
         return len(self.bodies)
 
+    def key_slices(self) -> Iterator[bytes]:
+        """Each record's key, lazily."""
+        return _slices(self.data, self.key_starts, self.key_starts + self.bodies["key_length"])
+
     @property
     def keys(self) -> list[bytes]:
-        return list(_slices(self.data, self.key_starts, self.key_starts + self.bodies["key_length"]))
+        return list(self.key_slices())
 
     def __iter__(self) -> Iterator[tuple[int, SharedObject]]:
-        return zip(self.bodies["op"].tolist(), _objects(self.data, self.key_starts, self.bodies))
+        return zip(self.bodies["op"].tolist(), _objects(self.keys, self.bodies))
 
 
 def _frame_starts(data: bytes) -> list[int]:
@@ -185,46 +189,46 @@ class Scan(NamedTuple):
 
 
 def fold(manifests: list[ManifestRecords], now_ms: int) -> Scan:
-    """The tier's contents from every writer's records. A (key, generation) is live if some manifest says
-    ADDED and none says REMOVED (the order between writers is unknown, so it does not count); of one key's
-    live generations the highest is its object, the rest are superseded."""
+    """The tier's contents from every writer's records. A writer's last record of a (key, generation) is its
+    word on that file (it may remove a version and write it again); the version is live if some writer's
+    word is ADDED and none's is REMOVED (the order between writers is unknown, so a removal anywhere
+    counts). Of one key's live generations the highest is its object, the rest are superseded."""
     count = sum(map(len, manifests))
     if not count:
         return Scan(inventory.encode_records(np.empty(0, inventory.RECORD_DTYPE), b""), [], [], 0, len(manifests), 0)
-    data = b"".join(m.data for m in manifests)
-    bases = np.cumsum([0] + [len(m.data) for m in manifests[:-1]])
-    key_starts = np.concatenate([m.key_starts + base for m, base in zip(manifests, bases)])
     bodies = np.concatenate([m.bodies for m in manifests])
+    keys = list(itertools.chain.from_iterable(map(ManifestRecords.key_slices, manifests)))
     # Each key labelled by the position of its first record (the dict filled in a C loop).
     first_seen: dict[bytes, int] = {}
-    key_id = np.fromiter(map(first_seen.setdefault, _slices(data, key_starts, key_starts + bodies["key_length"]),
-                             itertools.count()), np.int64, count)
+    key_id = np.fromiter(map(first_seen.setdefault, keys, itertools.count()), np.int64, count)
     del first_seen
     generation, op = bodies["generation"], bodies["op"]
-    # Records of one (key, generation) next to each other, an ADDED (op 1) first, which then describes it.
-    order = np.lexsort((op, generation, key_id))
-    k, g = key_id[order], generation[order]
+    writer = np.repeat(np.arange(len(manifests)), [len(m) for m in manifests])
+    # Records of one (key, generation) next to each other, each writer's in its order (lexsort is stable).
+    order = np.lexsort((generation, key_id))
+    k, g, w = key_id[order], generation[order], writer[order]
+    last_words = order[np.r_[(k[1:] != k[:-1]) | (g[1:] != g[:-1]) | (w[1:] != w[:-1]), True]]
+    k, g = key_id[last_words], generation[last_words]
     first = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (g[1:] != g[:-1])])
-    added = np.maximum.reduceat(op[order] == ADDED, first)
-    removed = np.maximum.reduceat(op[order] == REMOVED, first)
-    live = order[first[added & ~removed]]  # sorted by key, then generation
+    added = np.maximum.reduceat(op[last_words] == ADDED, first)
+    removed = np.maximum.reduceat(op[last_words] == REMOVED, first)
+    live = last_words[first[added & ~removed]]  # ADDED records, sorted by key, then generation
     highest = np.ones(len(live), bool)  # the last of each key's run
     highest[:-1] = key_id[live][1:] != key_id[live][:-1]
     expires = bodies["expires_ms"][live]
     expired = highest & (expires != 0) & (expires <= now_ms)
     current = live[highest & ~expired]
 
-    records = np.empty(len(current), inventory.RECORD_DTYPE)
-    for name in ("generation", "size", "checksum", "raw_size", "flags", "key_length"):
-        records[name] = bodies[name][current]
-    expires = bodies["expires_ms"][current]
+    records = bodies[current].view(inventory.RECORD_DTYPE)  # the same layout: ttl and tiers rewritten
+    expires = records["ttl_ms"].copy()
     records["ttl_ms"] = np.where(expires == 0, 0, expires - now_ms)
     records["tiers"] = inventory.SHARED_BIT
-    current_keys = b"".join(_slices(data, key_starts[current], key_starts[current] + records["key_length"]))
-    return Scan(reply=inventory.encode_records(records, current_keys),
-                superseded=_objects(data, key_starts[live[~highest]], bodies[live[~highest]]),
-                expired=_objects(data, key_starts[live[expired]], bodies[live[expired]]),
-                records=count, manifests=len(manifests),
+    reply = inventory.encode_records(records, b"".join(map(keys.__getitem__, current.tolist())))
+    superseded, expired = live[~highest], live[expired]
+    superseded_keys, expired_keys = [keys[i] for i in superseded.tolist()], [keys[i] for i in expired.tolist()]
+    del keys  # while a list of a million keys is held, every garbage collection walks it
+    return Scan(reply=reply, superseded=_objects(superseded_keys, bodies[superseded]),
+                expired=_objects(expired_keys, bodies[expired]), records=count, manifests=len(manifests),
                 bytes=int(records["size"].sum()) + int(records["key_length"].sum()) + HEADER_SIZE * len(records))
 
 
@@ -233,9 +237,8 @@ def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray):
     return map(data.__getitem__, map(slice, starts.tolist(), ends.tolist()))
 
 
-def _objects(data: bytes, key_starts: np.ndarray, bodies: np.ndarray) -> list[SharedObject]:
-    """The objects of `bodies`, their keys at `key_starts` in `data`."""
+def _objects(keys: list[bytes], bodies: np.ndarray) -> list[SharedObject]:
+    """The objects of `bodies` (BODY_DTYPE) and their keys."""
     b = bodies
-    return list(map(SharedObject, _slices(data, key_starts, key_starts + b["key_length"]), b["generation"].tolist(),
-                    b["size"].tolist(), b["checksum"].tolist(), b["flags"].tolist(), b["raw_size"].tolist(),
-                    b["expires_ms"].tolist()))
+    return list(map(SharedObject, keys, b["generation"].tolist(), b["size"].tolist(), b["checksum"].tolist(),
+                    b["flags"].tolist(), b["raw_size"].tolist(), b["expires_ms"].tolist()))

@@ -305,10 +305,14 @@ def test_the_scan_folds_every_writers_manifest(tmp_path):
                     (shared_object(b"gone", 1, b"g"), b"g"), (shared_object(b"ttl", 1, b"t", NOW_MS + 5000), b"t"),
                     (shared_object(b"late", 1, b"l", NOW_MS), b"l")])
     two.write(shared_object(b"kept", 3, b"v3"), b"v3")
+    two.write(shared_object(b"ttl", 1, b"t", NOW_MS + 5000), b"t")  # two writers of one version: one object
     two.write(shared_object(b"newest-gone", 9, b"n"), b"n")
     two.remove(b"gone", 1)  # a file another writer added
     one.remove(b"newest-gone", 9)
     two.write(shared_object(b"newest-gone", 8, b"o"), b"o")  # an older generation, live: it is the key's object
+    one.write(shared_object(b"again", 4, b"a"), b"a")
+    one.remove(b"again", 4)
+    one.write(shared_object(b"again", 4, b"b", NOW_MS + 1), b"b")  # one writer's own order counts: its last word
     with open(two.manifest_path, "ab") as f:  # two's last append torn by a crash
         f.write(pack_record(ADDED, shared_object(b"torn", 1, b"x"))[:-3])
 
@@ -318,10 +322,11 @@ def test_the_scan_folds_every_writers_manifest(tmp_path):
         "kept": Entry("kept", 3, 2, checksum(b"v3"), 1, 4, 0, SHARED_BIT),
         "ttl": Entry("ttl", 1, 1, checksum(b"t"), 1, 2, 5000, SHARED_BIT),
         "newest-gone": Entry("newest-gone", 8, 1, checksum(b"o"), 1, 2, 0, SHARED_BIT),
+        "again": Entry("again", 4, 1, checksum(b"b"), 1, 2, 1, SHARED_BIT),
     }
     assert sorted(scan.superseded) == [shared_object(b"kept", 1, b"v1"), shared_object(b"kept", 2, b"v2")]
     assert scan.expired == [shared_object(b"late", 1, b"l", NOW_MS)]
-    assert (scan.records, scan.manifests) == (5 + 1 + 1 + 1 + 1 + 1, 2)  # the torn record is not counted
+    assert (scan.records, scan.manifests) == (5 + 2 + 1 + 1 + 1 + 1 + 3, 2)  # the torn record is not counted
     assert scan.bytes == sum(HEADER_SIZE + len(key) + entry.size for key, entry in
                              ((k.encode(), e) for k, e in entries.items()))
     one.close()
