@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import (BatchError, ChecksumMismatchError, InvalidArgumentError, InvalidKeyError, KeyNotFoundError,
                       KvpoolError, NoSpaceError, UnavailableError)
-from ..protocol.checksum import checksum
+from ..protocol.checksum import checksum as checksum_of  # `checksum` is read_into's argument
 from ..protocol.keys import MAX_KEY_BYTES
 from .layout import (ADDED, HEADER_SIZE, MANIFEST_SUFFIX, MANIFESTS_DIR, OBJECTS_DIR, REMOVED, Scan, SharedObject,
                      fold, object_name, pack_header, pack_record, parse_header, parse_records)
@@ -207,11 +207,11 @@ class SharedDir:
             raise _typed(exc, f"reading {path}") from exc
         finally:
             os.close(fd)
-        if checksum(payload) != obj.checksum:
+        if checksum_of(payload) != obj.checksum:
             raise ChecksumMismatchError(f"{path}: payload fails its checksum (damaged)")
         return obj, payload
 
-    def read_into(self, key: bytes, generation: int, size: int, value_checksum: int, dest) -> None:
+    def read_into(self, key: bytes, generation: int, size: int, checksum: int, dest) -> None:
         """The payload of (key, generation) read straight into `dest` (a writable buffer of exactly `size`
         bytes), refused unless the file holds an object of that size and checksum (a placement's) and the
         bytes read match it; same errors as read. After an error `dest` holds nothing to use."""
@@ -223,15 +223,15 @@ class SharedDir:
         fd = _open_object(path, key, generation)
         try:
             obj = _checked_header(fd, path, key, generation)
-            if obj.size != size or obj.checksum != value_checksum:
+            if obj.size != size or obj.checksum != checksum:
                 raise ChecksumMismatchError(f"{path} holds {obj.size} bytes of checksum {obj.checksum:#x}; "
-                                            f"expected {size} of {value_checksum:#x}")
+                                            f"expected {size} of {checksum:#x}")
             _preadv_all(fd, view, HEADER_SIZE + len(key), path)
         except OSError as exc:
             raise _typed(exc, f"reading {path}") from exc
         finally:
             os.close(fd)
-        if checksum(view) != value_checksum:
+        if checksum_of(view) != checksum:
             raise ChecksumMismatchError(f"{path}: payload fails its checksum (damaged)")
 
     # -- removing ------------------------------------------------------------------------------------------

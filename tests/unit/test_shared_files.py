@@ -113,7 +113,7 @@ def test_objects_written_read_back_whole(shared):
         assert size == HEADER_SIZE + len(obj.key) + len(payload) == os.path.getsize(path)
         assert shared.read(obj.key, 7) == (obj, payload)
         dest = np.zeros(len(payload), np.uint8)
-        shared.read_into(obj.key, 7, obj.size, obj.checksum, dest)
+        shared.read_into(obj.key, 7, size=obj.size, checksum=obj.checksum, dest=dest)
         assert dest.tobytes() == payload
     # Every file is in place under its name: no temporary file left behind.
     assert files_under(shared.objects_dir) == sorted(object_name(obj.key, 7) for obj, _ in items)
