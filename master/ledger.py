@@ -215,8 +215,17 @@ class Ledger:
     # ----- releasing copies -----
 
     def free(self, address: str, key: bytes, generation: int, shared: bool = False, replaced: bool = True) -> None:
-        """Have the node at `address` forget (key, generation) (`shared`: unlink its shared tier's file)."""
-        self._frees.append(FreeOrder(address, key, generation, replaced, shared))
+        """Have the node at `address` forget (key, generation); `shared`: its shared tier's file goes instead,
+        ordered to every node that mounts the tier (`address` unused): any of them could serve the file, so a
+        replaced version is out of reach once each has confirmed it gone or its read grant has ended."""
+        if not shared:
+            self._frees.append(FreeOrder(address, key, generation, replaced))
+            return
+        servers = self.shared.servers
+        if not servers:
+            self._unsent_shared.append(FreeOrder("", key, generation, replaced, True))
+            return
+        self._frees.extend(FreeOrder(server, key, generation, replaced, True) for server in servers.values())
 
     def release_pending(self, version: ObjectVersion) -> None:
         """Tell the nodes of a pending put's targets to forget it (nodes gone or already told are skipped)."""
@@ -236,8 +245,8 @@ class Ledger:
             node = self.nodes.get(r.node_id)
             if node is not None and version.key in node.keys:
                 node.keys.discard(version.key)
-                if node.shared:  # whichever node serves the tier now
-                    self._frees.append(FreeOrder(node.address, raw_key, version.generation, shared=True))
+                if node.shared:
+                    self.free("", raw_key, version.generation, shared=True)
                 else:
                     self._frees.append(FreeOrder(r.address, raw_key, version.generation))
 
@@ -265,17 +274,10 @@ class Ledger:
     def take_frees(self) -> list[FreeOrder]:
         """The replicas released since the last call, for the nodes to forget."""
         frees, self._frees = self._frees, []
-        if self._unsent_shared or any(not order.address for order in frees):
-            frees = self._address_shared(frees)
+        if self._unsent_shared and self.shared.servers:  # ordered while no node mounted the tier
+            waiting, self._unsent_shared = self._unsent_shared, []
+            for order in waiting:
+                self.free("", order.key, order.generation, shared=True, replaced=order.replaced)
+            frees += self._frees
+            self._frees = []
         return frees
-
-    def _address_shared(self, frees: list[FreeOrder]) -> list[FreeOrder]:
-        """Shared FREEs go to the node serving the tier now; kept back while there is none."""
-        address = self.shared.address
-        waiting = self._unsent_shared + [order for order in frees if not order.address]
-        frees = [order for order in frees if order.address]
-        if not address:
-            self._unsent_shared = waiting
-            return frees
-        self._unsent_shared = []
-        return frees + [FreeOrder(address, o.key, o.generation, o.replaced, o.shared) for o in waiting]

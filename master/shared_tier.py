@@ -5,7 +5,7 @@ The table holds such an object as a copy on a pseudo-node, SHARED_NODE: a NodeSt
 nodes (so commits, drops, frees and inventories treat it as any copy) that no placement, repair, REPORT
 or membership change ever picks (`NodeState.shared`). Its address is that of a live node that mounts the
 directory (`servers`): lookups name it, any such node serves the file, and FREEs of shared copies go
-there (the node unlinks the file). Its keys are kept coldest first, touched by lookups, with their sizes,
+to every such node (the first unlinks the file; Ledger.free). Its keys are kept coldest first, touched by lookups, with their sizes,
 so the leader alone decides what goes at --shared-capacity (evict), and no two nodes delete one file.
 """
 

@@ -10,6 +10,7 @@ and reads the manifests through one node when it takes over (SHARED_SCAN). File 
 
 import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict
 
@@ -137,7 +138,10 @@ class SharedTier:
     # -- what the leader asks
 
     async def unlink(self, key: bytes, generation: int) -> bool:
-        """FREE_SHARED: the file of (key, generation) goes (a reader that has it open reads it whole)."""
+        """FREE_SHARED: the file of (key, generation) goes (a reader that has it open reads it whole). Every node
+        mounting the tier is told: those that find it gone already answer so without a manifest record."""
+        if not await self._run(os.path.exists, self.dir.path(key, generation)):
+            return False
         removed = await self._run(self.dir.remove, key, generation)
         self.unlinked += removed
         return removed

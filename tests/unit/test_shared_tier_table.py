@@ -142,3 +142,14 @@ def test_shared_keys_keep_order_and_sizes_and_with_copy_keeps_the_shared_copy_la
     dram = (Replica("n1", "h:2", DRAM),)
     assert with_copy(shared, dram) == dram + shared
     assert with_copy(dram, shared) == dram + shared
+
+
+def test_a_files_free_goes_to_every_node_that_mounts_the_tier():
+    table = table_with(record("n1", 7001, shared_capacity=10 * MiB), record("n2", 7002, shared_capacity=10 * MiB),
+                       record("n3", 7003))
+    v = put(table, "k")
+    moved(table, v.replicas[0].node_id, "k", v.generation)
+    table.take_frees()
+    table.remove("k")  # either could serve the file under its read grant: each must see it gone
+    frees = table.take_frees()
+    assert sorted((f.address, f.shared) for f in frees) == [("127.0.0.1:7001", True), ("127.0.0.1:7002", True)]
