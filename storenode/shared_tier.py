@@ -14,7 +14,7 @@ import os
 import time
 from collections import OrderedDict
 
-from kvpool.errors import KeyNotFoundError, StaleReplicaError
+from kvpool.errors import BatchError, KeyNotFoundError, KvpoolError, StaleReplicaError
 from kvpool.protocol import wire
 from kvpool.sharedfs.files import SharedDir
 from kvpool.sharedfs.layout import SharedObject
@@ -43,34 +43,40 @@ class SharedTier:
 
     # -- demotion
 
-    async def move_out(self, recs: list[ObjectRecord]) -> int:
-        """Write idle objects of the node's last tier to the shared tier and drop them here; how many went.
-        An object freed or replaced meanwhile is reported all the same: the master frees its file."""
+    async def move_out(self, recs: list[ObjectRecord]) -> None:
+        """Write idle objects of the node's last tier to the shared tier and drop them here (those that cannot
+        be written are evicted).
+        The file of one freed meanwhile (the master replaced or removed it) goes at once: this node would
+        otherwise serve it from there to a reader whose placement still names this node."""
         store = self.store
         batch = [rec for rec in recs if rec.live and rec.refcount == 0 and (rec.dram, rec.ssd) != (None, None)]
         for rec in batch:
             store.acquire(rec)  # neither freed nor moved while the thread reads it
         try:
-            await self._run(self._write, batch)
-        except OSError as exc:
-            log.error("writing %d objects to the shared tier failed: %s; they are evicted instead", len(batch), exc)
-            for rec in batch:
-                store.release(rec)
-            for rec in batch:
+            results = await self._run(self._write, batch)
+        except BatchError as exc:  # some were written (and recorded), some not
+            results = exc.results
+        except (OSError, KvpoolError) as exc:  # none recorded
+            results = [exc] * len(batch)
+        freed, failed = [], None
+        for rec, result in zip(batch, results):
+            store.release(rec)
+            if isinstance(result, BaseException):
+                failed = result
                 if rec.live and rec.refcount == 0:
                     store.evict(rec, "shared tier unwritable")
-            return 0
-        for rec in batch:
-            store.release(rec)
-            self.moved += 1
-            self.moved_bytes += rec.size
-            if rec.live:
+            elif rec.live:
                 store.moved_to_shared(rec)
+                self.moved += 1
+                self.moved_bytes += rec.size
             else:
-                store.note_dropped(rec.key, rec.generation, wire.MOVED_TO_SHARED)
-        return len(batch)
+                freed.append((rec.key, rec.generation))
+        if failed is not None:
+            log.error("writing to the shared tier failed (%s): what could not be written was evicted", failed)
+        if freed:
+            await self._run(self.dir.remove_many, freed)
 
-    def _write(self, recs: list[ObjectRecord]) -> None:
+    def _write(self, recs: list[ObjectRecord]) -> list[int]:
         store, items = self.store, []
         for rec in recs:
             if rec.dram is not None:
@@ -80,7 +86,7 @@ class SharedTier:
                 store.ssd.segment.pread_into(payload, store.ssd.segment.payload_offset(rec.ssd, len(rec.key)))
             items.append((SharedObject(rec.key, rec.generation, rec.size, rec.checksum, rec.flags, rec.raw_size,
                                        int(rec.expires_at * 1000)), payload))
-        self.dir.write_many(items)
+        return self.dir.write_many(items)
 
     # -- reads of what this node does not hold
 
