@@ -17,6 +17,7 @@ from kvpool import Client
 from kvpool.errors import ChecksumMismatchError, KeyNotFoundError, KvpoolError
 from kvpool.launch.local_cluster import LocalCluster
 from kvpool.net.netutil import wait_until
+from kvpool.proto import kvpool_pb2 as pb
 from kvpool.sharedfs.layout import HEADER_SIZE, parse_header
 
 SIZE = 256 * 1024
@@ -47,6 +48,10 @@ def shared_files(shared_dir) -> dict:
 def shared_objects(cluster) -> int:
     stats = cluster.master_stats()
     return stats.shared.objects if stats.HasField("shared") else 0
+
+
+def shared_promotions(cluster) -> int:
+    return sum(t.promotions for n in cluster.master_stats().nodes for t in n.tiers if t.tier == pb.DRAM)
 
 
 def fill(cluster, client, count: int, prefix: str = "k") -> list[str]:
@@ -91,6 +96,10 @@ def test_objects_demoted_to_the_shared_tier_read_back_through_a_node_and_directl
         for key in keys:  # every object: in a node's DRAM or SSD, or in the shared tier through a node
             assert client.get(key) == value_of(key), key
         assert client.bytes_by_transport().get("shared", 0) == 0
+        # Read twice through a node, a shared object is copied into its DRAM: the master then names that copy.
+        hot = next(key for key in keys if key in on_disk)
+        assert client.get(hot) == value_of(hot)
+        wait_until(lambda: shared_promotions(cluster) >= 1, 10, what="a shared object read twice to be promoted")
     with Client(cluster.master_address, shared_dir=str(tmp_path / "shared")) as direct:
         for key in on_disk:
             if key in keys:
