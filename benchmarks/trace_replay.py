@@ -15,11 +15,17 @@ calls (content checks and bookkeeping are left out).
 
     python benchmarks/trace_replay.py                     # 3000 requests, 32 KiB blocks, 256 MiB pool
     python benchmarks/trace_replay.py --block-bytes 256KiB --pool 2GiB --requests 1000
+    python benchmarks/trace_replay.py --pool 64MiB --shared-dir /mnt/kv --shared-capacity 2GiB [--direct]
+
+With --shared-dir the cluster's nodes write what their DRAM gives up to that directory (the shared tier)
+and the ideal LRU has the pool and the shared capacity's slots; --direct has the client read shared
+objects from their files itself.
 """
 
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from collections import OrderedDict
@@ -221,6 +227,9 @@ def main() -> int:
     parser.add_argument("--low-watermark", type=float, help="passed to the nodes this starts (default: theirs)")
     parser.add_argument("--master", help="HOST:PORT of a running cluster to use instead of starting one")
     parser.add_argument("--tls", action="store_true", help="start the cluster with TLS on every plane")
+    parser.add_argument("--shared-dir", type=Path, help="the shared tier of the cluster this starts (a directory)")
+    parser.add_argument("--shared-capacity", type=parse_size, default="2GiB", help="its capacity (default 2GiB)")
+    parser.add_argument("--direct", action="store_true", help="the client reads the shared tier's files itself")
     parser.add_argument("--tenant", action="store_true",
                         help="replay as a tenant of the cluster this starts (the cost of confinement), not with the "
                              "client token")
@@ -230,22 +239,34 @@ def main() -> int:
     chains = load_trace(args.trace, args.requests)
     if not chains:
         parser.error(f"no requests in {args.trace}")
-    ideal = ideal_lru(chains, args.pool // args.block_bytes)
+    if (args.direct or args.shared_dir) and args.master:
+        parser.error("--shared-dir and --direct are for the cluster this starts: leave out --master")
+    if args.direct and not args.shared_dir:
+        parser.error("--direct needs --shared-dir")
+    capacity = args.pool + (args.shared_capacity if args.shared_dir else 0)
+    ideal = ideal_lru(chains, capacity // args.block_bytes)
     node_args = []
     for option, value in (("--high-watermark", args.high_watermark), ("--low-watermark", args.low_watermark)):
         if value is not None:
             node_args += [option, str(value)]
     cluster = None
     if not args.master:
+        shared = {"shared_dir": args.shared_dir / f"replay-{os.getpid()}-{time.time_ns()}",
+                  "shared_capacity": str(args.shared_capacity)} if args.shared_dir else {}
         cluster = LocalCluster(nodes=args.nodes, dram_per_node=str(args.pool // args.nodes),
-                               node_args=node_args, tls=args.tls).start()
+                               node_args=node_args, tls=args.tls, **shared).start()
         args.master = cluster.master_address
     token = cluster.add_tenant("replay") if args.tenant else None
     prefix = f"trace-replay/{os.getpid()}-{time.time_ns()}/"  # never meets blocks of an earlier run
     try:
-        with Client(args.master, transports=args.transports, token=token) as client:
+        direct = {"shared_dir": str(cluster.shared_dir)} if args.direct else {}
+        with Client(args.master, transports=args.transports, token=token, **direct) as client:
             report = replay(client, chains, args.block_bytes, prefix)
             report["pool_after"] = dram_usage(client)
+            if args.shared_dir:
+                shared_tier = client.stats().shared
+                report["shared_tier"] = {"capacity": shared_tier.capacity, "used": shared_tier.used,
+                                         "objects": shared_tier.objects}
             client.remove_prefix(prefix)
             report["bytes_by_transport"] = client.bytes_by_transport()
             report["tls"] = bool(args.tls)
@@ -253,13 +274,17 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+            if cluster.shared_dir is not None:
+                shutil.rmtree(cluster.shared_dir, ignore_errors=True)
     ideal_ratio = ideal / report["block_references"]
     report.update(ideal_lru_hit_ratio=round(ideal_ratio, 4),
                   hit_ratio_vs_lru=round(report["hit_ratio"] / ideal_ratio, 3) if ideal_ratio else None)
     report["reference"] = reference(args.block_bytes, args.pool, len(chains), report["requests_per_s"])
     report["settings"] = {"trace": args.trace.name, "block_bytes": format_size(args.block_bytes),
                           "pool": format_size(args.pool), "nodes": args.nodes, "transports": args.transports,
-                          "own_cluster": cluster is not None, "node_args": node_args}
+                          "own_cluster": cluster is not None, "node_args": node_args,
+                          "shared_capacity": format_size(args.shared_capacity) if args.shared_dir else None,
+                          "direct": args.direct}
     print(json.dumps(report), flush=True)
     return 0
 

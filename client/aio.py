@@ -56,6 +56,10 @@ class AsyncClient:
     node reads and writes; default 5, plus a second per 100 MB a put or a get into buffers moves);
     every call also takes its own `timeout=`, which is exact. A call past it raises
     DeadlineExceededError, except a put whose end had left for the master: PutOutcomeUnknownError.
+    shared_dir: the shared tier's directory (a storage node's --shared-dir), when this host mounts it too:
+    objects there are read from their files by this client, each checked against its placement and
+    checksum (a file that fails is read through a node instead). The file system's permissions decide who
+    may read them (README "Shared tier"): give it only to clients trusted with every key of the pool.
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,
@@ -65,17 +69,21 @@ class AsyncClient:
                  read_timeout: float | None = None, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
                  write_timeout: float | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 _core: Core | None = None):
+                 shared_dir: str | None = None, _core: Core | None = None):
         # _core: the parts to run on, made by the blocking Client (with its blocking io).
         self._core = _core or Core(address, etcd=etcd, cluster=cluster, replicas=replicas, cache_size=cache_size,
                                    rpc_timeout=rpc_timeout, connect_timeout=connect_timeout, transport=transport,
                                    compress_above=compress_above, read_timeout=read_timeout,
                                    transports=transports, token=token, confirm_puts=confirm_puts, tls_ca=tls_ca,
-                                   write_timeout=write_timeout, timeout=timeout)
+                                   write_timeout=write_timeout, timeout=timeout, shared_dir=shared_dir)
 
     def bytes_by_transport(self) -> dict:
-        """Value bytes moved so far per data transport ("shm", "ucx", "tcp")."""
-        return dict(self._core.transport.moved)
+        """Value bytes moved so far per data transport ("shm", "ucx", "tcp"; "shared": read from the shared
+        tier's files by this client)."""
+        moved = dict(self._core.transport.moved)
+        if self._core.shared_bytes:
+            moved["shared"] = self._core.shared_bytes
+        return moved
 
     def transport_for(self, address: str) -> str | None:
         """The transport value bytes to the node at `address` take now (None before first contact)."""

@@ -14,6 +14,7 @@ from kvpool.protocol.tenants import scope_of
 from kvpool.errors import BatchError, InvalidArgumentError, KvpoolError
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 from kvpool.security.tls import client_files
+from kvpool.sharedfs.files import SharedDir
 
 from . import compression
 from .deadlines import DEFAULT_TIMEOUT, CallDeadline, check_timeout
@@ -44,7 +45,7 @@ class Core:
                  read_timeout: float | None = None, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
                  write_timeout: float | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 io: LoopIO = LOOP_IO):
+                 shared_dir: str | None = None, io: LoopIO = LOOP_IO):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self.compress_above = compression.check_threshold(compress_above)
@@ -69,6 +70,12 @@ class Core:
             transport = TransportSelector(connect_timeout, allowed, credential, io=io, tls=tls)
         self.transport = transport
         self.cache = PlacementCache(cache_size)
+        # The shared tier's directory, mounted here too: its objects are read from their files, no node between.
+        if shared_dir and self.prefix:
+            raise InvalidArgumentError("a tenant reads shared objects through the nodes: the shared directory "
+                                       "holds every tenant's files (leave out shared_dir)")
+        self.shared = SharedDir.reader(shared_dir, cluster) if shared_dir else None
+        self.shared_bytes = 0  # value bytes read from the shared tier's files by this client
         self.commits = Commits(self.master, self.cache.invalidate, confirm_puts)
         self.replicas = replicas  # copies written per put unless it says otherwise
         self.timeout = check_timeout(timeout)

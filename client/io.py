@@ -65,6 +65,10 @@ class LoopIO:
         """Run `coro` in the background on the client's loop."""
         return asyncio.ensure_future(coro)
 
+    async def blocking(self, function, *args):
+        """function(*args), which blocks (file I/O): in a thread, the loop running meanwhile."""
+        return await asyncio.to_thread(function, *args)
+
 
 class BlockingIO(LoopIO):
     """For the blocking Client: an operation runs in the caller's thread, its I/O on the sockets."""
@@ -112,6 +116,12 @@ class BlockingIO(LoopIO):
 
     def timeout(self, seconds: float) -> "_Deadline":
         return _Deadline(self, seconds)
+
+    async def blocking(self, function, *args):
+        """In the caller's thread, outside the loop (the Client's call blocks anyway); on the loop, in a thread."""
+        if asyncio.current_task() is None:
+            return function(*args)
+        return await asyncio.to_thread(function, *args)
 
     async def to_loop(self) -> None:
         if asyncio.current_task() is None:  # outside the loop: suspend once, the rest runs as a task

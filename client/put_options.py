@@ -8,29 +8,30 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.protocol.write_options import NO_OPTIONS, WriteOptions, lifetime_problem, placed_options
 
 DEFAULT_SOFT_PIN_SECONDS = 600.0
-TIERS = {None: pb.TIER_UNSPECIFIED, "dram": pb.DRAM, "ssd": pb.SSD}
+TIERS = {None: pb.TIER_UNSPECIFIED, "dram": pb.DRAM, "ssd": pb.SSD, "shared": pb.SHARED}
 PINS = {None: pb.PIN_NONE, "soft": pb.PIN_SOFT, "hard": pb.PIN_HARD}
 
 
 class PutChoices:
     """Resolved options of one put call (shared by every key of a batch_put)."""
 
-    __slots__ = ("request", "prefer_ssd", "hard_pin", "soft_pin_seconds", "ttl_seconds")
+    __slots__ = ("request", "prefer_ssd", "hard_pin", "soft_pin_seconds", "ttl_seconds", "to_shared")
 
     def __init__(self, request: pb.PutOptions | None, prefer_ssd: bool, hard_pin: bool, soft_pin_seconds: float,
-                 ttl_seconds: float):
+                 ttl_seconds: float, to_shared: bool = False):
         self.request = request  # None when every option is the default: nothing to send
         self.prefer_ssd = prefer_ssd
         self.hard_pin = hard_pin
         self.soft_pin_seconds = soft_pin_seconds
         self.ttl_seconds = ttl_seconds
+        self.to_shared = to_shared  # tier="shared": the node moves it on to the shared tier once stored
 
     def write_options(self, compressed: bool, raw_size: int) -> WriteOptions:
         """What the WRITE carries: the same as the leader seals (write_options.placed_options)."""
         if self.request is None and not compressed:
             return NO_OPTIONS
         return placed_options(self.prefer_ssd, self.hard_pin, self.soft_pin_seconds, self.ttl_seconds, compressed,
-                              raw_size)
+                              raw_size, self.to_shared)
 
 
 DEFAULT_CHOICES = PutChoices(None, False, False, 0.0, 0.0)
@@ -50,7 +51,7 @@ def resolve(tier=None, pin=None, pin_ttl=None, ttl=None) -> PutChoices:
     if tier is None and pin is None and pin_ttl is None and ttl is None:
         return DEFAULT_CHOICES
     if not isinstance(tier, (str, type(None))) or tier not in TIERS:
-        raise InvalidArgumentError(f"tier must be None, 'dram' or 'ssd', got {tier!r}")
+        raise InvalidArgumentError(f"tier must be None, 'dram', 'ssd' or 'shared', got {tier!r}")
     if not isinstance(pin, (str, type(None))) or pin not in PINS:
         raise InvalidArgumentError(f"pin must be None, 'soft' or 'hard', got {pin!r}")
     if pin_ttl is not None and pin != "soft":
@@ -60,7 +61,7 @@ def resolve(tier=None, pin=None, pin_ttl=None, ttl=None) -> PutChoices:
         pin_seconds = DEFAULT_SOFT_PIN_SECONDS if pin_ttl is None else _seconds("pin_ttl", pin_ttl)
     ttl_seconds = 0.0 if ttl is None else _seconds("ttl", ttl)
     request = pb.PutOptions(tier=TIERS[tier], pin=PINS[pin], pin_ttl_seconds=pin_seconds, ttl_seconds=ttl_seconds)
-    return PutChoices(request, tier == "ssd", pin == "hard", pin_seconds, ttl_seconds)
+    return PutChoices(request, tier == "ssd", pin == "hard", pin_seconds, ttl_seconds, tier == "shared")
 
 
 def hold_seconds(hold) -> float:

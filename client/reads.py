@@ -22,6 +22,7 @@ from kvpool.errors import (
     ChecksumMismatchError, InvalidArgumentError, KeyNotFoundError, KvpoolError, StaleReplicaError,
     UnavailableError,
 )
+from kvpool.proto import kvpool_pb2 as pb
 from kvpool.protocol.keys import validate_key
 from kvpool.protocol.parts import Parts
 
@@ -34,7 +35,8 @@ from .values import fresh_bytes_view
 _REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)
 # What a node says when it no longer has the version the master placed there (evicted, expired).
 _GONE = (StaleReplicaError, KeyNotFoundError)
-MAX_LOOKUPS = 4  # of one key in one read, while each names a newer version than the one that failed
+MAX_LOOKUPS = 4
+DIRECT = object()  # the group of reads this client makes from the shared tier's files itself  # of one key in one read, while each names a newer version than the one that failed
 
 
 async def read(core: Core, keys: list, dests: list | None) -> list:
@@ -53,6 +55,8 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
             missing.append(i)
         else:
             todo.append((i, 0))
+    shared = core.shared  # the shared tier's directory, when this client mounts it: read directly
+    direct_failed: set[int] = set()  # keys whose direct read failed: through the replica's node instead
     refetched = [False] * count
     failed_generation: list = [None] * count  # the version whose read sent a key back to the master
     lookups = [0] * count
@@ -77,18 +81,22 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
             if not info.size:
                 results[i] = view
                 continue
-            address = info.replicas[r].address
+            replica = info.replicas[r]
+            address = DIRECT if (shared is not None and replica.tier == pb.SHARED
+                                 and i not in direct_failed) else replica.address
             group = groups.get(address)
             if group is None:
                 group = groups[address] = ([], [])
             group[0].append((i, r, view))
             group[1].append(ReadItem(raws[i], info.generation, view))
         if len(groups) == 1:  # one node: no task for a gather to wait on
-            [(address, (_, items))] = groups.items()
-            outcomes = [await _read_in_time(core, address, items)]
+            [(address, (reading, items))] = groups.items()
+            outcomes = [await (_read_directly(core, items, reading, infos) if address is DIRECT
+                               else _read_in_time(core, address, items))]
         else:
-            outcomes = await core.io.gather(*(_read_in_time(core, address, items)
-                                              for address, (_, items) in groups.items()))
+            outcomes = await core.io.gather(*(_read_directly(core, items, reading, infos) if address is DIRECT
+                                              else _read_in_time(core, address, items)
+                                              for address, (reading, items) in groups.items()))
         todo = []
         for (address, (reading, _)), digests in zip(groups.items(), outcomes):
             for (i, r, view), outcome in zip(reading, digests):
@@ -100,6 +108,11 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
                         results[i] = exc
                     continue
                 failed = True
+                if address is DIRECT:  # the same copy through the node that serves it next
+                    direct_failed.add(i)
+                    todo.append((i, r))
+                    results[i] = outcome
+                    continue
                 error = outcome if isinstance(outcome, KvpoolError) else ChecksumMismatchError(
                     f"replica of {keys[i]!r} on {address} does not match checksum {info.checksum:#x}")
                 # What a replica said about the data beats "node unreachable" from another.
@@ -144,7 +157,25 @@ async def _lookup(core: Core, keys: list, indices: list, infos: list, results: l
             results[i] = info
         else:
             infos[i] = info
-            core.cache.put(keys[i], info)
+            if all(replica.tier != pb.SHARED for replica in info.replicas):
+                # A shared copy's placement is asked afresh on every read: no node's read grant covers the
+                # file, so the master's answer is what keeps a replaced version from being read.
+                core.cache.put(keys[i], info)
+
+
+async def _read_directly(core: Core, items: list, reading: list, infos: list) -> list:
+    """Per item, read from the shared tier's file by this client (kvpool/sharedfs), checked against its
+    placement: the checksum on success, else the error (the caller then reads through the node)."""
+    outcomes = []
+    for item, (i, _r, _view) in zip(items, reading):
+        try:
+            await core.io.blocking(core.shared.read_into, item.key, item.generation, len(item.buf),
+                                   infos[i].checksum, item.buf)
+            outcomes.append(infos[i].checksum)
+            core.shared_bytes += len(item.buf)
+        except KvpoolError as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 async def _read_in_time(core: Core, address: str, items: list) -> list:

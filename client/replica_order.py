@@ -29,6 +29,8 @@ def nearest_first(info) -> None:
     if len(info.replicas) < 2:
         return
     replicas = list(info.replicas)
-    ordered = sorted(replicas, key=lambda r: r.address.rpartition(":")[0].strip("[]") not in _LOCAL_HOSTS)
+    # The shared tier's copy last: a node's DRAM or SSD answers sooner than a file on a shared mount.
+    ordered = sorted(replicas, key=lambda r: (r.tier == pb.SHARED,
+                                              r.address.rpartition(":")[0].strip("[]") not in _LOCAL_HOSTS))
     if ordered != replicas:
         set_replicas(info, ordered)

@@ -11,6 +11,7 @@ import logging
 
 from .node_io import NodeIO
 from .objects import ObjectTable
+from .shared_tier import SHARED_NODE
 from .takeover import adopt_in_slices
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,10 @@ class Adopter:
                 # FREEs still owed go first, so the inventory no longer lists what they free.
                 if not await self._node_io.settle(address, self._timeout):
                     raise TimeoutError("FREEs owed to it not confirmed")
-                entries = await self._node_io.inventory(address, self._timeout)
+                if node_id == SHARED_NODE:  # the shared tier's manifests, read by a node that mounts it
+                    entries = await self._node_io.shared_scan(self._table.shared.address, self._timeout)
+                else:
+                    entries = await self._node_io.inventory(address, self._timeout)
                 break
             except asyncio.CancelledError:
                 raise

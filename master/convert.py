@@ -12,9 +12,10 @@ from kvpool.protocol.write_options import WriteOptions, lifetime_problem, placed
 
 from .ledger import Counters
 from .node_state import NodeState
-from .versions import NO_OPTIONS, ObjectVersion, PutOptions
+from .shared_tier import SharedTier
+from .versions import NO_OPTIONS, SHARED, ObjectVersion, PutOptions
 
-TIERS = {"dram": pb.DRAM, "ssd": pb.SSD}
+TIERS = {"dram": pb.DRAM, "ssd": pb.SSD, "shared": pb.SHARED}
 TIER_NAMES = {value: name for name, value in TIERS.items()}
 PINS = {"none": pb.PIN_NONE, "soft": pb.PIN_SOFT, "hard": pb.PIN_HARD}
 PIN_NAMES = {value: name for name, value in PINS.items()}
@@ -70,7 +71,7 @@ def write_options(version: ObjectVersion) -> WriteOptions:
     """What the WRITEs of `version` carry, as its client builds them (write_options.placed_options)."""
     o = version.options
     return placed_options(o.tier == "ssd", o.pin == "hard", o.pin_ttl_seconds if o.pin == "soft" else 0.0,
-                          o.ttl_seconds, version.compressed, version.raw_size)
+                          o.ttl_seconds, version.compressed, version.raw_size, o.tier == SHARED)
 
 
 def seal_of(sealer, version: ObjectVersion, node_id: str, term: int, options: WriteOptions) -> bytes:
@@ -202,6 +203,15 @@ def node_stats(node: NodeState, objects: int) -> pb.NodeStats:
     return pb.NodeStats(node_id=node.node_id, address=node.address, tiers=tiers, objects=objects,
                         transports=node.transports, zone=node.zone, draining=node.draining,
                         reports=node.reports)
+
+
+def shared_stats(shared: SharedTier) -> dict:
+    """The StatsResponse field of the shared tier, while a node mounting it is registered."""
+    node = shared.node
+    if node is None:
+        return {}
+    return {"shared": pb.SharedTierStats(capacity=shared.capacity, used=node.keys.bytes, objects=len(node.keys),
+                                         servers=len(shared.servers))}
 
 
 def counter_stats(c: Counters) -> dict:

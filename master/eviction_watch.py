@@ -43,7 +43,7 @@ class EvictionWatch:
 
     def _sync(self) -> None:
         """A watch for every registered node instance, and none for one that is gone."""
-        nodes = {(n.node_id, n.instance): n.address for n in self._table.nodes.values()}
+        nodes = {(n.node_id, n.instance): n.address for n in self._table.nodes.values() if not n.shared}
         for ident in [i for i in self._watches if i not in nodes]:
             self._watches.pop(ident).cancel()
         for ident, address in nodes.items():

@@ -18,7 +18,8 @@ from kvpool.protocol.wire import WriteFlag
 
 from .ledger import Ledger
 from .pending_puts import PendingPuts
-from .versions import DRAM, SSD, ObjectVersion, PutOptions, Replica
+from .shared_tier import with_copy
+from .versions import DRAM, SHARED, SSD, ObjectVersion, PutOptions, Replica
 
 
 @dataclass
@@ -47,6 +48,8 @@ class InventoryMatch:
         committed, pending, held = ledger.committed, self._pending, node.keys
         dram_replica = (Replica(node_id, node.address, DRAM),)
         ssd_replica = (Replica(node_id, node.address, SSD),)
+        if node.shared:  # the shared tier's scan (takeover.py): one kind of copy
+            dram_replica = ssd_replica = self._ledger.shared.replica
         for entry in entries:
             key, generation, size, checksum = entry.key, entry.generation, entry.size, entry.checksum
             version = committed.get(key)
@@ -57,7 +60,7 @@ class InventoryMatch:
                 if key in pending:
                     if pending.placed(key, generation):  # a put in flight to a node adopted again
                         continue
-                    ledger.free(node.address, key.encode(), generation)
+                    ledger.free(node.address, key.encode(), generation, shared=node.shared)
                     outcome.rejected.append(key)
                     continue
                 if version is not None:  # its copies are let go before the newer one's are noted
@@ -74,14 +77,14 @@ class InventoryMatch:
                 outcome.created.append(key)
             elif version.generation == generation and version.size == size and version.checksum == checksum:
                 if all(r.node_id != node_id for r in version.replicas):
-                    replicas = version.replicas + (dram_replica if entry.in_dram else ssd_replica)
+                    replicas = with_copy(version.replicas, dram_replica if entry.in_dram else ssd_replica)
                     # Each copy found was placed on purpose: the object keeps at least that many.
                     committed[key] = version._replace(replicas=replicas,
                                                       target_replicas=max(version.target_replicas, len(replicas)))
                     held.add(key)
                 outcome.adopted.append(key)
             else:
-                ledger.free(node.address, key.encode(), generation)
+                ledger.free(node.address, key.encode(), generation, shared=node.shared)
                 outcome.rejected.append(key)
         ledger.counters.adopted += len(outcome.adopted) + len(outcome.created)
         return outcome
@@ -110,7 +113,8 @@ class InventoryMatch:
         tiers = records["tiers"]
         in_dram = ((tiers & DRAM_BIT) != 0) | ((tiers & SSD_BIT) == 0)
         every = bool(bulk.all())
-        for tier, chosen in ((DRAM, bulk & in_dram), (SSD, bulk & ~in_dram)):
+        groups = ((SHARED, bulk),) if node.shared else ((DRAM, bulk & in_dram), (SSD, bulk & ~in_dram))
+        for tier, chosen in groups:
             if every and bool(chosen.all()):
                 chosen_keys, chosen_records = keys, records
             else:
@@ -119,8 +123,9 @@ class InventoryMatch:
                     continue
                 chosen_keys, chosen_records = [keys[i] for i in where.tolist()], records[where]
             generations = chosen_records["generation"]
+            replicas = ledger.shared.replica if node.shared else (Replica(node_id, node.address, tier),)
             ledger.committed.add_plain_many(chosen_keys, generations, chosen_records["checksum"],
-                                            chosen_records["size"], (Replica(node_id, node.address, tier),))
+                                            chosen_records["size"], replicas)
             node.keys.update(chosen_keys)
             ledger.bytes += int(chosen_records["size"].sum())
             ledger.generation_seen(int(generations.max()))
@@ -138,7 +143,7 @@ class InventoryMatch:
 
 def _version_from_inventory(entry: Entry, replicas: tuple[Replica, ...], now: float) -> ObjectVersion:
     flags = entry.flags
-    options = PutOptions(tier=SSD if flags & WriteFlag.PREFER_SSD else None,
+    options = PutOptions(tier=SSD if flags & WriteFlag.PREFER_SSD else SHARED if flags & WriteFlag.TO_SHARED else None,
                          pin="hard" if flags & WriteFlag.HARD_PIN else "none")
     return ObjectVersion(entry.key, entry.size, entry.checksum, entry.generation, replicas, options=options,
                          compressed=bool(flags & WriteFlag.COMPRESSED),

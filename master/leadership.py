@@ -22,6 +22,7 @@ from .node_io import NodeIO
 from .node_reports import ReportPoller
 from .objects import ObjectTable
 from .repair import Repairer
+from .shared_tier import SHARED_NODE
 
 log = logging.getLogger("kvpool.master")
 
@@ -43,6 +44,9 @@ async def _reclaim_loop(table: ObjectTable, node_io: NodeIO) -> None:
         expired = table.drop_expired()
         if expired:
             log.info("dropped %d objects past their ttl", len(expired))
+        evicted = table.evict_shared()  # the leader alone chooses what leaves the shared tier
+        if evicted:
+            log.debug("%d objects left the shared tier at its capacity", len(evicted))
         node_io.submit_frees(table.take_frees())
 
 
@@ -57,8 +61,14 @@ class Leader:
         self._known_nodes = known_nodes  # node ids this master's previous term had
         self.tasks: list[asyncio.Task] = []
         self._joins: list | None = []  # node instances met before the table was rebuilt
+        self._shared_asked = False  # whether this term asked for the shared tier's scan
 
     def _node_joined(self, node_id: str, instance: str, address: str) -> None:
+        shared = self._table.shared
+        if not self._shared_asked and shared.node is not None and node_id in shared.servers:
+            # The first node mounting the shared tier: its manifests are read through it, as an inventory.
+            self._shared_asked = True
+            self._node_joined(SHARED_NODE, shared.node.instance, address)
         if self._joins is not None:
             self._joins.append((node_id, instance, address))
         else:

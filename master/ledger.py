@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .node_state import NodeState
+from .shared_tier import SharedTier
 from .version_store import VersionStore
 from .versions import ObjectVersion
 
@@ -33,6 +34,7 @@ class FreeOrder:
     # that replaced it waits until the node confirms the FREE or its read grant ends. A pending put's copy
     # (never named to a reader) is owed the same way, but nobody waits for it.
     replaced: bool = field(default=True, compare=False)
+    shared: bool = field(default=False, compare=False)  # the copy is the shared tier's file (sent as FREE_SHARED)
 
 
 @dataclass
@@ -89,6 +91,9 @@ class Ledger:
         self.repair_keys: set[str] = set()
         # Nodes dropped while their read grant may still hold: node id -> DroppedHolder (see still_serving).
         self.dropped_holders: dict[str, DroppedHolder] = {}
+        # The shared tier (shared_tier.py): its pseudo-node joins `nodes` once a node mounting it registers.
+        self.shared = SharedTier(self.nodes, lambda key: self.committed[key].size)
+        self._unsent_shared: list[FreeOrder] = []  # shared FREEs ordered while no node served the tier
 
     def reset(self) -> None:
         """Forget every node and object. The generation counter and the counters go on, so no
@@ -101,6 +106,8 @@ class Ledger:
         self._frees = []
         self.repair_keys.clear()
         self.dropped_holders.clear()
+        self.shared.reset()
+        self._unsent_shared = []
 
     # ----- generations and sequence -----
 
@@ -207,9 +214,18 @@ class Ledger:
 
     # ----- releasing copies -----
 
-    def free(self, address: str, key: bytes, generation: int) -> None:
-        """Have the node at `address` forget (key, generation)."""
-        self._frees.append(FreeOrder(address, key, generation))
+    def free(self, address: str, key: bytes, generation: int, shared: bool = False, replaced: bool = True) -> None:
+        """Have the node at `address` forget (key, generation); `shared`: its shared tier's file goes instead,
+        ordered to every node that mounts the tier (`address` unused): any of them could serve the file, so a
+        replaced version is out of reach once each has confirmed it gone or its read grant has ended."""
+        if not shared:
+            self._frees.append(FreeOrder(address, key, generation, replaced))
+            return
+        servers = self.shared.servers
+        if not servers:
+            self._unsent_shared.append(FreeOrder("", key, generation, replaced, True))
+            return
+        self._frees.extend(FreeOrder(server, key, generation, replaced, True) for server in servers.values())
 
     def release_pending(self, version: ObjectVersion) -> None:
         """Tell the nodes of a pending put's targets to forget it (nodes gone or already told are skipped)."""
@@ -229,7 +245,10 @@ class Ledger:
             node = self.nodes.get(r.node_id)
             if node is not None and version.key in node.keys:
                 node.keys.discard(version.key)
-                self._frees.append(FreeOrder(r.address, raw_key, version.generation))
+                if node.shared:
+                    self.free("", raw_key, version.generation, shared=True)
+                else:
+                    self._frees.append(FreeOrder(r.address, raw_key, version.generation))
 
     def still_serving(self, node_id: str, address: str, keys, until: float) -> None:
         """A node is dropped while its read grant may last until `until` (master/read_grants.py): it may
@@ -255,4 +274,10 @@ class Ledger:
     def take_frees(self) -> list[FreeOrder]:
         """The replicas released since the last call, for the nodes to forget."""
         frees, self._frees = self._frees, []
+        if self._unsent_shared and self.shared.servers:  # ordered while no node mounted the tier
+            waiting, self._unsent_shared = self._unsent_shared, []
+            for order in waiting:
+                self.free("", order.key, order.generation, shared=True, replaced=order.replaced)
+            frees += self._frees
+            self._frees = []
         return frees

@@ -33,6 +33,7 @@ from kvpool.protocol.cluster_layout import NodeRecord
 from .node_io import NodeIO
 from .node_events import Dropped
 from .objects import ObjectTable
+from .shared_tier import SHARED_NODE
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Membership:
             node_id = self._apply(EventKind.PUT, kv.key, kv.value)
             if node_id is not None:
                 present.add(node_id)
-        for node_id in set(self._table.nodes) - present:
+        for node_id in set(self._table.nodes) - present - {SHARED_NODE}:
             self._vanished(node_id, "no longer registered")
         return response.header.revision
 

@@ -135,7 +135,16 @@ class _TableCollector:
         yield GaugeMetricFamily("kvpool_master_object_bytes", "Bytes of committed objects", value=t.total_bytes)
         yield GaugeMetricFamily("kvpool_master_pending_puts", "Puts started and not yet ended",
                                 value=t.pending_count)
-        yield GaugeMetricFamily("kvpool_master_nodes", "Registered storage nodes", value=len(t.nodes))
+        shared = t.shared.node
+        yield GaugeMetricFamily("kvpool_master_nodes", "Registered storage nodes",
+                                value=len(t.nodes) - (shared is not None))
+        if shared is not None:
+            yield GaugeMetricFamily("kvpool_master_shared_bytes", "Bytes of objects in the shared tier",
+                                    value=shared.keys.bytes)
+            yield GaugeMetricFamily("kvpool_master_shared_objects", "Objects in the shared tier",
+                                    value=len(shared.keys))
+            yield GaugeMetricFamily("kvpool_master_shared_capacity_bytes", "The shared tier's --shared-capacity",
+                                    value=t.shared.capacity)
         yield GaugeMetricFamily("kvpool_master_under_replicated", "Objects with fewer live copies than their target",
                                 value=t.under_replicated())
         yield GaugeMetricFamily("kvpool_master_draining_nodes", "Storage nodes being drained",
@@ -145,6 +154,8 @@ class _TableCollector:
         counters = {name: CounterMetricFamily(f"kvpool_master_tier_{name}", doc, labels=["node", "tier"])
                     for name, doc in _TIER_COUNTERS}
         for node in t.nodes.values():
+            if node.shared:
+                continue
             for tier in sorted(set(node.capacity) | set(node.reported)):
                 labels = [node.node_id, tier]
                 reported = node.reported.get(tier, {})

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from kvpool.protocol.cluster_layout import NodeRecord
 
 from .ledger import Ledger
-from .node_state import NodeState
+from .node_state import NodeState, capacities
 from .pending_puts import PendingPuts
+from .shared_tier import MOVED, PROMOTED, SHARED_NODE
+from .versions import DRAM, Replica
 
 
 @dataclass
@@ -38,11 +40,12 @@ class NodeEvents:
         (until its inventory gives some of it back)."""
         self._pending.nodes_changed()  # an address may change
         nodes = self._ledger.nodes
+        self._ledger.shared.node_seen(record)
         node = nodes.get(record.node_id)
         if node is not None and node.instance == record.instance:
             node.address = record.address
             node.transports = list(record.transports)
-            node.capacity = {name: t.capacity for name, t in record.tiers.items() if t.capacity > 0}
+            node.capacity = capacities(record)
             node.zone = record.zone
             return None
         dropped = self.drop_node(record.node_id) if node is not None else None
@@ -56,6 +59,9 @@ class NodeEvents:
         self._pending.nodes_changed()
         ledger = self._ledger
         dropped = Dropped(node_id)
+        if node_id == SHARED_NODE:
+            return dropped  # the cluster's, not a registered node's
+        ledger.shared.node_gone(node_id)
         node = ledger.nodes.pop(node_id, None)
         if node is None:
             return dropped
@@ -98,12 +104,17 @@ class NodeEvents:
         return self._apply_evicted(node, evicted)
 
     def _apply_evicted(self, node: NodeState, evicted) -> list[str]:
-        entries = []
+        entries, moves = [], []
         for entry in evicted or ():
             try:
-                entries.append((str(entry[0]), int(entry[1])))
+                if len(entry) > 2:  # [key, generation, how]: moved to the shared tier, or a copy made here
+                    moves.append((str(entry[0]), int(entry[1]), str(entry[2])))
+                else:
+                    entries.append((str(entry[0]), int(entry[1])))
             except (TypeError, ValueError, IndexError):
                 continue
+        if moves:
+            self._apply_moves(node, moves)
         counters = self._ledger.counters
         pending = self._pending
         if len(pending):  # a pending put's target evicted before PutEnd no longer counts
@@ -121,6 +132,34 @@ class NodeEvents:
             else:
                 self._accept_loss(key)
         return removed
+
+    def _apply_moves(self, node: NodeState, moves: list[tuple[str, int, str]]) -> None:
+        """A node wrote (key, generation) to the shared tier and dropped its own copy (MOVED), or copied a
+        shared object into its DRAM (PROMOTED). A version no longer current has its new copy freed."""
+        ledger = self._ledger
+        committed, shared = ledger.committed, ledger.shared
+        for key, generation, how in moves:
+            version = committed.get(key)
+            current = version is not None and version.generation == generation
+            if how == MOVED:
+                if shared.node is None:  # no node mounting the tier is registered: as an eviction
+                    self._apply_evicted(node, [(key, generation)])
+                    continue
+                if not current:  # superseded or removed while it was written: its file goes
+                    ledger.free(shared.address, key.encode(), generation, shared=True, replaced=False)
+                    continue
+                replicas = tuple(r for r in version.replicas if r.node_id not in (node.node_id, SHARED_NODE))
+                committed[key] = version._replace(replicas=replicas + shared.replica)
+                node.keys.discard(key)
+                shared.keys.add(key)
+            elif how == PROMOTED:
+                if not current:
+                    ledger.free(node.address, key.encode(), generation, replaced=False)
+                elif all(r.node_id != node.node_id for r in version.replicas):
+                    # Before the shared copy: readers take the first replica, and DRAM is nearer.
+                    committed[key] = version._replace(replicas=(Replica(node.node_id, node.address, DRAM),)
+                                                      + version.replicas)
+                    node.keys.add(key)
 
     def _accept_loss(self, key: str) -> None:
         """A node chose to drop a copy (eviction, not failure): the object keeps one copy fewer

@@ -160,7 +160,17 @@ class NodeIO:
         confirmed them all (freed, or not held)."""
         try:
             async with asyncio.timeout(FREE_TIMEOUT):  # not wait_for: no second task
-                results = await self.transport.free_many(address, [(o.key, o.generation) for o in orders])
+                if any(o.shared for o in orders):  # the shared tier's files (the node mounts it) apart
+                    results = [None] * len(orders)
+                    for shared in (False, True):
+                        where = [i for i, o in enumerate(orders) if o.shared == shared]
+                        if where:
+                            got = await self.transport.free_many(
+                                address, [(orders[i].key, orders[i].generation) for i in where], shared)
+                            for i, result in zip(where, got):
+                                results[i] = result
+                else:
+                    results = await self.transport.free_many(address, [(o.key, o.generation) for o in orders])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - owed to the node until it confirms (read_grants.py)
@@ -216,6 +226,10 @@ class NodeIO:
         entries = await asyncio.wait_for(self.transport.inventory(address, self.term), timeout)
         self._recovered(address)
         return entries
+
+    async def shared_scan(self, address: str, timeout: float):
+        """The shared tier's objects, read from its manifests by the node at `address`."""
+        return await asyncio.wait_for(self.transport.shared_scan(address), timeout)
 
     # ----- failure logging: once per address until it works again -----
 

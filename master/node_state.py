@@ -8,6 +8,11 @@ from collections import deque
 from kvpool.protocol.cluster_layout import NodeRecord
 
 
+def capacities(record: NodeRecord) -> dict[str, int]:
+    """The node's own tiers (the shared directory it mounts is the cluster's: master/shared_tier.py)."""
+    return {name: tier.capacity for name, tier in record.tiers.items() if tier.capacity > 0 and name != "shared"}
+
+
 class NodeState:
     """A registered storage node: identity, tier capacities, and what it last reported."""
 
@@ -16,9 +21,11 @@ class NodeState:
         self.instance = record.instance
         self.address = record.address
         self.transports = list(record.transports)
-        self.capacity = {name: tier.capacity for name, tier in record.tiers.items() if tier.capacity > 0}
+        self.capacity = capacities(record)
         self.zone = record.zone
         self.draining = False  # no new placement; its objects are copied elsewhere, then freed here
+        self.shared = False  # the shared tier's pseudo-node (master/shared_tier.py): never placed on, REPORTed
+        # or dropped by membership
         self.reported: dict[str, dict] = {}  # tier -> that tier's block of the last REPORT
         self.reports = 0  # REPORTs taken in from this node
         self.tenants: dict = {}  # name -> its figures on this node, as the last REPORT gave them

@@ -49,6 +49,7 @@ from .node_state import NodeState
 from .pending_puts import MAX_REPLICAS, PendingPuts
 from .placement import PlacementPolicy
 from .replication import Replication
+from .shared_tier import SHARED_NODE, SharedTier
 from .unadopted import Unadopted
 from .versions import NO_OPTIONS, ObjectVersion, PutOptions
 
@@ -103,7 +104,7 @@ class ObjectTable:
     @property
     def max_object_size(self) -> int:
         """The largest tier of any node, or the configured limit if that is smaller."""
-        largest = max((n.largest_tier for n in self._ledger.nodes.values()), default=0)
+        largest = max((n.largest_tier for n in self._ledger.nodes.values() if not n.shared), default=0)
         limit = self._puts.max_object_size
         return largest if limit is None else min(limit, largest)
 
@@ -244,12 +245,18 @@ class ObjectTable:
     # ----- reads and removes -----
 
     def get(self, key: str) -> ObjectVersion:
+        """The live committed version for a reader: a shared copy named at a node serving the tier now."""
         version = self.lookup(key)
         counters = self._ledger.counters
         if version is None:
             counters.misses += 1
             raise KeyNotFoundError(f"{key!r} not found")
         counters.hits += 1
+        replicas = version.replicas
+        if replicas and replicas[-1].node_id == SHARED_NODE:  # (with_copy keeps it last)
+            shared = self._ledger.shared
+            shared.keys.touch(key)  # what readers ask for goes last at capacity
+            version = version._replace(replicas=replicas[:-1] + shared.replica)
         return version
 
     def lookup(self, key: str) -> ObjectVersion | None:
@@ -315,6 +322,35 @@ class ObjectTable:
         for key in keys:
             ledger.expire_if_due(key)
         return keys
+
+    # ----- the shared tier (shared_tier.py) -----
+
+    @property
+    def shared(self) -> SharedTier:
+        return self._ledger.shared
+
+    def evict_shared(self) -> list[str]:
+        """Above the shared tier's high watermark: its coldest copies go (FREEs ordered to the node serving
+        it, which unlinks their files). Returns the keys that lost their last copy."""
+        ledger = self._ledger
+        victims = ledger.shared.victims()
+        if not victims:
+            return []
+        if self._unadopted:
+            self._adopt_named(victims)
+        committed = ledger.committed
+        entries = [(key, committed[key].generation) for key in victims if key in committed]
+        removed = []
+        for (key, generation), outcome in zip(entries, ledger.drop_copies(entries, SHARED_NODE)):
+            if outcome is None:
+                continue
+            ledger.free(ledger.shared.address, key.encode(), generation, shared=True, replaced=False)
+            ledger.counters.evicted_replicas += 1
+            if outcome:
+                ledger.counters.evicted_objects += 1
+                removed.append(key)
+        ledger.shared.keys.difference_update([key for key in victims if key not in committed])
+        return removed
 
     def take_frees(self) -> list[FreeOrder]:
         """The replicas released since the last call, for the nodes to forget."""

@@ -19,7 +19,7 @@ from kvpool.protocol.write_options import raw_size_problem
 from .ledger import Ledger
 from .node_state import NodeState
 from .placement import MostFreeSpace, PlacementPolicy, placer
-from .versions import DRAM, NO_OPTIONS, ObjectVersion, PutOptions, Replica
+from .versions import DRAM, NO_OPTIONS, SHARED, ObjectVersion, PutOptions, Replica
 
 MAX_REPLICAS = 16  # default --max-replicas: copies one put may ask for
 new_version = tuple.__new__  # ObjectVersion from all its fields in order
@@ -90,7 +90,13 @@ class PendingPuts:
         tier = options.tier or DRAM
         ledger = self._ledger
         nodes, committed = ledger.nodes, ledger.committed
-        place = placer(nodes.values(), self.placement, self.max_object_size, self._replica_sets, replicas, tier)
+        candidates = nodes.values()
+        if tier == SHARED:  # stored in the DRAM of a node that mounts the shared tier, which moves it on at once
+            tier, servers = DRAM, ledger.shared.servers
+            candidates = [node for node_id, node in nodes.items() if node_id in servers]
+            if not candidates:
+                raise NoSpaceError("tier='shared': no storage node mounts a shared tier (--shared-dir)")
+        place = placer(candidates, self.placement, self.max_object_size, self._replica_sets, replicas, tier)
         now = ledger.clock()
         deadline = now + self.put_timeout
         expires_at = now + options.ttl_seconds if options.ttl_seconds > 0 else None

@@ -111,6 +111,8 @@ def placer(nodes: Iterable[NodeState], policy: PlacementPolicy, max_object_size:
     replica tuple placed there, so equal placements share one tuple."""
     candidates, largest, registered = [], 0, False
     for n in nodes:
+        if n.shared:  # the shared tier's pseudo-node: objects reach it from nodes, never by a put
+            continue
         registered = True
         largest = max(largest, n.largest_tier)
         if not n.draining:

@@ -65,7 +65,7 @@ def plan(table: ObjectTable, limit: int, skip: frozenset | set = frozenset()) ->
         holders = {r.node_id for r in version.replicas}
         tier = version.options.tier or DRAM
         candidates = [n for n in table.nodes.values()
-                      if not n.draining and n.node_id not in holders and n.largest_tier >= version.size]
+                      if not (n.draining or n.shared) and n.node_id not in holders and n.largest_tier >= version.size]
         ranked = table.placement.choose(candidates, version.size, len(candidates), tier)
         taken = [table.nodes[r.node_id].zone for r in version.replicas
                  if r.node_id in table.nodes and not table.nodes[r.node_id].draining]

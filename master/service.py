@@ -36,6 +36,7 @@ from .metrics import MasterMetrics
 from .node_io import HoldOrder, NodeIO
 from .objects import ObjectTable
 from .tenants import TenantAdmin
+from .versions import SHARED
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +257,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
             if version is not None:
                 raw = key.encode()
                 targets.extend((version, r, HoldOrder(r.address, raw, version.generation, ms))
-                               for r in version.replicas)
+                               for r in version.replicas if r.tier != SHARED)  # the leader evicts those
         results = await self._node_io.hold([order for _, _, order in targets], HOLD_TIMEOUT)
         for (version, replica, _), result in zip(targets, results, strict=True):
             if result is False or isinstance(result, KeyNotFoundError):
@@ -431,12 +432,13 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                                     **self._leadership_stats())
         t = self._table
         nodes = [convert.node_stats(node, t.objects_on(node.node_id))
-                 for node in sorted(t.nodes.values(), key=lambda n: n.node_id)]
+                 for node in sorted(t.nodes.values(), key=lambda n: n.node_id) if not node.shared]
         return pb.StatsResponse(
             master_id=self.master_id, address=self.address, control_address=self.control_address,
             nodes=nodes, objects=t.object_count, bytes=t.total_bytes, pending_puts=t.pending_count,
             under_replicated=t.under_replicated(), **convert.counter_stats(t.counters), **self._leadership_stats(),
             tenants=self.tenants.figures() if self.tenants is not None and caller.scope is None else (),
+            **convert.shared_stats(t.shared),
         )
 
     def _leadership_stats(self) -> dict:

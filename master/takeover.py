@@ -21,6 +21,7 @@ from kvpool.protocol import inventory
 from .node_io import NodeIO
 from .inventory_match import Adopted
 from .objects import ObjectTable
+from .shared_tier import SHARED_NODE
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,10 @@ RETRY_DELAY = 0.3
 SLICE = 5_000  # entries adopted between yields: calls are served on this loop in between
 
 
-async def _inventory(node_io: NodeIO, address: str, timeout: float) -> inventory.Reply | None:
+async def _inventory(node_io: NodeIO, address: str, timeout: float, shared: bool = False) -> inventory.Reply | None:
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            return await node_io.inventory(address, timeout)
+            return await (node_io.shared_scan if shared else node_io.inventory)(address, timeout)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - retried, then left to the background adopter
@@ -59,7 +60,7 @@ async def adopt_in_slices(table: ObjectTable, node_io: NodeIO, node_id: str, ins
         node_io.submit_frees(table.take_frees())
         await asyncio.sleep(0)
     node = table.nodes.get(node_id)
-    if node is not None and node.instance == instance:
+    if node is not None and node.instance == instance and not node.shared:
         node.reconciled = True  # REPORTs may renew its read grant once it owes no FREE (node_reports.py)
         node_io.grants.reconciled(node.address)
     return outcome
@@ -72,7 +73,7 @@ async def inventories(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str
     answered, silent = [], []
 
     async def one(node_id: str, instance: str, address: str) -> None:
-        reply = await _inventory(node_io, address, timeout)
+        reply = await _inventory(node_io, address, timeout, node_id == SHARED_NODE)
         if reply is None:
             silent.append((node_id, instance, address))
         else:
@@ -93,7 +94,7 @@ def start_adopting(table: ObjectTable, node_io: NodeIO, answered: list) -> int:
     node_io.submit_frees(table.take_frees())
     for node_id, instance in answered:
         node = table.nodes.get(node_id)
-        if node is not None and node.instance == instance:
+        if node is not None and node.instance == instance and not node.shared:
             node.reconciled = True
             node_io.grants.reconciled(node.address)
     return left

@@ -28,7 +28,7 @@ _CORE = struct.Struct("<QQQIBB")
 # tier, pin, pin_ttl_seconds, ttl_seconds (the put's options, kept whole: a table of the distinct ones would grow
 # with every value a client thinks of), compressed, raw size, expires_at (NaN = never)
 _EXTRA = struct.Struct("<BBddBQd")
-_TIER_CODES = {None: 0, "dram": 1, "ssd": 2}
+_TIER_CODES = {None: 0, "dram": 1, "ssd": 2, "shared": 3}
 _TIER_NAMES = {code: name for name, code in _TIER_CODES.items()}
 _PIN_CODES = {name: code for code, name in enumerate(PINS)}
 # The same options read back as one shared value while they are the few in use (a batch's puts share one).

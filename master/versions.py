@@ -13,6 +13,7 @@ from kvpool.errors import InvalidArgumentError
 DRAM = "dram"
 SSD = "ssd"
 TIERS = (DRAM, SSD)
+SHARED = "shared"  # the cluster's shared directory (master/shared_tier.py): never a put's preferred tier
 PINS = ("none", "soft", "hard")
 
 
@@ -26,7 +27,7 @@ class PutOptions:
     ttl_seconds: float = 0.0  # 0 = no expiry
 
     def validate(self) -> None:
-        if self.tier is not None and self.tier not in TIERS:
+        if self.tier is not None and self.tier not in TIERS and self.tier != SHARED:
             raise InvalidArgumentError(f"unknown tier {self.tier!r}")
         if self.pin not in PINS:
             raise InvalidArgumentError(f"unknown pin {self.pin!r}")

@@ -29,6 +29,7 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_UNSPECIFIED: _ClassVar[Tier]
     DRAM: _ClassVar[Tier]
     SSD: _ClassVar[Tier]
+    SHARED: _ClassVar[Tier]
 
 class Pin(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +59,7 @@ QUOTA_EXCEEDED: Status
 TIER_UNSPECIFIED: Tier
 DRAM: Tier
 SSD: Tier
+SHARED: Tier
 PIN_NONE: Pin
 PIN_SOFT: Pin
 PIN_HARD: Pin
@@ -394,7 +396,7 @@ class NodeStats(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ..., reports: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address", "tenants")
+    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address", "tenants", "shared")
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -414,6 +416,7 @@ class StatsResponse(_message.Message):
     REPAIR_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     master_id: str
     address: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
@@ -433,7 +436,20 @@ class StatsResponse(_message.Message):
     repair_bytes: int
     control_address: str
     tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
-    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ..., control_address: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ...) -> None: ...
+    shared: SharedTierStats
+    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ..., control_address: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., shared: _Optional[_Union[SharedTierStats, _Mapping]] = ...) -> None: ...
+
+class SharedTierStats(_message.Message):
+    __slots__ = ("capacity", "used", "objects", "servers")
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    capacity: int
+    used: int
+    objects: int
+    servers: int
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., servers: _Optional[int] = ...) -> None: ...
 
 class TenantLimits(_message.Message):
     __slots__ = ("quota", "quota_dram", "quota_ssd", "quota_objects", "reserve")

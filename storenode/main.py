@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import sys
 import uuid
@@ -21,6 +22,7 @@ from kvpool.errors import KvpoolError, UnavailableError
 from kvpool.runtime.health import HTTP_CONNECTIONS, Health, serve_http
 from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server
 from kvpool.protocol.units import parse_size
+from kvpool.sharedfs.files import SharedDir
 
 from . import policy
 from .dram import DramSegment, remove_stale_segments, segment_name
@@ -29,6 +31,7 @@ from .metrics import NodeMetrics
 from .recovery import recover
 from .registration import NodeRegistration
 from .server import FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVED, MAX_UNPROVED_PER_ADDRESS, DataServer
+from .shared_tier import SharedTier
 from .ssd import SsdSegment
 from .store import ObjectStore
 from .tenant_shares import TenantShares, capacity_of
@@ -36,6 +39,7 @@ from .tiers import StorageTier
 from .ucx_server import start_ucx
 
 log = logging.getLogger("kvpool.storenode")
+SHARED_TIER = "shared"  # its name among a node's tiers in etcd (the master's versions.SHARED)
 
 # Node ids and cluster names become etcd key segments and /dev/shm file names.
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -104,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-id", type=_name, default=None, help="default: node-<random hex>")
     p.add_argument("--data-dir", default=None, help="node-local files; needed with --ssd (unless --ssd-dir)")
     p.add_argument("--ssd-dir", default=None, help="directory of the SSD segment file (default: DATA_DIR/ssd)")
+    p.add_argument("--shared-dir", default=None, metavar="PATH",
+                   help="a directory every node mounts (NFS, CephFS, a FUSE mount): the shared tier, below the "
+                        "node's last tier and kept when every node is gone")
+    p.add_argument("--shared-capacity", type=_size, default=0, metavar="SIZE",
+                   help="bytes the leader keeps the shared tier within (0: the free space of its file system "
+                        "when the node starts)")
     # A narrow band: giving up victims costs a step each (eviction_order.py), so relieving a tier
     # far below its high watermark would only throw away cached objects.
     p.add_argument("--high-watermark", type=_fraction, default=0.95,
@@ -182,6 +192,15 @@ def main(argv=None) -> int:
     return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/sockets/socket_output.py, not sock_sendfile
 
 
+def _open_shared(args, node_id: str, instance: str) -> tuple[SharedDir | None, int]:
+    """The shared tier's directory this node mounts (--shared-dir), or None, and the capacity it registers;
+    OSError if it cannot be used."""
+    if not args.shared_dir:
+        return None, 0
+    directory = SharedDir(args.shared_dir, args.cluster, f"{node_id}-{instance}")
+    return directory, args.shared_capacity or shutil.disk_usage(args.shared_dir).free
+
+
 def _open_tiers(args, node_id: str, instance: str):
     """(dram StorageTier, ssd StorageTier or None); OSError/ValueError/KvpoolError if one cannot be made."""
     for path in remove_stale_segments(args.cluster, node_id):
@@ -208,6 +227,11 @@ async def _serve(args) -> int:
         loop.add_signal_handler(sig, stopping.set)
 
     try:
+        shared_dir, shared_capacity = _open_shared(args, node_id, instance)
+    except OSError as exc:
+        log.error("cannot use --shared-dir %s: %s", args.shared_dir, exc)
+        return 1
+    try:
         dram, ssd = _open_tiers(args, node_id, instance)
     except (OSError, ValueError, KvpoolError) as exc:
         log.error("cannot set up the storage tiers: %s", exc)
@@ -216,9 +240,13 @@ async def _serve(args) -> int:
     store = ObjectStore(dram, ssd, mode=args.policy, hard_pin_quota=quota, max_hold=args.max_hold,
                         promote_after=args.promote_after, promote_window=args.promote_window)
     maintenance = Maintenance(store)
+    shared = SharedTier(shared_dir, store, shared_capacity) if shared_dir is not None else None
+    maintenance.shared = shared
     metrics = NodeMetrics()
     metrics.track_tiers(store.tiers)
     metrics.track_tenants(store.tenants)
+    if shared is not None:
+        metrics.track_shared(shared)
     verifier = auth.Verifier(args.secret)
     auth.warn_if_open(verifier, "this storage node")
     credential = auth.Credential.for_member(args.secret) if args.secret else None
@@ -226,6 +254,7 @@ async def _serve(args) -> int:
                         frame_timeout=args.frame_timeout, max_connections=args.max_connections,
                         credential=credential, tls=args.tls, idle_timeout=args.idle_timeout,
                         max_unproved=args.max_unproved, max_unproved_per_address=args.max_unproved_per_address)
+    server.shared = shared
     if transports.SHM in args.transports and dram.segment.path:
         server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None
@@ -250,6 +279,8 @@ async def _serve(args) -> int:
         if args.metrics_port:
             metrics_http = await serve_http(args.metrics_port, args.host, metrics.registry, health)
         tiers = {tier.name: TierRecord(tier.segment.capacity, tier.segment.path) for tier in store.tiers}
+        if shared is not None:  # the cluster's tier: the leader keeps it within the capacity given here
+            tiers[SHARED_TIER] = TierRecord(shared.capacity, args.shared_dir)
         record = NodeRecord(node_id=node_id, instance=instance, host=args.advertise_host or args.host,
                             data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
                             zone=args.zone, transports=[*server.offers, transports.TCP],

@@ -25,9 +25,19 @@ class Maintenance:
         self.store = store
         self.mover = Mover(store)
         self.interval = interval
+        self._shared = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._promotions: set[asyncio.Task] = set()
+
+    @property
+    def shared(self):
+        """This node's SharedTier (shared_tier.py) when it mounts one: the last tier's victims go there."""
+        return self._shared
+
+    @shared.setter
+    def shared(self, tier) -> None:
+        self._shared = self.mover.shared = tier
 
     def start(self) -> None:
         self.store.on_pressure = self.kick
@@ -69,10 +79,21 @@ class Maintenance:
 
     async def sweep(self) -> None:
         self.store.expire_due()
+        await self._move_to_share()
         await self._relieve_dram_shares()
         quota.enforce(self.store)  # what demotion could not bring within a share is evicted
         await self._relieve_dram()
         await self._relieve_ssd()
+
+    async def _move_to_share(self) -> None:
+        """put(tier="shared") objects go on to the shared tier (a node without one keeps them)."""
+        store = self.store
+        waiting, store.to_share, busy = store.to_share, [], []
+        for start in range(0, len(waiting) if self.shared is not None else 0, BATCH):
+            batch = [rec for rec in waiting[start:start + BATCH] if rec.live]
+            busy += [rec for rec in batch if rec.refcount]  # being read: the next sweep moves them
+            await self.shared.move_out([rec for rec in batch if not rec.refcount])
+        store.to_share[:0] = busy
 
     async def _relieve_dram(self) -> None:
         """Above the high watermark: demote the coldest to SSD (or drop their DRAM copy) down to the low one.
@@ -81,6 +102,9 @@ class Maintenance:
         while (need := dram.excess()) > 0:
             batch = store.victims(dram, need, BATCH, protect=store.ssd is None)
             before = dram.used
+            if store.ssd is None and self.shared is not None:  # DRAM is the last tier: on to the shared one
+                await self.shared.move_out(batch)
+                batch = ()
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.dram is not None:
                     if rec.ssd is not None or store.ssd is None:  # another copy, or nowhere to demote to
@@ -115,6 +139,10 @@ class Maintenance:
         while ssd and (need := ssd.excess()) > 0:
             batch = store.victims(ssd, need, BATCH)  # sparing tenants at their reserve
             before = ssd.used
+            if self.shared is not None:
+                # What has a DRAM copy too only leaves SSD; the rest goes on to the shared tier.
+                await self.shared.move_out([rec for rec in batch if rec.dram is None])
+                batch = [rec for rec in batch if rec.live and rec.dram is not None]
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.ssd is not None:
                     store.release_from(ssd, rec)

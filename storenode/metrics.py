@@ -52,6 +52,30 @@ def _families(kind, fields: dict, label: str, rows: dict):
         yield family
 
 
+_SHARED_COUNTERS = {
+    "moved": ("kvpool_node_shared_moved", "Objects this node wrote to the shared tier (its copy then dropped)"),
+    "moved_bytes": ("kvpool_node_shared_moved_bytes", "Bytes of those objects"),
+    "reads": ("kvpool_node_shared_reads", "READs this node served from the shared tier's files"),
+    "read_bytes": ("kvpool_node_shared_read_bytes", "Bytes of those READs"),
+    "promotions": ("kvpool_node_shared_promotions", "Shared objects read twice and copied into DRAM"),
+    "unlinked": ("kvpool_node_shared_unlinked", "Files this node removed as the leader ordered"),
+    "damaged": ("kvpool_node_shared_damaged", "Files that failed their checks when read (never served)"),
+}
+
+
+class _SharedCollector:
+    def __init__(self, shared):
+        self.shared = shared
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        figures = self.shared.report()
+        for field, (name, doc) in _SHARED_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=figures[field])
+
+
 _TENANT_COUNTERS = {
     "hits": ("kvpool_node_tenant_hits", "READs of the tenant's keys served"),
     "misses": ("kvpool_node_tenant_misses", "READs of the tenant's keys answered NOT_FOUND or STALE"),
@@ -175,6 +199,10 @@ class NodeMetrics:
     def track_tiers(self, tiers) -> None:
         """Export each StorageTier's usage and counters, labelled by tier name."""
         self.registry.register(_TierCollector(tiers))
+
+    def track_shared(self, shared) -> None:
+        """Export what this node did with the shared tier (storenode/shared_tier.py SharedTier.report)."""
+        self.registry.register(_SharedCollector(shared))
 
     def track_tenants(self, table) -> None:
         """Export each tenant's figures (a storenode.tenant_usage.TenantTable), labelled by tenant."""

@@ -16,11 +16,14 @@ from .store import ObjectStore
 
 log = logging.getLogger(__name__)
 
+SHARED_BATCH = 16  # SSD victims written to the shared tier at once to make room for a demotion
+
 
 class Mover:
     def __init__(self, store: ObjectStore):
         self.store = store
         self.dram, self.ssd = store.dram, store.ssd
+        self.shared = None  # the node's SharedTier (shared_tier.py), where a full SSD's coldest go on to
 
     async def demote(self, rec: ObjectRecord) -> bool:
         """Copy an idle DRAM-only object to SSD and drop its DRAM copy.
@@ -39,6 +42,11 @@ class Mover:
                 return False
             length = ssd.extent_length(rec)
             offset = ssd.alloc.allocate(length)
+            if offset is None and self.shared is not None:  # SSD's coldest move on rather than go
+                await self.shared.move_out(store.victims(ssd, length, SHARED_BATCH))
+                if not (rec.live and rec.refcount == 0 and rec.dram is not None):
+                    return False  # read, freed or moved while that ran: the sweep looks at it again
+                offset = ssd.alloc.allocate(length)
             if offset is None:
                 offset = store.make_room(ssd, length, rec.tenant)
         if offset is None:

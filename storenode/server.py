@@ -57,6 +57,7 @@ class DataServer:
         self.verifier = verifier or Verifier(None)
         self.tls = tls  # kvpool/security/tls.py TlsFiles: every connection is TLS (kvpool/security/tls_socket.py)
         self._tls_context = tls.server_context() if tls is not None else None
+        self.shared = None  # storenode/shared_tier.py SharedTier, when this node mounts the shared tier
         self.ucx_tickets = Tickets()  # handed out in HELLO, taken by UCX CONNECTs (storenode/ucx_server.py)
         self.offers: dict[str, dict] = {}
         self.metrics = metrics or NodeMetrics()

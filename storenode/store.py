@@ -15,6 +15,7 @@ from kvpool.protocol import inventory
 from kvpool.errors import NoSpaceError, ValueTooLargeError
 from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
 from kvpool.protocol.tenants import SCOPE_MARK_BYTE, NodeShare
+from kvpool.protocol import wire
 from kvpool.protocol.wire import WriteFlag
 
 from . import eviction_order, policy, quota
@@ -28,9 +29,10 @@ log = logging.getLogger(__name__)
 MAX_EVICTED_LISTED = 100_000  # bound on the REPORT backlog if nobody polls
 ROOM_BATCH = 16  # victims taken from a tier's order at a time while making room
 # Plain ints: IntFlag arithmetic is slow on the per-request path.
-_HARD_PIN, _PREFER_SSD = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD)
+_HARD_PIN, _PREFER_SSD, _TO_SHARED = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD), int(WriteFlag.TO_SHARED)
 _new_reservation = tuple.__new__  # a NamedTuple from a tuple, without its Python-level constructor
-_NOT_PRESSURE = ("expired", "torn", quota.QUOTA)  # eviction reasons other than pool pressure
+MOVED = wire.MOVED_TO_SHARED  # the reason an object leaves the node for the shared tier (storenode/shared_tier.py)
+_NOT_PRESSURE = ("expired", "torn", quota.QUOTA, MOVED)  # eviction reasons other than pool pressure
 
 
 class Reservation(NamedTuple):
@@ -61,6 +63,7 @@ class ObjectStore:
         self.on_dropped = lambda: None  # the server hooks in here: an EVICTIONS request may be waiting
         self._reserved_hard = 0
         self._evicted: list[list] = []
+        self.to_share: list[ObjectRecord] = []  # put(tier="shared") objects the sweep moves on to the shared tier
 
     def set_tenant_shares(self, shares: dict[str, NodeShare]) -> None:
         """The tenants' shares of their limits to keep from now on (tenant_usage.py, quota.py); a tenant
@@ -170,7 +173,10 @@ class ObjectStore:
         usage.objects += 1
         usage.bytes += rec.size
         self.join_tier(tier, rec)
-        if tier.alloc.used > tier.high_bytes:  # above the high watermark (tier.excess() > 0), cheaply
+        if rec.flags & _TO_SHARED:
+            self.to_share.append(rec)
+            self.on_pressure()
+        elif tier.alloc.used > tier.high_bytes:  # above the high watermark (tier.excess() > 0), cheaply
             self.on_pressure()
 
     # -- READ and friends
@@ -244,6 +250,11 @@ class ObjectStore:
                 log.debug("evicting %s (%s)", rec.name, reason)
             self._unindexed(rec, reason=reason)
 
+    def moved_to_shared(self, rec: ObjectRecord) -> None:
+        """An object now in the shared tier leaves this node (the master learns it as MOVED, not lost)."""
+        if self.index.remove(rec):
+            self._unindexed(rec, reason=MOVED)
+
     def drop_copy(self, rec: ObjectRecord, tier: StorageTier) -> None:
         """Free one tier's copy of an idle object that keeps a copy in another tier."""
         offset = getattr(rec, tier.name)
@@ -291,10 +302,12 @@ class ObjectStore:
         self.join_tier(self.ssd, rec)
         return True
 
-    def note_dropped(self, key: bytes, generation: int) -> None:
-        """List an object the node lost on its own (e.g. found torn) for the next REPORT."""
+    def note_dropped(self, key: bytes, generation: int, how: str | None = None) -> None:
+        """List an object the node lost on its own (e.g. found torn) for the next REPORT, or (`how`) one it
+        moved to the shared tier or copied from there (wire.MOVED_TO_SHARED, PROMOTED_FROM_SHARED)."""
         if len(self._evicted) < MAX_EVICTED_LISTED:
-            self._evicted.append([key.decode("utf-8", "surrogateescape"), generation])
+            name = key.decode("utf-8", "surrogateescape")
+            self._evicted.append([name, generation] if how is None else [name, generation, how])
             self.on_dropped()
 
     def has_dropped(self) -> bool:
@@ -352,7 +365,9 @@ class ObjectStore:
         for tier, offset in ((self.dram, rec.dram), (self.ssd, rec.ssd)):
             if offset is not None:
                 self._leave(tier, rec)
-                if reason:
+                if reason is MOVED:
+                    tier.demotions += 1
+                elif reason:
                     tier.evictions += 1
                     tier.evicted_bytes += rec.size
         usage = rec.tenant
@@ -363,7 +378,7 @@ class ObjectStore:
                 usage.evicted_quota += 1
             elif reason not in _NOT_PRESSURE:
                 usage.evicted_pressure += 1
-            self.note_dropped(rec.key, rec.generation)
+            self.note_dropped(rec.key, rec.generation, MOVED if reason is MOVED else None)
         if rec.refcount == 0:
             self._free_extents(rec)
 

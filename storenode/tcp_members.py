@@ -4,7 +4,7 @@ connection once its peer's member role was checked (tcp_session.TcpSession._as_m
 whether the connection stays usable (FREE and HOLD at once; the others, coroutines, once done)."""
 
 from kvpool.protocol import wire
-from kvpool.errors import KvpoolError
+from kvpool.errors import Code, KvpoolError
 
 from .ops import MemberOps, Request
 
@@ -25,6 +25,27 @@ def _acknowledge(conn, req: Request, operation) -> bool:
         conn.error(req.op, req.req_id, exc.code, str(exc))
     else:
         conn.reply_ok(req.op, req.req_id)
+    return True
+
+
+async def free_shared(conn, members: MemberOps, req: Request) -> bool:
+    shared = conn.server.shared
+    if shared is None:
+        conn.error(req.op, req.req_id, Code.NOT_FOUND, "this node does not mount a shared tier")
+    elif await shared.unlink(req.key, req.generation):
+        conn.reply_ok(req.op, req.req_id)
+    else:
+        conn.error(req.op, req.req_id, Code.NOT_FOUND, f"no file of generation {req.generation} of this key")
+    return True
+
+
+async def shared_scan(conn, members: MemberOps, req: Request) -> bool:
+    shared = conn.server.shared
+    if shared is None:
+        conn.error(req.op, req.req_id, Code.NOT_FOUND, "this node does not mount a shared tier")
+        return True
+    await conn.flush()  # the replies before this one need not wait for the scan
+    conn.reply_body(req.op, req.req_id, await shared.scan())
     return True
 
 

@@ -37,6 +37,7 @@ from .tcp_shm import SharedMemoryRequests
 log = logging.getLogger(__name__)
 
 REPLY_BUFFER = 4 * 1024 * 1024  # replies queued past this are sent before more requests are read
+_NOT_HERE = (Code.NOT_FOUND, Code.STALE)  # a READ of what the node does not hold may find it in the shared tier
 SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
 HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
 # After a large WRITE, frames are staged only this far ahead (plenty for pipelined headers), so
@@ -79,6 +80,8 @@ class TcpSession(Framing):
                     wire.Op.FREE: member(tcp_members.free), wire.Op.HOLD: member(tcp_members.hold),
                     wire.Op.REPORT: member(tcp_members.report), wire.Op.INVENTORY: member(tcp_members.inventory),
                     wire.Op.COPY: member(tcp_members.copy), wire.Op.EVICTIONS: member(tcp_members.evictions),
+                    wire.Op.FREE_SHARED: member(tcp_members.free_shared),
+                    wire.Op.SHARED_SCAN: member(tcp_members.shared_scan),
                     wire.Op.ATTACH: self.shm.attach, wire.Op.LOCATE: self.shm.locate,
                     wire.Op.RELEASE: self.shm.release, wire.Op.ALLOCATE: self.shm.allocate,
                     wire.Op.COMMIT: self.shm.commit}
@@ -365,6 +368,8 @@ class TcpSession(Framing):
         try:
             rec = self.node.readable(req)
         except KvpoolError as exc:
+            if self.server.shared is not None and exc.code in _NOT_HERE:
+                return self.send_shared(req)
             self.error(req.op, req.req_id, exc.code, str(exc))
             return True
         if rec.dram is not None and rec.size <= SMALL_READ:  # a reply buffered whole: no waiting
@@ -382,6 +387,24 @@ class TcpSession(Framing):
         except KvpoolError as exc:
             self.error(req.op, req.req_id, exc.code, str(exc))
             return None
+
+    async def send_shared(self, req: Request) -> bool:
+        """Answer a READ (or LOCATE) of an object this node does not hold from the shared tier, the file
+        verified first (storenode/shared_tier.py); read grants apply as to what the node holds."""
+        try:
+            self.node.grant.check()
+            obj, payload = await self.server.shared.read(req.key, req.generation, req.length)
+        except KvpoolError as exc:
+            self.error(req.op, req.req_id, exc.code, str(exc))
+            return True
+        self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, obj.size, obj.checksum)
+        if obj.size <= SMALL_READ:
+            self.out += payload
+        else:
+            out, self.out = self.out, bytearray()
+            await self.send_all(out, payload)
+        self._bytes_out.inc(obj.size)
+        return True
 
     async def send_object(self, req: Request, rec: ObjectRecord) -> bool:
         self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, rec.size, rec.checksum)

@@ -50,6 +50,8 @@ class SharedMemoryRequests:
         if holds is None:
             return True
         conn = self.conn
+        if conn.server.shared is not None and not conn.node.store.index.has_key(req.key):
+            return await conn.send_shared(req)  # not held here: from the shared tier, over the socket
         rec = conn.readable(req)
         if rec is None:
             return True

@@ -439,7 +439,18 @@ class _Connection:
         try:
             rec = self.node.readable(req)
         except KvpoolError as exc:
-            self._error(req.op, req.req_id, low, exc.code, str(exc))
+            shared = self.owner.server.shared
+            try:
+                if shared is None or exc.code not in (Code.NOT_FOUND, Code.STALE):
+                    raise
+                self.node.grant.check()  # not held here: from the shared tier (storenode/shared_tier.py)
+                obj, data = await shared.read(req.key, req.generation, req.length)
+            except KvpoolError as refused:
+                self._error(req.op, req.req_id, low, refused.code, str(refused))
+                return
+            self._reply(low, wire.pack_reply(req.op, req.req_id, Code.OK, obj.size, obj.checksum))
+            self.send(layout.tag_of(layout.DATA, low), data, obj.size)
+            self.metrics.bytes_out.inc(obj.size)
             return
         store.acquire(rec)  # the extent stays put until UCX has sent it
         from_dram = rec.dram is not None

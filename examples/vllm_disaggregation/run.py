@@ -18,7 +18,6 @@ Exits 1 if any token differs or nothing was loaded.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from vllm_parts import make_model, start_cluster  # noqa: E402
+from vllm_parts import engine_process, make_engine, make_model, serve, start_cluster  # noqa: E402
+
 BLOCK = 128             # the vLLM CPU engine's block size, in tokens
 SYSTEM_PROMPT = 4 * BLOCK
 NEW_TOKENS = 16
@@ -80,37 +80,20 @@ def damaged_blocks(master: str, namespace: str, tokens: list[int]):
 
 def run_engine(role: str, model: str, master: str | None) -> dict:
     """One vLLM engine serving its role's prompts one at a time; returns what each request did."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
-    from vllm.inputs import TokensPrompt
-
     kv_role, order = ROLES[role]
-    transfer = None
-    if kv_role:
-        transfer = KVTransferConfig(kv_connector="KVPoolConnector", kv_connector_module_path="kvpool.connectors.vllm",
-                                    kv_role=kv_role, kv_load_failure_policy="recompute",
-                                    kv_connector_extra_config={"master": master, "model_id": "tiny-llama-example",
-                                                               "transfer": TRANSFER[role]})
-    # No local prefix cache, so every reuse in this demo goes through kvpool. The prefill engine computes at most
-    # 256 tokens a step, so a long prompt is prefilled in chunks and its blocks are saved as each chunk completes.
+    # The prefill engine computes at most 256 tokens a step, so a long prompt is prefilled in chunks and its
+    # blocks are saved as each chunk completes.
     chunked = {"max_num_batched_tokens": 2 * BLOCK} if role == "prefill" else {}
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=1024, enforce_eager=True,
-              enable_prefix_caching=False, disable_log_stats=False, kv_transfer_config=transfer, seed=0, **chunked)
-    greedy = SamplingParams(temperature=0, ignore_eos=True, detokenize=False, max_tokens=NEW_TOKENS)
+    llm = make_engine(model, kv_role, master, TRANSFER.get(role, "async"), **chunked)
     table = prompts()
-    [warm] = llm.generate([TokensPrompt(prompt_token_ids=table["W"])], greedy, use_tqdm=False)
+    warm = serve(llm, table["W"], NEW_TOKENS)
     served = {}
     for name in order:
         if name == "D" and kv_role:
-            with damaged_blocks(master, warm.kv_transfer_params["kvpool"]["namespace"], table["D"]):
-                [out] = llm.generate([TokensPrompt(prompt_token_ids=table[name])], greedy, use_tqdm=False)
+            with damaged_blocks(master, warm["kvpool"]["namespace"], table["D"]):
+                served[name] = serve(llm, table[name], NEW_TOKENS)
         else:
-            [out] = llm.generate([TokensPrompt(prompt_token_ids=table[name])], greedy, use_tqdm=False)
-        served[name] = {"tokens": list(out.outputs[0].token_ids), "prompt_tokens": len(table[name]),
-                        "cached_tokens": out.num_cached_tokens or 0,
-                        "ttft_s": out.metrics.first_token_latency if out.metrics else None,
-                        "kvpool": (out.kv_transfer_params or {}).get("kvpool", {})}
+            served[name] = serve(llm, table[name], NEW_TOKENS)
     turns = conversation(llm, role, table, Path(model).parent / "turn1.json")
     metrics = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:external_prefix_cache")}
     return {"role": role, "requests": served, "metrics": metrics, "turns": turns}
@@ -119,33 +102,15 @@ def run_engine(role: str, model: str, master: str | None) -> dict:
 def conversation(llm, role: str, table: dict, answer_file: Path) -> dict:
     """Two turns of one conversation: the first on the prefill engine (its answer's blocks are saved as they
     fill), the second, whose prompt holds that answer, on the decode engine; the baseline computes both."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    def generate(tokens: list[int], new: int) -> dict:
-        params = SamplingParams(temperature=0, ignore_eos=True, detokenize=False, max_tokens=new)
-        [out] = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)
-        return {"tokens": list(out.outputs[0].token_ids), "prompt_tokens": len(tokens),
-                "cached_tokens": out.num_cached_tokens or 0, "kvpool": (out.kv_transfer_params or {}).get("kvpool", {})}
-
     turns = {}
     if role in ("baseline", "prefill"):
-        turns["T1"] = generate(table["T"], TURN_TOKENS)
+        turns["T1"] = serve(llm, table["T"], TURN_TOKENS)
         if role == "prefill":
             answer_file.write_text(json.dumps(turns["T1"]["tokens"]))
     if role in ("baseline", "decode"):
         answer = turns["T1"]["tokens"] if role == "baseline" else json.loads(answer_file.read_text())
-        turns["T2"] = generate(table["T"] + answer + table["U"], NEW_TOKENS)
+        turns["T2"] = serve(llm, table["T"] + answer + table["U"], NEW_TOKENS)
     return turns
-
-
-def engine_process(role: str, model: Path, master: str | None, python: str, quiet: bool) -> dict:
-    """Run one engine in a new process (vLLM logs to stdout, so its result comes back in a file)."""
-    result = model.parent / f"{role}.json"
-    subprocess.run([python, __file__, "--engine", role, "--model", str(model), "--out", str(result)]
-                   + (["--master", master] if master else []),
-                   stdout=subprocess.DEVNULL if quiet else sys.stderr, check=True)
-    return json.loads(result.read_text())
 
 
 def summarize(runs: dict) -> dict:
@@ -208,7 +173,7 @@ def main(argv=None) -> int:
             for role in ("baseline", "prefill", "decode"):
                 if not args.json_only:
                     print(f"-- {role} engine", file=sys.stderr, flush=True)
-                runs[role] = engine_process(role, workdir / "model", master, python, args.json_only)
+                runs[role] = engine_process(__file__, role, workdir / "model", master, python, args.json_only)
         finally:
             if cluster:
                 cluster.terminate()

@@ -73,6 +73,7 @@ def cmd_up(args) -> int:
     cluster = LocalCluster(nodes=args.nodes, dram_per_node=args.dram_per_node, ssd_per_node=args.ssd_per_node,
                            data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
                            metrics=args.metrics, masters=args.masters, secret=secret, tls=args.tls,
+                           shared_dir=args.shared_dir, shared_capacity=args.shared_capacity,
                            # The file's [master] and [storenode] tables reach the components this starts.
                            master_args=["--config", args.config] if args.config else None,
                            node_args=(["--transports", args.transports] if args.transports else [])
@@ -244,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="SSD tier per node, a file under DATA_DIR/node-N/ssd (0: DRAM only)")
     up.add_argument("--data-dir", help="keep data and logs here (default: a temporary dir); "
                                        "reusing it brings SSD objects back")
+    up.add_argument("--shared-dir", metavar="PATH",
+                    help="the shared tier: a directory every node writes what its last tier gives up to, kept "
+                         "when the cluster stops (a cluster started again over it serves those objects)")
+    up.add_argument("--shared-capacity", type=_size, default=None, metavar="SIZE",
+                    help="bytes the shared tier may hold (default: its file system's free space)")
     up.add_argument("--master-port", type=int, default=0, help="0 picks a free port")
     up.add_argument("--cluster", default=DEFAULT_CLUSTER)
     up.add_argument("--metrics", action="store_true", help="serve Prometheus metrics from every component")

@@ -37,6 +37,11 @@ def render_status(stats) -> str:
                f"lookups: {stats.hits} hits, {stats.misses} misses (hit rate {hit_rate})\n"
                f"replica health: {stats.under_replicated} objects below their copy target; "
                f"repairs done {stats.repairs_done} ({format_size(stats.repair_bytes)})")
+    if stats.HasField("shared"):
+        shared = stats.shared
+        share = 100.0 * shared.used / shared.capacity if shared.capacity else 0.0
+        summary += (f"\nshared tier: {shared.objects} objects, {format_size(shared.used)} of "
+                    f"{format_size(shared.capacity)} ({share:.1f}%), served by {shared.servers} nodes")
     text = summary + "\n\n" + _table(rows)
     if stats.tenants:
         from .tenant import render_tenants

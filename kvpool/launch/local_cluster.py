@@ -95,7 +95,8 @@ class LocalCluster:
                  master_port: int = 0, cluster: str = DEFAULT_CLUSTER, lease_ttl: float | None = None,
                  put_timeout: float | None = None, metrics: bool = False, host: str = "127.0.0.1",
                  ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None,
-                 masters: int = 1, etcd_members: int = 1, secret: str | None = None, tls: bool = False):
+                 masters: int = 1, etcd_members: int = 1, secret: str | None = None, tls: bool = False,
+                 shared_dir: str | os.PathLike | None = None, shared_capacity: str | None = None):
         """node_args / master_args: extra command-line options for every storage node / every master.
         masters: how many masters run; the first one started leads at first, the others stand by.
         etcd_members: size of the etcd cluster (components talk to its first member).
@@ -105,7 +106,8 @@ class LocalCluster:
         a process that had no token of its own is given that one ($KVPOOL_TOKEN_FILE) while the cluster
         runs, so the clients it makes and the engines it starts belong to the cluster.
         tls: every component serves TLS with a CA and certificate made in DATA_DIR/tls (kvpool/security/tls.py);
-        a process without $KVPOOL_TLS_CA is given that CA the same way."""
+        a process without $KVPOOL_TLS_CA is given that CA the same way.
+        shared_dir: every node mounts it as the shared tier (--shared-dir), within `shared_capacity` (a size)."""
         if masters < 1:
             raise ValueError(f"masters must be at least 1, got {masters}")
         self.master_count = masters
@@ -117,6 +119,8 @@ class LocalCluster:
         self.node_count = nodes
         self.dram_per_node = dram_per_node
         self.ssd_per_node = ssd_per_node
+        self.shared_dir = Path(shared_dir).resolve() if shared_dir else None
+        self.shared_capacity = shared_capacity
         self.node_args = list(node_args or [])
         self.master_args = list(master_args or [])
         self.master_port = master_port
@@ -326,8 +330,14 @@ class LocalCluster:
                 "--host", host,
                 "--port", "0", "--cluster", self.cluster, "--node-id", node_id, "--dram", str(self.dram_per_node),
                 "--data-dir", str(self.data_dir / node_id), *self._given("--lease-ttl", self.lease_ttl),
-                "--ssd", str(self.ssd_per_node), *self._security_args(), *self.node_args]
+                "--ssd", str(self.ssd_per_node), *self._shared_args(), *self._security_args(), *self.node_args]
         return self._child(node_id, argv, host)
+
+    def _shared_args(self) -> list[str]:
+        if self.shared_dir is None:
+            return []
+        self.shared_dir.mkdir(parents=True, exist_ok=True)  # (a node takes only a directory that exists: a mount)
+        return ["--shared-dir", str(self.shared_dir), *self._given("--shared-capacity", self.shared_capacity)]
 
     def add_node(self, host: str, prefix: tuple = (), timeout: float = 30.0) -> Child:
         """Start one more storage node serving on `host`, its command run behind `prefix`

@@ -15,6 +15,7 @@ from .node_connections import NodeConnections
 _FREE, _PING, _HOLD = wire.Op.FREE, wire.Op.PING, wire.Op.HOLD
 _REPORT, _INVENTORY, _COPY = wire.Op.REPORT, wire.Op.INVENTORY, wire.Op.COPY
 _EVICTIONS = wire.Op.EVICTIONS
+_FREE_SHARED, _SHARED_SCAN = wire.Op.FREE_SHARED, wire.Op.SHARED_SCAN
 
 
 class TcpLink(NodeConnections):
@@ -26,11 +27,22 @@ class TcpLink(NodeConnections):
             raise result
         return result
 
-    async def free_many(self, address: str, items: list[tuple[bytes, int]]) -> list:
-        """FREE each (key, generation) at the node at `address`, pipelined in one send; per item
-        True/False (freed / not held) or the exception it was refused with."""
+    async def free_many(self, address: str, items: list[tuple[bytes, int]], shared: bool = False) -> list:
+        """FREE each (key, generation) at the node at `address` (`shared`: the shared tier's file, which
+        that node mounts), pipelined in one send; per item True/False (freed / not held) or the exception
+        it was refused with."""
         connection = await self._connection(address)
-        return await connection.batch(_FREE, [(key, generation, b"", 0, None) for key, generation in items])
+        return await connection.batch(_FREE_SHARED if shared else _FREE,
+                                      [(key, generation, b"", 0, None) for key, generation in items])
+
+    async def shared_scan(self, address: str) -> inventory.Reply:
+        """What the shared tier's manifests hold, read by the node at `address` (which mounts it)."""
+        connection = await self._connection(address)
+        body = await connection.request(_SHARED_SCAN, b"", 0, 0, 0)
+        try:
+            return inventory.Reply(body)
+        except ProtocolError as exc:
+            raise ProtocolError(f"node {address}'s shared scan: {exc}") from None
 
     async def hold(self, address, key, generation, ms) -> bool:
         if ms < 0:

@@ -21,6 +21,7 @@ RECORD_DTYPE = np.dtype([("generation", "<u8"), ("size", "<u8"), ("checksum", "<
 assert RECORD_DTYPE.itemsize == _RECORD.size
 _COUNT = struct.Struct("<I")
 DRAM_BIT, SSD_BIT = 1, 2
+SHARED_BIT = 4  # a file in the directory every node mounts (kvpool/sharedfs)
 
 
 class Entry(NamedTuple):
@@ -39,7 +40,7 @@ class Entry(NamedTuple):
 
     @property
     def tier_names(self) -> list[str]:
-        return [name for name, bit in (("dram", DRAM_BIT), ("ssd", SSD_BIT)) if self.tiers & bit]
+        return [name for name, bit in (("dram", DRAM_BIT), ("ssd", SSD_BIT), ("shared", SHARED_BIT)) if self.tiers & bit]
 
 
 def encode(entries: list[Entry]) -> bytes:

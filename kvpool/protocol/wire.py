@@ -103,6 +103,11 @@ class Op(IntEnum):
     # this op (payload: its nonce); the peer's answer a REQUEST (flags: its role; payload: its nonce and
     # proof), answered with the server's proof or FORBIDDEN.
     AUTH = 16
+    # The shared tier (kvpool/sharedfs), on a node that mounts it; sent by the master. FREE_SHARED: unlink
+    # the file of (key, generation) (OK when it was there, NOT_FOUND when not). SHARED_SCAN: reply, in the
+    # INVENTORY reply's format, every object the directory's manifests hold (tiers: inventory.SHARED_BIT).
+    FREE_SHARED = 17
+    SHARED_SCAN = 18
     # The master's control port: one op per Master RPC (see the module docstring).
     PUT_START = 32
     PUT_END = 33
@@ -126,6 +131,10 @@ class Op(IntEnum):
     LIST_KEYS = 47  # ListKeys (added after LOOKUP, so numbered after it)
     TENANTS = 48  # an operator's Tenants RPC
 
+
+# An EVICTIONS (or REPORT) entry [key, generation, how] says the node moved the object rather than lost it.
+MOVED_TO_SHARED = "shared"  # written to the shared tier (kvpool/sharedfs); the node's own copy is gone
+PROMOTED_FROM_SHARED = "promoted"  # a shared object copied into the node's DRAM: a copy more
 
 MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry
 
@@ -151,6 +160,7 @@ class WriteFlag(IntFlag):
     HARD_PIN = 1    # never evicted; counted against the node's hard-pin quota
     PREFER_SSD = 2  # place in the SSD tier rather than DRAM
     COMPRESSED = 4  # the payload is lz4-compressed (the node stores it as is)
+    TO_SHARED = 8   # put(tier="shared"): the node moves it on to the shared tier as soon as it is stored
 
 
 def pack_request(op: Op, req_id: int, key: bytes, generation: int = 0, arg: int = 0,

@@ -31,10 +31,10 @@ def milliseconds(seconds: float) -> int:
 
 
 def placed_options(prefer_ssd: bool, hard_pin: bool, soft_pin_seconds: float, ttl_seconds: float,
-                   compressed: bool, raw_size: int) -> WriteOptions:
+                   compressed: bool, raw_size: int, to_shared: bool = False) -> WriteOptions:
     """The WriteOptions of a put with these choices: what the client sends and the leader seals alike."""
     flags = ((WriteFlag.PREFER_SSD if prefer_ssd else 0) | (WriteFlag.HARD_PIN if hard_pin else 0)
-             | (WriteFlag.COMPRESSED if compressed else 0))
+             | (WriteFlag.COMPRESSED if compressed else 0) | (WriteFlag.TO_SHARED if to_shared else 0))
     if not (flags or ttl_seconds or soft_pin_seconds):
         return NO_OPTIONS
     return WriteOptions(int(flags), milliseconds(ttl_seconds), milliseconds(soft_pin_seconds),

@@ -42,7 +42,7 @@ CLIENT = Caller(Role.CLIENT, CLIENT_SCOPE)
 
 # Ops on a node that only a member may send: they drop or move data, or carry a term.
 MEMBER_OPS = frozenset({wire.Op.FREE, wire.Op.HOLD, wire.Op.REPORT, wire.Op.INVENTORY,
-                        wire.Op.COPY, wire.Op.EVICTIONS})
+                        wire.Op.COPY, wire.Op.EVICTIONS, wire.Op.FREE_SHARED, wire.Op.SHARED_SCAN})
 
 # Ops on a node a client may send only under the leader's seal over exactly that copy
 # (kvpool/security/placement_seal.py): they store data. Checked in storenode/ops.py NodeOps.admit_write.

@@ -75,6 +75,32 @@ def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
 
 @pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
+def test_vllm_loads_a_prompt_from_the_shared_tier_of_a_cluster_started_after_its_own_was_killed():
+    """The shared-tier example: a prompt's blocks, saved by one vLLM engine, pushed into the shared directory by
+    other traffic, survive every node and master of their cluster being killed; a new cluster over the directory
+    finds them and another engine loads them, its greedy tokens equal to the baseline's."""
+    ensure("vllm")
+    run = subprocess.run([sys.executable, "examples/vllm_shared_tier/run.py", "--json-only"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["tokens_identical"]
+    block = 128
+    # Every full block before the prompt's last token came from the shared tier: 6 of 818 tokens' blocks.
+    full_blocks = (summary["prompt_tokens"] - 1) // block
+    assert full_blocks == summary["prompt_blocks"] == 6
+    assert summary["prompt_tokens_loaded"] == full_blocks * block
+    assert summary["blocks_saved"] == summary["blocks_in_shared_tier_before_restart"] == full_blocks
+    assert summary["blocks_found_after_restart"] == summary["blocks_loaded"] == full_blocks
+    assert summary["blocks_failed"] == 0 and summary["bytes_loaded"] == full_blocks * (1 << 20)
+    # The new cluster adopted all the directory held (the sweep may have moved more there after it was counted).
+    before, adopted = summary["shared_tier_before_restart"], summary["shared_tier_adopted"]
+    assert adopted["objects"] >= before["objects"] >= full_blocks and adopted["bytes"] >= before["bytes"]
+    assert summary["adoption_s"] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_AND_RUN)
 def test_vllm_kv_events_name_blocks_as_kvpool_does():
     """A real vLLM engine's KV events, followed by the router, name every block it cached as kvpool's chained
     prefix hash does (prompt and generated tokens alike), and its cache reset empties the view."""

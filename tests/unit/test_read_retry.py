@@ -45,7 +45,7 @@ class Nodes:
 
 
 def _get(master: Master, nodes: Nodes):
-    core = SimpleNamespace(cache=PlacementCache(), stored_keys=lambda keys: keys, master=master, io=LOOP_IO,
+    core = SimpleNamespace(cache=PlacementCache(), shared=None, stored_keys=lambda keys: keys, master=master, io=LOOP_IO,
                            transport=nodes, read_deadline=lambda nbytes: 5.0)
     return asyncio.run(reads.read(core, ["k"], None))[0]
 

@@ -42,3 +42,11 @@ def test_every_tier_of_every_node_gets_a_row_with_its_counters():
     assert rows[2][3:] == ["256MiB", "64MiB", "25.0", "8", "40", "2", "0", "3", "5", "normal", "tcp"]
     assert rows[0][5] == "0.0" and rows[0][12] == "-"  # no watermark reported yet
     assert re.search(r"node-0\s+127\.0\.0\.1:6000\s+DRAM\s+32MiB", text)
+
+
+def test_the_shared_tier_gets_a_line_only_when_a_node_mounts_one():
+    assert "shared tier" not in render_status(_stats())
+    stats = _stats()
+    stats.shared.CopyFrom(pb.SharedTierStats(capacity=2048 * MiB, used=512 * MiB, objects=100, servers=2))
+    lines = render_status(stats).splitlines()
+    assert lines[3] == "shared tier: 100 objects, 512MiB of 2GiB (25.0%), served by 2 nodes"
