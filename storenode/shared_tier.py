@@ -25,6 +25,7 @@ from .store import ObjectStore, Reservation
 
 log = logging.getLogger(__name__)
 
+_TO_SHARED = int(wire.WriteFlag.TO_SHARED)
 RECENT_READS = 4096  # shared objects whose reads this node counts towards a promotion
 
 
@@ -135,7 +136,8 @@ class SharedTier:
             return
         dram.segment.view(offset, obj.size)[:] = payload
         ttl_ms = max(1, obj.expires_ms - int(time.time() * 1000)) if obj.expires_ms else 0
-        rec = store.new_record(obj.key, obj.generation, obj.size, obj.checksum, obj.flags, obj.raw_size, ttl_ms, 0)
+        flags = obj.flags & ~_TO_SHARED  # a copy kept here for its reads, not one to move on again
+        rec = store.new_record(obj.key, obj.generation, obj.size, obj.checksum, flags, obj.raw_size, ttl_ms, 0)
         store.commit(Reservation(dram, offset, 0, None), rec)
         self.promotions += 1
         dram.promotions += 1
