@@ -80,6 +80,8 @@ class Maintenance:
     async def sweep(self) -> None:
         self.store.expire_due()
         await self._move_to_share()
+        if self.shared is not None:
+            await self.shared.write_staged()
         await self._relieve_dram_shares()
         quota.enforce(self.store)  # what demotion could not bring within a share is evicted
         await self._relieve_dram()

@@ -21,12 +21,14 @@ from kvpool.sharedfs.layout import SharedObject
 
 from . import quota
 from .index import ObjectRecord
-from .store import ObjectStore, Reservation
+from .store import STAGED, ObjectStore, Reservation
 
 log = logging.getLogger(__name__)
 
 _TO_SHARED = int(wire.WriteFlag.TO_SHARED)
-RECENT_READS = 4096  # shared objects whose reads this node counts towards a promotion
+RECENT_READS = 4096
+STAGING_MAX = 256 << 20  # bytes of victims kept in memory until written to the shared tier
+STAGED_BATCH = 32  # shared objects whose reads this node counts towards a promotion
 
 
 class SharedTier:
@@ -37,6 +39,12 @@ class SharedTier:
         self.moved = self.moved_bytes = self.reads = self.read_bytes = self.promotions = self.unlinked = 0
         self.damaged = 0  # files that failed their checks when read
         self._reads: OrderedDict[tuple[bytes, int], tuple[int, float]] = OrderedDict()  # -> (reads, first at)
+        # Victims a WRITE made room with (store.release_from), kept until written here: (key, generation) ->
+        # (SharedObject, bytes), served from memory meanwhile; at most `staging_limit` bytes of them.
+        self._staged: dict[tuple[bytes, int], tuple[SharedObject, bytes]] = {}
+        self._staged_bytes = 0
+        self.staging_limit = min(store.dram.capacity // 4, STAGING_MAX)
+        store.stage, store.unstage = self.stage, self.unstage
 
     @staticmethod
     async def _run(function, *args):
@@ -77,6 +85,65 @@ class SharedTier:
         if freed:
             await self._run(self.dir.remove_many, freed)
 
+    def stage(self, rec: ObjectRecord) -> bool:
+        """A WRITE's victim (idle, its last copy here): its bytes kept until the sweep writes them to the shared
+        tier, the record dropped now; False (it is evicted) when the staging is full."""
+        if self._staged_bytes + rec.size > self.staging_limit:
+            return False
+        store = self.store
+        if rec.dram is not None:
+            payload = bytes(store.dram.segment.view(rec.dram, rec.size))
+        else:  # (a page-cache read on the loop: SSD victims are staged only when the sweep fell behind)
+            payload = bytearray(rec.size)
+            store.ssd.segment.pread_into(payload, store.ssd.segment.payload_offset(rec.ssd, len(rec.key)))
+        self._staged[(rec.key, rec.generation)] = (self._object(rec), payload)
+        self._staged_bytes += rec.size
+        store.moved_to_shared(rec, STAGED)
+        store.on_pressure()  # the sweep writes it
+        return True
+
+    def unstage(self, key: bytes, generation: int) -> bool:
+        """The master freed a staged object: it is not written (or, being written, its file goes after)."""
+        entry = self._staged.pop((key, generation), None)
+        if entry is None:
+            return False
+        self._staged_bytes -= entry[0].size
+        return True
+
+    async def write_staged(self) -> None:
+        """Write what stage() kept, a batch at a time; the master learns each as MOVED once its file is in place
+        (as evicted if it cannot be written)."""
+        while self._staged:
+            batch = list(self._staged.items())[:STAGED_BATCH]
+            try:
+                results = await self._run(self.dir.write_many, [entry for _, entry in batch])
+            except BatchError as exc:
+                results = exc.results
+            except (OSError, KvpoolError) as exc:
+                results = [exc] * len(batch)
+            freed = []
+            for (name, (obj, _)), result in zip(batch, results):
+                written = not isinstance(result, BaseException)
+                if self._staged.pop(name, None) is None:  # freed while it was written
+                    if written:
+                        freed.append(name)
+                    continue
+                self._staged_bytes -= obj.size
+                if written:
+                    self.moved += 1
+                    self.moved_bytes += obj.size
+                    self.store.note_dropped(obj.key, obj.generation, wire.MOVED_TO_SHARED)
+                else:
+                    log.error("writing %r to the shared tier failed (%s); it is lost", obj.key, result)
+                    self.store.note_dropped(obj.key, obj.generation)
+            if freed:
+                await self._run(self.dir.remove_many, freed)
+
+    @staticmethod
+    def _object(rec: ObjectRecord) -> SharedObject:
+        return SharedObject(rec.key, rec.generation, rec.size, rec.checksum, rec.flags, rec.raw_size,
+                            int(rec.expires_at * 1000))
+
     def _write(self, recs: list[ObjectRecord]) -> list[int]:
         store, items = self.store, []
         for rec in recs:
@@ -85,8 +152,7 @@ class SharedTier:
             else:
                 payload = bytearray(rec.size)
                 store.ssd.segment.pread_into(payload, store.ssd.segment.payload_offset(rec.ssd, len(rec.key)))
-            items.append((SharedObject(rec.key, rec.generation, rec.size, rec.checksum, rec.flags, rec.raw_size,
-                                       int(rec.expires_at * 1000)), payload))
+            items.append((self._object(rec), payload))
         return self.dir.write_many(items)
 
     # -- reads of what this node does not hold
@@ -94,8 +160,9 @@ class SharedTier:
     async def read(self, key: bytes, generation: int, length: int) -> tuple[SharedObject, bytes]:
         """The verified bytes of (key, generation) from the shared tier; KeyNotFoundError if no such file,
         ChecksumMismatchError if it fails its checks (never served), StaleReplicaError on a size mismatch."""
+        staged = self._staged.get((key, generation))
         try:
-            obj, payload = await self._run(self.dir.read, key, generation)
+            obj, payload = staged if staged is not None else await self._run(self.dir.read, key, generation)
         except KeyNotFoundError:
             raise KeyNotFoundError(f"no generation {generation} of this key here or in the shared tier") from None
         except Exception:
@@ -107,7 +174,8 @@ class SharedTier:
             raise StaleReplicaError(f"generation {generation} has {obj.size} bytes, not {length}")
         self.reads += 1
         self.read_bytes += obj.size
-        self._count_read(obj, payload)
+        if staged is None:  # (a staged one is still this node's to write: no second copy of it here)
+            self._count_read(obj, payload)
         return obj, payload
 
     def _count_read(self, obj: SharedObject, payload: bytes) -> None:

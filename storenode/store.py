@@ -32,7 +32,8 @@ ROOM_BATCH = 16  # victims taken from a tier's order at a time while making room
 _HARD_PIN, _PREFER_SSD, _TO_SHARED = int(WriteFlag.HARD_PIN), int(WriteFlag.PREFER_SSD), int(WriteFlag.TO_SHARED)
 _new_reservation = tuple.__new__  # a NamedTuple from a tuple, without its Python-level constructor
 MOVED = wire.MOVED_TO_SHARED  # the reason an object leaves the node for the shared tier (storenode/shared_tier.py)
-_NOT_PRESSURE = ("expired", "torn", quota.QUOTA, MOVED)  # eviction reasons other than pool pressure
+STAGED = "staged"  # one a WRITE made room with, its bytes kept until written to the shared tier (then MOVED)
+_NOT_PRESSURE = ("expired", "torn", quota.QUOTA, MOVED, STAGED)  # eviction reasons other than pool pressure
 
 
 class Reservation(NamedTuple):
@@ -64,6 +65,10 @@ class ObjectStore:
         self._reserved_hard = 0
         self._evicted: list[list] = []
         self.to_share: list[ObjectRecord] = []  # put(tier="shared") objects the sweep moves on to the shared tier
+        # With a shared tier (storenode/shared_tier.py): stage(rec) keeps a victim's bytes to write there rather
+        # than lose it (False: no room to keep it); unstage(key, generation) forgets one the master freed.
+        self.stage = None
+        self.unstage = None
 
     def set_tenant_shares(self, shares: dict[str, NodeShare]) -> None:
         """The tenants' shares of their limits to keep from now on (tenant_usage.py, quota.py); a tenant
@@ -228,7 +233,7 @@ class ObjectStore:
         """FREE from the master: forget the object (its bytes go once no transfer uses them)."""
         rec = self.index.get(key, generation)
         if rec is None:
-            return False
+            return bool(self.unstage and self.unstage(key, generation))
         self.index.remove(rec)
         self._unindexed(rec, reason=None)
         return True
@@ -250,10 +255,11 @@ class ObjectStore:
                 log.debug("evicting %s (%s)", rec.name, reason)
             self._unindexed(rec, reason=reason)
 
-    def moved_to_shared(self, rec: ObjectRecord) -> None:
-        """An object now in the shared tier leaves this node (the master learns it as MOVED, not lost)."""
+    def moved_to_shared(self, rec: ObjectRecord, reason: str = MOVED) -> None:
+        """An object now in the shared tier leaves this node (the master learns it as MOVED, not lost), or
+        (STAGED) one whose bytes are kept until they are (the master learns it then)."""
         if self.index.remove(rec):
-            self._unindexed(rec, reason=MOVED)
+            self._unindexed(rec, reason=reason)
 
     def drop_copy(self, rec: ObjectRecord, tier: StorageTier) -> None:
         """Free one tier's copy of an idle object that keeps a copy in another tier."""
@@ -269,7 +275,7 @@ class ObjectStore:
             self.drop_copy(rec, tier)
             if tier is self.dram:
                 tier.demotions += 1
-        else:
+        elif self.stage is None or not self.stage(rec):  # kept to move on to the shared tier, or lost
             self.evict(rec, tier.full)
 
     def expire_due(self) -> int:
@@ -365,7 +371,7 @@ class ObjectStore:
         for tier, offset in ((self.dram, rec.dram), (self.ssd, rec.ssd)):
             if offset is not None:
                 self._leave(tier, rec)
-                if reason is MOVED:
+                if reason is MOVED or reason is STAGED:
                     tier.demotions += 1
                 elif reason:
                     tier.evictions += 1
@@ -378,7 +384,8 @@ class ObjectStore:
                 usage.evicted_quota += 1
             elif reason not in _NOT_PRESSURE:
                 usage.evicted_pressure += 1
-            self.note_dropped(rec.key, rec.generation, MOVED if reason is MOVED else None)
+            if reason is not STAGED:  # (a staged one is told of once written)
+                self.note_dropped(rec.key, rec.generation, MOVED if reason is MOVED else None)
         if rec.refcount == 0:
             self._free_extents(rec)
 
