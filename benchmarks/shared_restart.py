@@ -92,7 +92,8 @@ def adopt(shared_dir: Path, data_dir: Path, expected: int, timeout: float) -> tu
                what=f"the new leader to adopt {expected} shared objects")
     adopted = time.monotonic()
     cluster.add_node("127.0.0.1")
-    return cluster, {"objects_adopted": shared_objects(cluster), "etcd_and_master_start_s": round(master_up - started, 3),
+    return cluster, {"objects_adopted": shared_objects(cluster),
+                     "etcd_and_master_start_s": round(master_up - started, 3),
                      "node_start_s": round(node_up - master_up, 3),
                      "adopted_after_node_ready_s": round(adopted - node_up, 3),
                      "restart_to_adopted_s": round(adopted - started, 3),

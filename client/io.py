@@ -121,7 +121,7 @@ class BlockingIO(LoopIO):
         """In the caller's thread, outside the loop (the Client's call blocks anyway); on the loop, in a thread."""
         if asyncio.current_task() is None:
             return function(*args)
-        return await asyncio.to_thread(function, *args)
+        return await super().blocking(function, *args)
 
     async def to_loop(self) -> None:
         if asyncio.current_task() is None:  # outside the loop: suspend once, the rest runs as a task

@@ -35,8 +35,8 @@ from .values import fresh_bytes_view
 _REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)
 # What a node says when it no longer has the version the master placed there (evicted, expired).
 _GONE = (StaleReplicaError, KeyNotFoundError)
-MAX_LOOKUPS = 4
-DIRECT = object()  # the group of reads this client makes from the shared tier's files itself  # of one key in one read, while each names a newer version than the one that failed
+MAX_LOOKUPS = 4  # of one key in one read, while each names a newer version than the one that failed
+DIRECT = object()  # the group of reads this client makes from the shared tier's files itself
 
 
 async def read(core: Core, keys: list, dests: list | None) -> list:

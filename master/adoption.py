@@ -11,7 +11,6 @@ import logging
 
 from .node_io import NodeIO
 from .objects import ObjectTable
-from .shared_tier import SHARED_NODE
 from .takeover import adopt_in_slices
 
 log = logging.getLogger(__name__)
@@ -66,10 +65,7 @@ class Adopter:
                 # FREEs still owed go first, so the inventory no longer lists what they free.
                 if not await self._node_io.settle(address, self._timeout):
                     raise TimeoutError("FREEs owed to it not confirmed")
-                if node_id == SHARED_NODE:  # the shared tier's manifests, read by a node that mounts it
-                    entries = await self._node_io.shared_scan(self._table.shared.address, self._timeout)
-                else:
-                    entries = await self._node_io.inventory(address, self._timeout)
+                entries = await self._node_io.inventory(address, self._timeout, node_id)
                 break
             except asyncio.CancelledError:
                 raise

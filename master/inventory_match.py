@@ -17,6 +17,7 @@ from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Columns, Entry
 from kvpool.protocol.wire import WriteFlag
 
 from .ledger import Ledger
+from .node_state import NodeState
 from .pending_puts import PendingPuts
 from .shared_tier import with_copy
 from .versions import DRAM, SHARED, SSD, ObjectVersion, PutOptions, Replica
@@ -60,7 +61,7 @@ class InventoryMatch:
                 if key in pending:
                     if pending.placed(key, generation):  # a put in flight to a node adopted again
                         continue
-                    ledger.free(node.address, key.encode(), generation, shared=node.shared)
+                    self._free(node, key, generation)
                     outcome.rejected.append(key)
                     continue
                 if version is not None:  # its copies are let go before the newer one's are noted
@@ -84,10 +85,17 @@ class InventoryMatch:
                     held.add(key)
                 outcome.adopted.append(key)
             else:
-                ledger.free(node.address, key.encode(), generation, shared=node.shared)
+                self._free(node, key, generation)
                 outcome.rejected.append(key)
         ledger.counters.adopted += len(outcome.adopted) + len(outcome.created)
         return outcome
+
+    def _free(self, node: NodeState, key: str, generation: int) -> None:
+        """A rejected entry goes from where it was found (the shared tier's scan: its file)."""
+        if node.shared:
+            self._ledger.free_shared(key.encode(), generation)
+        else:
+            self._ledger.free(node.address, key.encode(), generation)
 
     def adopt_columns(self, node_id: str, instance: str, columns: Columns) -> Adopted:
         """adopt_inventory of one slice of an INVENTORY reply. Entries for keys the table does not

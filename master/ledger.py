@@ -214,13 +214,14 @@ class Ledger:
 
     # ----- releasing copies -----
 
-    def free(self, address: str, key: bytes, generation: int, shared: bool = False, replaced: bool = True) -> None:
-        """Have the node at `address` forget (key, generation); `shared`: its shared tier's file goes instead,
-        ordered to every node that mounts the tier (`address` unused): any of them could serve the file, so a
-        replaced version is out of reach once each has confirmed it gone or its read grant has ended."""
-        if not shared:
-            self._frees.append(FreeOrder(address, key, generation, replaced))
-            return
+    def free(self, address: str, key: bytes, generation: int, replaced: bool = True) -> None:
+        """Have the node at `address` forget (key, generation)."""
+        self._frees.append(FreeOrder(address, key, generation, replaced))
+
+    def free_shared(self, key: bytes, generation: int, replaced: bool = True) -> None:
+        """Have the shared tier's file of (key, generation) go: ordered to every node that mounts the tier,
+        since any of them could serve the file, so a replaced version is out of reach once each has confirmed
+        it gone or its read grant has ended (kept back while none is registered)."""
         servers = self.shared.servers
         if not servers:
             self._unsent_shared.append(FreeOrder("", key, generation, replaced, True))
@@ -246,7 +247,7 @@ class Ledger:
             if node is not None and version.key in node.keys:
                 node.keys.discard(version.key)
                 if node.shared:
-                    self.free("", raw_key, version.generation, shared=True)
+                    self.free_shared(raw_key, version.generation)
                 else:
                     self._frees.append(FreeOrder(r.address, raw_key, version.generation))
 
@@ -277,7 +278,7 @@ class Ledger:
         if self._unsent_shared and self.shared.servers:  # ordered while no node mounted the tier
             waiting, self._unsent_shared = self._unsent_shared, []
             for order in waiting:
-                self.free("", order.key, order.generation, shared=True, replaced=order.replaced)
+                self.free_shared(order.key, order.generation, order.replaced)
             frees += self._frees
             self._frees = []
         return frees

@@ -146,7 +146,7 @@ class NodeEvents:
                     self._apply_evicted(node, [(key, generation)])
                     continue
                 if not current:  # superseded or removed while it was written: its file goes
-                    ledger.free(shared.address, key.encode(), generation, shared=True, replaced=False)
+                    ledger.free_shared(key.encode(), generation, replaced=False)
                     continue
                 replicas = tuple(r for r in version.replicas if r.node_id not in (node.node_id, SHARED_NODE))
                 committed[key] = version._replace(replicas=replicas + shared.replica)

@@ -22,6 +22,7 @@ from kvpool.net.tcp_link import TcpLink
 
 from .ledger import FreeOrder
 from .read_grants import ReadGrants
+from .shared_tier import SHARED_NODE
 
 log = logging.getLogger(__name__)
 
@@ -222,14 +223,14 @@ class NodeIO:
         self._recovered(address)
         return report
 
-    async def inventory(self, address: str, timeout: float):
+    async def inventory(self, address: str, timeout: float, node_id: str = ""):
+        """What the node at `address` holds; of the shared tier's pseudo-node (`node_id`), what the tier's
+        manifests hold, read by the node at `address`, which mounts it."""
+        if node_id == SHARED_NODE:
+            return await asyncio.wait_for(self.transport.shared_scan(address), timeout)
         entries = await asyncio.wait_for(self.transport.inventory(address, self.term), timeout)
         self._recovered(address)
         return entries
-
-    async def shared_scan(self, address: str, timeout: float):
-        """The shared tier's objects, read from its manifests by the node at `address`."""
-        return await asyncio.wait_for(self.transport.shared_scan(address), timeout)
 
     # ----- failure logging: once per address until it works again -----
 

@@ -5,12 +5,12 @@ could not show yet). Placement reads these for every put.
 
 from collections import deque
 
-from kvpool.protocol.cluster_layout import NodeRecord
+from kvpool.protocol.cluster_layout import SHARED_TIER, NodeRecord
 
 
 def capacities(record: NodeRecord) -> dict[str, int]:
     """The node's own tiers (the shared directory it mounts is the cluster's: master/shared_tier.py)."""
-    return {name: tier.capacity for name, tier in record.tiers.items() if tier.capacity > 0 and name != "shared"}
+    return {name: tier.capacity for name, tier in record.tiers.items() if tier.capacity > 0 and name != SHARED_TIER}
 
 
 class NodeState:

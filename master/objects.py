@@ -344,7 +344,7 @@ class ObjectTable:
         for (key, generation), outcome in zip(entries, ledger.drop_copies(entries, SHARED_NODE)):
             if outcome is None:
                 continue
-            ledger.free(ledger.shared.address, key.encode(), generation, shared=True, replaced=False)
+            ledger.free_shared(key.encode(), generation, replaced=False)
             ledger.counters.evicted_replicas += 1
             if outcome:
                 ledger.counters.evicted_objects += 1

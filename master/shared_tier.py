@@ -5,14 +5,14 @@ The table holds such an object as a copy on a pseudo-node, SHARED_NODE: a NodeSt
 nodes (so commits, drops, frees and inventories treat it as any copy) that no placement, repair, REPORT
 or membership change ever picks (`NodeState.shared`). Its address is that of a live node that mounts the
 directory (`servers`): lookups name it, any such node serves the file, and FREEs of shared copies go
-to every such node (the first unlinks the file; Ledger.free). Its keys are kept coldest first, touched by lookups, with their sizes,
-so the leader alone decides what goes at --shared-capacity (evict), and no two nodes delete one file.
+to every such node (the first unlinks the file; Ledger.free_shared). Its keys are kept coldest first,
+touched by lookups, with their sizes, so the leader alone decides what goes at --shared-capacity (evict).
 """
 
 from collections.abc import Callable, Iterable
 
 from kvpool.protocol import wire
-from kvpool.protocol.cluster_layout import NodeRecord
+from kvpool.protocol.cluster_layout import SHARED_TIER, NodeRecord
 
 from .node_state import NodeState
 from .versions import SHARED, Replica
@@ -109,7 +109,7 @@ class SharedTier:
 
     def node_seen(self, record: NodeRecord) -> None:
         """A node registered or refreshed: a server of the tier if it mounts the directory."""
-        tier = record.tiers.get(SHARED)
+        tier = record.tiers.get(SHARED_TIER)
         if tier is None:
             self.node_gone(record.node_id)
             return

@@ -21,7 +21,6 @@ from kvpool.protocol import inventory
 from .node_io import NodeIO
 from .inventory_match import Adopted
 from .objects import ObjectTable
-from .shared_tier import SHARED_NODE
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +29,10 @@ RETRY_DELAY = 0.3
 SLICE = 5_000  # entries adopted between yields: calls are served on this loop in between
 
 
-async def _inventory(node_io: NodeIO, address: str, timeout: float, shared: bool = False) -> inventory.Reply | None:
+async def _inventory(node_io: NodeIO, node_id: str, address: str, timeout: float) -> inventory.Reply | None:
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            return await (node_io.shared_scan if shared else node_io.inventory)(address, timeout)
+            return await node_io.inventory(address, timeout, node_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - retried, then left to the background adopter
@@ -73,7 +72,7 @@ async def inventories(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str
     answered, silent = [], []
 
     async def one(node_id: str, instance: str, address: str) -> None:
-        reply = await _inventory(node_io, address, timeout, node_id == SHARED_NODE)
+        reply = await _inventory(node_io, node_id, address, timeout)
         if reply is None:
             silent.append((node_id, instance, address))
         else:

@@ -17,7 +17,7 @@ from kvpool.cluster.etcd_client import OpenEtcdError, add_open_etcd_argument
 from kvpool.cluster.tenant_directory import TenantDirectory
 from kvpool.runtime import config
 from kvpool.protocol import transports
-from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, NodeRecord, TierRecord, parse_hostport
+from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, SHARED_TIER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError, UnavailableError
 from kvpool.runtime.health import HTTP_CONNECTIONS, Health, serve_http
 from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server
@@ -39,7 +39,6 @@ from .tiers import StorageTier
 from .ucx_server import start_ucx
 
 log = logging.getLogger("kvpool.storenode")
-SHARED_TIER = "shared"  # its name among a node's tiers in etcd (the master's versions.SHARED)
 
 # Node ids and cluster names become etcd key segments and /dev/shm file names.
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")

@@ -91,7 +91,9 @@ class Maintenance:
         """put(tier="shared") objects go on to the shared tier (a node without one keeps them)."""
         store = self.store
         waiting, store.to_share, busy = store.to_share, [], []
-        for start in range(0, len(waiting) if self.shared is not None else 0, BATCH):
+        if self.shared is None:
+            return
+        for start in range(0, len(waiting), BATCH):
             batch = [rec for rec in waiting[start:start + BATCH] if rec.live]
             busy += [rec for rec in batch if rec.refcount]  # being read: the next sweep moves them
             await self.shared.move_out([rec for rec in batch if not rec.refcount])

@@ -44,6 +44,9 @@ def tenant_key(cluster: str, name: str) -> bytes:
     return tenants_prefix(cluster) + name.encode()
 
 
+SHARED_TIER = "shared"  # a node's tier that is the cluster's shared directory (its --shared-dir), not its own
+
+
 @dataclass
 class TierRecord:
     capacity: int

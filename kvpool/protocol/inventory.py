@@ -40,7 +40,8 @@ class Entry(NamedTuple):
 
     @property
     def tier_names(self) -> list[str]:
-        return [name for name, bit in (("dram", DRAM_BIT), ("ssd", SSD_BIT), ("shared", SHARED_BIT)) if self.tiers & bit]
+        named = (("dram", DRAM_BIT), ("ssd", SSD_BIT), ("shared", SHARED_BIT))
+        return [name for name, bit in named if self.tiers & bit]
 
 
 def encode(entries: list[Entry]) -> bytes:
