@@ -25,7 +25,8 @@ from .deadlines import DEFAULT_TIMEOUT, check_timeout
 from .master_link import DEFAULT_RPC_TIMEOUT
 from .placement_cache import DEFAULT_CAPACITY
 from .transport import Transport
-from .values import bytes_of, readable_view, value_parts, writable_view
+from .device.staged import is_device
+from .values import bytes_of, writable_view
 
 
 class AsyncClient:
@@ -56,6 +57,11 @@ class AsyncClient:
     node reads and writes; default 5, plus a second per 100 MB a put or a get into buffers moves);
     every call also takes its own `timeout=`, which is exact. A call past it raises
     DeadlineExceededError, except a put whose end had left for the master: PutOutcomeUnknownError.
+    device_pool_size, device_chunk_size: the staging pool device memory (CUDA tensors, CuPy arrays) moves
+    through: page-locked host memory allocated once, at the first device transfer (default 256 MiB, in 4 MiB
+    chunks). A transfer waits for room (within its deadline); a single value larger than the pool is refused.
+    copy_engine: what copies device memory (default: the CUDA engine, made at the first CUDA buffer);
+    client.device.cpu.CpuCopyEngine runs the same pipeline over host memory.
     shared_dir: the shared tier's directory (a storage node's --shared-dir), when this host mounts it too:
     objects there are read from their files by this client, each checked against its placement and
     checksum (a file that fails is read through a node instead). The file system's permissions decide who
@@ -69,21 +75,34 @@ class AsyncClient:
                  read_timeout: float | None = None, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
                  write_timeout: float | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 shared_dir: str | None = None, _core: Core | None = None):
+                 shared_dir: str | None = None, device_pool_size: int | None = None,
+                 device_chunk_size: int | None = None, copy_engine=None, _core: Core | None = None):
         # _core: the parts to run on, made by the blocking Client (with its blocking io).
         self._core = _core or Core(address, etcd=etcd, cluster=cluster, replicas=replicas, cache_size=cache_size,
                                    rpc_timeout=rpc_timeout, connect_timeout=connect_timeout, transport=transport,
                                    compress_above=compress_above, read_timeout=read_timeout,
                                    transports=transports, token=token, confirm_puts=confirm_puts, tls_ca=tls_ca,
-                                   write_timeout=write_timeout, timeout=timeout, shared_dir=shared_dir)
+                                   write_timeout=write_timeout, timeout=timeout, shared_dir=shared_dir,
+                                   device_pool_size=device_pool_size, device_chunk_size=device_chunk_size,
+                                   copy_engine=copy_engine)
 
     def bytes_by_transport(self) -> dict:
         """Value bytes moved so far per data transport ("shm", "ucx", "tcp"; "shared": read from the shared
-        tier's files by this client)."""
+        tier's files by this client). Device memory's bytes are counted twice: by the transport that carried
+        them, and as "cuda:staged" (through the staging pool) or "cuda:direct" (one DMA between the GPU and a
+        same-host node's mapping)."""
         moved = dict(self._core.transport.moved)
         if self._core.shared_bytes:
             moved["shared"] = self._core.shared_bytes
+        moved.update((path, count) for path, count in self._core.devices.moved.items() if count > 0)
         return moved
+
+    def device_memory(self) -> dict:
+        """The device pipeline's staging pool (bytes: its size, chunk, allocated, in use, peak; waits for room)
+        and its copy engine ("cuda"; None before the first device buffer)."""
+        report = self._core.devices.report()
+        report.pop("moved")
+        return report
 
     def transport_for(self, address: str) -> str | None:
         """The transport value bytes to the node at `address` take now (None before first contact)."""
@@ -140,7 +159,7 @@ class AsyncClient:
 
     async def get_into(self, key: str, buffer, *, timeout: float | None = None) -> int:
         """Read the value into the front of `buffer`; returns its size."""
-        return len(await self._read_one(key, writable_view(buffer), timeout))
+        return len(await self._read_one(key, self._core.devices.writable(buffer), timeout))
 
     async def batch_get(self, keys, *, timeout: float | None = None) -> list:
         """Values in key order; None for a key that does not exist. Any other failure raises
@@ -159,7 +178,7 @@ class AsyncClient:
         """batch_put() from one buffer per key, or from one buffer and each key's (offset, size)."""
         keys = list(keys)
         if offsets is not None:
-            buffers = _slices(readable_view(buffers), keys, offsets, sizes)
+            buffers = _slices(self._core.devices.readable(buffers), keys, offsets, sizes)
         await self.batch_put(keys, buffers, overwrite, **options)
 
     async def batch_get_into(self, keys, buffers, *, offsets=None, sizes=None, timeout: float | None = None) -> list:
@@ -169,10 +188,11 @@ class AsyncClient:
         caches are laid out), with room for sizes[i] bytes (default: up to the next offset, or the end).
         Returns the sizes read."""
         keys = list(keys)
+        devices = self._core.devices
         if offsets is not None:
-            dests = _slices(writable_view(buffers), keys, offsets, sizes)
+            dests = _slices(devices.writable(buffers), keys, offsets, sizes)
         else:
-            dests = [writable_view(buffer) for buffer in buffers]
+            dests = [devices.writable(buffer) for buffer in buffers]
         if len(dests) != len(keys):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(dests)} buffers")
         return _batch_results(keys, await self._read(keys, dests, timeout), len)
@@ -180,19 +200,20 @@ class AsyncClient:
     async def put_parts(self, key: str, parts, overwrite: bool = False, **options) -> None:
         """Store the buffers in `parts` (e.g. one block's K and V of every layer) as one value,
         in order, sent straight from each."""
-        await self.put(key, value_parts(parts, "parts", writable=False), overwrite, **options)
+        await self.put(key, self._core.devices.parts(parts, writable=False), overwrite, **options)
 
     async def get_into_parts(self, key: str, parts, *, timeout: float | None = None) -> int:
         """Scatter the value back into `parts`, whose sizes must add up to its size; returns it."""
-        return len(await self._read_one(key, value_parts(parts, "parts", writable=True), timeout))
+        return len(await self._read_one(key, self._core.devices.parts(parts, writable=True), timeout))
 
     async def batch_put_parts(self, keys, parts_per_key, overwrite: bool = False, **options) -> None:
-        await self.batch_put(keys, [value_parts(p, "parts", writable=False) for p in parts_per_key],
-                             overwrite, **options)
+        devices = self._core.devices
+        await self.batch_put(keys, [devices.parts(p, writable=False) for p in parts_per_key], overwrite, **options)
 
     async def batch_get_into_parts(self, keys, parts_per_key, *, timeout: float | None = None) -> list:
         """get_into_parts for every key: sizes in key order, None for a key that does not exist."""
-        return await self.batch_get_into(keys, [value_parts(p, "parts", writable=True) for p in parts_per_key],
+        devices = self._core.devices
+        return await self.batch_get_into(keys, [devices.parts(p, writable=True) for p in parts_per_key],
                                          timeout=timeout)
 
     def register_buffer(self, buffer) -> None:
@@ -203,7 +224,7 @@ class AsyncClient:
     async def _read_one(self, key: str, dest, timeout: float | None):
         """The value read, verified (and decompressed) into dest, or a new buffer when dest is None."""
         async with self._core.bounded(timeout, f"get of {key!r}", 0 if dest is None else len(dest)):
-            [result] = await reads.read(self._core, [key], None if dest is None else [dest])
+            [result] = await _read(self._core, [key], None if dest is None else [dest])
             if isinstance(result, BaseException):
                 raise result
         return result
@@ -212,7 +233,7 @@ class AsyncClient:
         """reads.read within the call's deadline."""
         nbytes = 0 if dests is None else sum(map(len, dests))
         async with self._core.bounded(timeout, f"get of {len(keys)} keys", nbytes):
-            return await reads.read(self._core, keys, dests)
+            return await _read(self._core, keys, dests)
 
     # -- metadata
 
@@ -300,6 +321,13 @@ class AsyncClient:
         """Master.<method> within the call's deadline."""
         async with self._core.bounded(timeout, method):
             return await self._core.master.call(method, request)
+
+
+async def _read(core: Core, keys: list, dests: list | None) -> list:
+    """reads.read, through the device pipeline when a destination is device memory (client/device)."""
+    if dests is not None and any(is_device(dest) for dest in dests):
+        return await core.devices.read_waves(core, keys, dests, reads.read)
+    return await reads.read(core, keys, dests)
 
 
 def _batch_results(keys: list, results: list, convert_value) -> list:

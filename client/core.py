@@ -24,6 +24,7 @@ from .placement_cache import DEFAULT_CAPACITY, PlacementCache
 from .selector import TransportSelector
 from .transport import Transport
 from .commits import Commits
+from .device.transfers import DeviceTransfers
 
 # A silent node gets less than a call's default deadline (deadlines.DEFAULT_TIMEOUT, 5 s), so a read moves on
 # to another replica, and a put with min_replicas returns without that copy, before the call itself runs out.
@@ -45,7 +46,8 @@ class Core:
                  read_timeout: float | None = None, transports: str | None = None,
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
                  write_timeout: float | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 shared_dir: str | None = None, io: LoopIO = LOOP_IO):
+                 shared_dir: str | None = None, device_pool_size: int | None = None,
+                 device_chunk_size: int | None = None, copy_engine=None, io: LoopIO = LOOP_IO):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self.compress_above = compression.check_threshold(compress_above)
@@ -70,6 +72,8 @@ class Core:
             transport = TransportSelector(connect_timeout, allowed, credential, io=io, tls=tls)
         self.transport = transport
         self.cache = PlacementCache(cache_size)
+        # Device memory (CUDA) in any call that takes a buffer: the staging pipeline, its pool made on first use.
+        self.devices = DeviceTransfers(io, self.transport, device_pool_size, device_chunk_size, copy_engine)
         # The shared tier's directory, mounted here too: its objects are read from their files, no node between.
         if shared_dir and self.prefix:
             raise InvalidArgumentError("a tenant reads shared objects through the nodes: the shared directory "

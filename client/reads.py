@@ -203,7 +203,7 @@ def _raw_size(info) -> int:
 
 
 def _does_not_fit(dest, key: str, info) -> InvalidArgumentError:
-    if isinstance(dest, Parts):
+    if isinstance(dest, Parts) and not dest.flexible:
         return InvalidArgumentError(f"parts of {len(dest)} bytes in all do not match {key!r} "
                                     f"({_raw_size(info)} bytes)")
     return InvalidArgumentError(f"buffer of {len(dest)} bytes is too small for {key!r} ({_raw_size(info)} bytes)")
@@ -215,10 +215,12 @@ def landing(info, dest: memoryview | Parts | None) -> memoryview | Parts | None:
     size = info.size
     if dest is None:
         return fresh_bytes_view(size)
-    if isinstance(dest, Parts):  # parts are a layout: they must add up to the value exactly
-        if len(dest) != _raw_size(info):
-            return None
-        return fresh_bytes_view(size) if info.compressed else dest
+    if isinstance(dest, Parts):
+        dest.undeliver()  # a new fill begins (what went straight to device memory before no longer counts)
+        if not dest.flexible:  # parts are a layout: they must add up to the value exactly
+            if len(dest) != _raw_size(info):
+                return None
+            return fresh_bytes_view(size) if info.compressed else dest
     if len(dest) < _raw_size(info):
         return None
     if len(dest) >= size:
@@ -233,7 +235,7 @@ def decoded(info, view: memoryview, dest: memoryview | None, key: str) -> memory
     value = compression.decode(view, info.raw_size, f"{key!r}")
     if dest is None:
         return memoryview(value)
-    if isinstance(dest, Parts):
+    if isinstance(dest, Parts) and not dest.flexible:
         dest.copy_from(memoryview(value))
         return dest
     dest[:len(value)] = value

@@ -188,6 +188,8 @@ class TransportSelector(Transport):
         async def read(path):
             if path.takes_parts or not isinstance(buf, Parts):
                 return await path.read_into(address, key, generation, buf)
+            if len(buf.views) == 1:  # one flat view (device memory's staging): received into as it is
+                return await path.read_into(address, key, generation, buf.views[0])
             staged = memoryview(bytearray(len(buf)))
             digest = await path.read_into(address, key, generation, staged)
             buf.copy_from(staged)
@@ -207,11 +209,12 @@ class TransportSelector(Transport):
         async def read(path, some):
             if path.takes_parts or not any(isinstance(item.buf, Parts) for item in some):
                 return await path.read_many(address, some)
-            staged = [item._replace(buf=memoryview(bytearray(len(item.buf)))) if isinstance(item.buf, Parts)
-                      else item for item in some]
+            staged = [item._replace(buf=_flat_or_new(item.buf)) if isinstance(item.buf, Parts) else item
+                      for item in some]
             outcomes = await path.read_many(address, staged)
             for item, stage, outcome in zip(some, staged, outcomes):
-                if stage is not item and not isinstance(outcome, BaseException):
+                if stage.buf is not item.buf and not isinstance(outcome, BaseException) \
+                        and not _one_view(item.buf, stage.buf):
                     item.buf.copy_from(stage.buf)
             return outcomes
 
@@ -231,8 +234,20 @@ def _fallback_order(route: list) -> list:
 
 
 def _whole(path: DataPath, data):
-    """The value as `path` takes it: Parts gathered into one buffer for a path that cannot send them."""
-    return data.gather() if isinstance(data, Parts) and not path.takes_parts else data
+    """The value as `path` takes it: Parts gathered into one buffer for a path that cannot send them (unless
+    they are one view)."""
+    if isinstance(data, Parts) and not path.takes_parts:
+        return data.views[0] if len(data.views) == 1 else data.gather()
+    return data
+
+
+def _flat_or_new(parts: Parts) -> memoryview:
+    """Where a path that takes no parts receives a value of `parts`: their one view, else a new buffer."""
+    return parts.views[0] if len(parts.views) == 1 else memoryview(bytearray(len(parts)))
+
+
+def _one_view(parts: Parts, received: memoryview) -> bool:
+    return len(parts.views) == 1 and parts.views[0] is received
 
 
 def _size(item) -> int:

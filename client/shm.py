@@ -112,6 +112,10 @@ class _Copier:
         self._hasher: concurrent.futures.ThreadPoolExecutor | None = None
 
     def copy(self, source: memoryview, dest) -> int:
+        if isinstance(dest, Parts):  # device memory's staging takes the extent by DMA where it can
+            digest = dest.deliver_from(source)
+            if digest is not None:
+                return digest
         if len(source) < PARALLEL_HASH_MIN:
             return copy_out(source, dest)
         if self._hasher is None:
@@ -133,8 +137,14 @@ class _Copier:
             self._hasher.shutdown()
 
 
+def _undeliver(buf) -> None:
+    """`buf` is filled again (over the socket): what its deliver_from took no longer counts."""
+    if isinstance(buf, Parts):
+        buf.undeliver()
+
+
 def copy_in(extent: memoryview, data) -> None:
-    """Copy a value (a view or Parts) into its extent."""
+    """Copy a value (a view or Parts, which may fill it by itself: client/device/staged.py) into its extent."""
     if isinstance(data, Parts):
         data.copy_to(extent)
     else:
@@ -203,6 +213,7 @@ class ShmPath(DataPath):
         if time.monotonic() - leased > _SAFE_COPY_SECONDS:
             # Copied while the pin may have lapsed: the checksum would catch a moved extent,
             # but reading it over the socket is cheaper than failing the get.
+            _undeliver(buf)
             return await self._by_socket(len(buf), self.tcp.read_into(address, key, generation, buf))
         return digest
 
@@ -225,6 +236,8 @@ class ShmPath(DataPath):
         finally:
             connection.defer(_RELEASE, located, _RELEASE_DELAY)
         if located and time.monotonic() - leased > _SAFE_COPY_SECONDS:
+            for item in items:
+                _undeliver(item.buf)
             answers = await self.tcp.read_many(address, items)
             self.by_socket += sum(len(item.buf) for item, a in zip(items, answers) if not isinstance(a, Exception))
         return answers

@@ -166,6 +166,9 @@ class Client:
     def bytes_by_transport(self) -> dict:
         return self._client.bytes_by_transport()
 
+    def device_memory(self) -> dict:
+        return self._client.device_memory()
+
     def transport_for(self, address: str) -> str | None:
         return self._client.transport_for(address)
 

@@ -30,7 +30,8 @@ from . import compression, convert, put_options
 from .convert import Started, check
 from .replica_order import drop_replicas, nearest_first
 from .transport import WriteItem
-from .values import checksum_of, readable_view
+from .device.staged import is_device
+from .values import checksum_of
 
 if TYPE_CHECKING:
     from .core import Core
@@ -41,14 +42,19 @@ async def put(core: Core, key: str, value, overwrite: bool = False, *, tier: str
               compress: bool | None = None, replicas: int | None = None, min_replicas: int | None = None,
               timeout: float | None = None) -> None:
     """AsyncClient.put."""
-    data = readable_view(value)
+    data = core.devices.readable(value)
     async with core.bounded(timeout, f"put of {key!r}", len(data)) as call:
+        if is_device(data):  # sent from staging, its checksum taken as it was staged (client/device)
+            async with core.devices.staged(data) as staged:
+                await _put(core, call, core.stored(key), staged, overwrite, tier, pin, pin_ttl, ttl, compress,
+                           replicas, min_replicas, staged.digest)
+            return
         await _put(core, call, core.stored(key), data, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
                    min_replicas)
 
 
 async def _put(core: Core, call, key: str, data, overwrite: bool, tier, pin, pin_ttl, ttl, compress, replicas,
-               min_replicas) -> None:
+               min_replicas, known_digest: int | None = None) -> None:
     raw = validate_key(key)
     choices = put_options.resolve(tier, pin, pin_ttl, ttl)
     count, needed = put_options.replica_counts(replicas, min_replicas, core.replicas)
@@ -56,7 +62,7 @@ async def _put(core: Core, call, key: str, data, overwrite: bool, tier, pin, pin
     packed = compression.encode(data, compress, core.compress_above)
     if packed is not None:
         data = packed
-    digest = checksum_of(data)
+    digest = checksum_of(data) if packed is not None or known_digest is None else known_digest
     request = convert.put_start_request(key, len(data), digest, overwrite, count, needed, choices,
                                         packed is not None, raw_size)
     info = check(await core.master.call("PutStart", request)).object
@@ -82,17 +88,36 @@ async def batch_put(core: Core, keys, values, overwrite: bool = False, *, tier: 
                     min_replicas: int | None = None, timeout: float | None = None) -> None:
     """AsyncClient.batch_put."""
     keys = core.stored_keys(list(keys))
-    views = [readable_view(value) for value in values]
+    devices = core.devices
+    views = [devices.readable(value) for value in values]
     async with core.bounded(timeout, f"batch_put of {len(keys)} keys", sum(map(len, views))) as call:
         try:
-            await _start_batch(core, call, keys, views, overwrite, tier, pin, pin_ttl, ttl, compress, replicas,
-                               min_replicas)
+            if any(is_device(view) for view in views):
+                await _device_batch(core, call, keys, views, overwrite, tier, pin, pin_ttl, ttl, compress,
+                                    replicas, min_replicas)
+            else:
+                await _start_batch(core, call, keys, views, overwrite, tier, pin, pin_ttl, ttl, compress,
+                                   replicas, min_replicas)
         except BatchError as exc:
             raise core.named_errors(exc) from None
 
 
+async def _device_batch(core: Core, call, keys: list, views: list, *options) -> None:
+    """A batch with device values: one BatchPutStart per wave of staged values (client/device)."""
+    if len(keys) != len(views):
+        raise InvalidArgumentError(f"{len(keys)} keys but {len(views)} values")
+
+    async def send(indices: list, values: list, digests: list) -> None:
+        await _start_batch(core, call, [keys[i] for i in indices], values, *options, known_digests=digests)
+
+    errors = await core.devices.put_waves(keys, views, send)
+    if errors:
+        first_key, first = next(iter(errors.items()))
+        raise BatchError(f"{len(errors)} of {len(keys)} puts failed (first: {first_key!r}: {first})", errors)
+
+
 async def _start_batch(core: Core, call, keys: list, views: list, overwrite: bool, tier, pin, pin_ttl, ttl,
-                       compress, replicas, min_replicas) -> None:
+                       compress, replicas, min_replicas, known_digests: list | None = None) -> None:
     count, needed = put_options.replica_counts(replicas, min_replicas, core.replicas)
     if len(keys) != len(views):
         raise InvalidArgumentError(f"{len(keys)} keys but {len(views)} values")
@@ -101,7 +126,9 @@ async def _start_batch(core: Core, call, keys: list, views: list, overwrite: boo
     raw_sizes = [len(view) for view in views]
     packed = [compression.encode(view, compress, core.compress_above) for view in views]
     views = [view if p is None else p for view, p in zip(views, packed)]
-    digests = [checksum_of(view) for view in views]
+    known_digests = known_digests or [None] * len(views)
+    digests = [checksum_of(view) if p is not None or known is None else known
+               for view, p, known in zip(views, packed, known_digests)]
     if not keys:
         return
     compressed = [p is not None for p in packed]

@@ -6,7 +6,7 @@ from typing import Sequence
 from kvpool.errors import BatchError, KeyExistsError
 
 from .block_keys import BlockNamespace
-from .paged_layout import block_parts
+from .paged_layout import block_bytes, gather_blocks, scatter_blocks
 
 log = logging.getLogger(__name__)
 
@@ -35,27 +35,60 @@ class KVBlockStore:
         returns how many were written. Another writer storing the same block meanwhile is fine."""
         keys = self.keys(hashes)
         todo = [i for i, there in enumerate(self.client.batch_exists(keys)) if not there]
-        if not todo:
-            return 0
-        parts = [block_parts(layer_caches, block_ids[i], self.kv_first) for i in todo]
-        try:
-            self.client.batch_put_parts([keys[i] for i in todo], parts)
-        except BatchError as exc:
-            # Same hash, same bytes: a block someone else stored first is not a failure.
-            if not all(isinstance(error, KeyExistsError) for error in exc.errors.values()):
-                raise
-            return len(todo) - len(exc.errors)
-        return len(todo)
+        written = 0
+        size = block_bytes(layer_caches, self.kv_first)
+        for group in _groups(todo, size):
+            # Gathered on the caches' device (GPU or CPU), then one batch from that buffer.
+            blocks = gather_blocks(layer_caches, [block_ids[i] for i in group], self.kv_first)
+            try:
+                self.client.batch_put_from([keys[i] for i in group], blocks, offsets=_offsets(group, size),
+                                           sizes=[size] * len(group))
+            except BatchError as exc:
+                # Same hash, same bytes: a block someone else stored first is not a failure.
+                if not all(isinstance(error, KeyExistsError) for error in exc.errors.values()):
+                    raise
+                written -= len(exc.errors)
+            written += len(group)
+        return written
 
     def load(self, hashes: Sequence[str], block_ids: Sequence[int], layer_caches: Sequence) -> int:
         """Scatter the stored blocks into block_ids of the caches; returns how many leading blocks were loaded.
         A block that is missing, or could not be read (logged), ends the prefix: the engine computes it."""
         if len(block_ids) < len(hashes):
             raise ValueError(f"{len(hashes)} blocks but {len(block_ids)} block ids")
-        parts = [block_parts(layer_caches, block_ids[i], self.kv_first) for i in range(len(hashes))]
-        try:
-            sizes = self.client.batch_get_into_parts(self.keys(hashes), parts)
-        except BatchError as exc:
-            log.warning("kvpool: %s", exc)
-            sizes = [None if isinstance(size, BaseException) else size for size in exc.results]
-        return next((i for i, size in enumerate(sizes) if size is None), len(sizes))
+        keys = self.keys(hashes)
+        size = block_bytes(layer_caches, self.kv_first)
+        loaded = 0
+        for group in _groups(range(len(hashes)), size):
+            blocks = _empty_like_blocks(layer_caches, len(group), size)
+            try:
+                sizes = self.client.batch_get_into([keys[i] for i in group], blocks, offsets=_offsets(group, size),
+                                                   sizes=[size] * len(group))
+            except BatchError as exc:
+                log.warning("kvpool: %s", exc)
+                sizes = [None if isinstance(got, BaseException) else got for got in exc.results]
+            whole = next((n for n, got in enumerate(sizes) if got != size), len(sizes))
+            scatter_blocks(layer_caches, [block_ids[i] for i in group[:whole]], blocks[:whole], self.kv_first)
+            loaded += whole
+            if whole < len(group):
+                break
+        return loaded
+
+
+# Blocks moved per batch: the gathered buffer is this large at most (on a GPU, beside the engine's own memory).
+GROUP_BYTES = 64 * 1024 * 1024
+
+
+def _groups(indices, size: int) -> list[list[int]]:
+    indices = list(indices)
+    per = max(1, GROUP_BYTES // max(size, 1))
+    return [indices[at:at + per] for at in range(0, len(indices), per)]
+
+
+def _offsets(group: list, size: int) -> list[int]:
+    return [n * size for n in range(len(group))]
+
+
+def _empty_like_blocks(layer_caches: Sequence, count: int, size: int):
+    import torch
+    return torch.empty((count, size), dtype=torch.uint8, device=layer_caches[0].device)

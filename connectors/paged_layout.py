@@ -4,8 +4,9 @@ vLLM's GPU backends keep one tensor per layer shaped (2, num_blocks, ...): index
 after the block index (block_size x heads x head_dim in NHD, heads x block_size x head_dim in HND) is contiguous,
 so a block of one layer is two contiguous views. Block-first layouts, such as the CPU backend's
 (num_blocks, heads, block_size, 2 x head_dim), keep all of a block together: one view per layer. kvpool stores
-a block of every layer as one object (put_parts) and scatters it back (get_into_parts) without gathering it
-into one buffer first.
+a block of every layer as one object: block_parts names its views; gather_blocks copies many blocks of every
+layer into one buffer with one indexing kernel per layer, and scatter_blocks writes them back the same way.
+That is how blocks move, on a GPU (where a transfer per view would cost a copy each) and on the CPU alike.
 """
 
 from typing import Sequence
@@ -27,3 +28,64 @@ def block_parts(layer_caches: Sequence, block_id: int, kv_first: bool = True) ->
                 raise InvalidArgumentError(f"layer {layer}: block {block_id} is not contiguous in this layout")
             parts.append(view)
     return parts
+
+
+def block_bytes(layer_caches: Sequence, kv_first: bool = True) -> int:
+    """Bytes of one block of every layer: the size of one stored block."""
+    return sum(part.nbytes for part in block_parts(layer_caches, 0, kv_first))
+
+
+def _as_bytes(cache, kv_first: bool):
+    """The cache as uint8, shaped (2, num_blocks, block bytes) (kv_first) or (num_blocks, block bytes)."""
+    flat = cache.view(-1).view(_torch().uint8)
+    return flat.view(2, cache.shape[1], -1) if kv_first else flat.view(cache.shape[0], -1)
+
+
+def gather_blocks(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bool = True):
+    """Blocks `block_ids` of every layer copied into one new uint8 tensor on the caches' device, shaped
+    (len(block_ids), block bytes): each row one stored block in block_parts' order. One indexing kernel per
+    layer (K and V together), whatever the number of blocks; enqueued on the current stream."""
+    torch = _torch()
+    for layer, cache in enumerate(layer_caches):
+        if not cache.is_contiguous():
+            raise InvalidArgumentError(f"layer {layer}'s cache is not contiguous")
+    index = _index(layer_caches, block_ids, kv_first)
+    rows = []
+    for cache in layer_caches:
+        taken = _as_bytes(cache, kv_first).index_select(1 if kv_first else 0, index)
+        rows.append(taken.transpose(0, 1) if kv_first else taken)  # (n, 2, bytes) / (n, bytes)
+    return torch.cat([row.reshape(len(block_ids), -1) for row in rows], dim=1)
+
+
+def scatter_blocks(layer_caches: Sequence, block_ids: Sequence[int], blocks, kv_first: bool = True) -> None:
+    """Write rows of `blocks` (as gather_blocks makes them) into `block_ids` of every layer; one indexing
+    kernel per layer, enqueued on the current stream."""
+    if not len(block_ids):
+        return
+    index = _index(layer_caches, block_ids, kv_first)
+    at = 0
+    for cache in layer_caches:
+        target = _as_bytes(cache, kv_first)
+        width = 2 * target.shape[2] if kv_first else target.shape[1]
+        rows = blocks[:, at:at + width]
+        at += width
+        if kv_first:
+            target.index_copy_(1, index, rows.reshape(len(block_ids), 2, -1).transpose(0, 1))
+        else:
+            target.index_copy_(0, index, rows)
+
+
+def _index(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bool):
+    torch = _torch()
+    first = layer_caches[0]
+    blocks = first.shape[1] if kv_first else first.shape[0]
+    ids = [int(block) for block in block_ids]
+    bad = [block for block in ids if not 0 <= block < blocks]
+    if bad:
+        raise InvalidArgumentError(f"block {bad[0]} is outside the caches' {blocks} blocks")
+    return torch.tensor(ids, dtype=torch.long).to(first.device, non_blocking=True)
+
+
+def _torch():
+    import torch
+    return torch

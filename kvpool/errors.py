@@ -120,6 +120,12 @@ class QuotaExceededError(NoSpaceError):
     code = Code.QUOTA_EXCEEDED
 
 
+class DeviceCopyError(KvpoolError):
+    """A copy between device memory and host memory failed (the device's own error, e.g. CUDA's): nothing
+    was stored or filled by the call that hit it."""
+    code = Code.INTERNAL
+
+
 class BatchError(KvpoolError):
     """Some items of a batch failed; `errors` maps each failed key to its error. For reads, `results` holds
     every item's outcome in order (what the call would have returned for it, or its error), so what did arrive

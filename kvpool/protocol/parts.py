@@ -12,6 +12,9 @@ class Parts:
     with no copy in between (the transports send from and receive into each part)."""
 
     __slots__ = ("views", "size")
+    # A flexible destination takes a value smaller than itself into its front (as a flat buffer does); parts
+    # made of callers' buffers are a layout, which the value must fill exactly.
+    flexible = False
 
     def __init__(self, views):
         self.views = [view for view in views if len(view)]
@@ -32,6 +35,14 @@ class Parts:
         for view in self.views:
             whole[position:position + len(view)] = view
             position += len(view)
+
+    def deliver_from(self, source: memoryview) -> int | None:
+        """A destination that can take `source` (a node's mapped extent) by itself does so and returns its
+        checksum (client/device: one DMA to device memory); None: copy it in as usual."""
+        return None
+
+    def undeliver(self) -> None:
+        """A new fill of this destination begins: what deliver_from took before no longer counts."""
 
     def copy_from(self, whole: memoryview) -> None:
         """Fill the parts, in order, from `whole` (len == self.size)."""
