@@ -168,9 +168,12 @@ async def _read_directly(core: Core, items: list, reading: list, infos: list) ->
     placement: the checksum on success, else the error (the caller then reads through the node)."""
     outcomes = []
     for item, (i, _r, _view) in zip(items, reading):
+        buf = item.buf.flat_or_new() if isinstance(item.buf, Parts) else item.buf
         try:
             await core.io.blocking(core.shared.read_into, item.key, item.generation, len(item.buf),
-                                   infos[i].checksum, item.buf)
+                                   infos[i].checksum, buf)
+            if buf is not item.buf:
+                item.buf.fill_from(buf)
             outcomes.append(infos[i].checksum)
             core.shared_bytes += len(item.buf)
         except KvpoolError as exc:

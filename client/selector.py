@@ -188,11 +188,9 @@ class TransportSelector(Transport):
         async def read(path):
             if path.takes_parts or not isinstance(buf, Parts):
                 return await path.read_into(address, key, generation, buf)
-            if len(buf.views) == 1:  # one flat view (device memory's staging): received into as it is
-                return await path.read_into(address, key, generation, buf.views[0])
-            staged = memoryview(bytearray(len(buf)))
+            staged = buf.flat_or_new()
             digest = await path.read_into(address, key, generation, staged)
-            buf.copy_from(staged)
+            buf.fill_from(staged)
             return digest
 
         return await self._one(address, len(buf), read)
@@ -209,13 +207,12 @@ class TransportSelector(Transport):
         async def read(path, some):
             if path.takes_parts or not any(isinstance(item.buf, Parts) for item in some):
                 return await path.read_many(address, some)
-            staged = [item._replace(buf=_flat_or_new(item.buf)) if isinstance(item.buf, Parts) else item
+            staged = [item._replace(buf=item.buf.flat_or_new()) if isinstance(item.buf, Parts) else item
                       for item in some]
             outcomes = await path.read_many(address, staged)
             for item, stage, outcome in zip(some, staged, outcomes):
-                if stage.buf is not item.buf and not isinstance(outcome, BaseException) \
-                        and not _one_view(item.buf, stage.buf):
-                    item.buf.copy_from(stage.buf)
+                if stage is not item and not isinstance(outcome, BaseException):
+                    item.buf.fill_from(stage.buf)
             return outcomes
 
         return await self._many(address, items, read)
@@ -240,14 +237,6 @@ def _whole(path: DataPath, data):
         return data.views[0] if len(data.views) == 1 else data.gather()
     return data
 
-
-def _flat_or_new(parts: Parts) -> memoryview:
-    """Where a path that takes no parts receives a value of `parts`: their one view, else a new buffer."""
-    return parts.views[0] if len(parts.views) == 1 else memoryview(bytearray(len(parts)))
-
-
-def _one_view(parts: Parts, received: memoryview) -> bool:
-    return len(parts.views) == 1 and parts.views[0] is received
 
 
 def _size(item) -> int:

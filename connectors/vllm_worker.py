@@ -11,7 +11,8 @@ from kvpool.errors import KvpoolError
 
 from .block_store import KVBlockStore
 from .client_settings import client_settings
-from .paged_layout import block_parts
+from . import stream_order
+from .paged_layout import block_bytes
 from .transfer_stats import add_counts, is_empty
 from .vllm_common import (BlockTransfer, ConnectorSettings, KVPoolConnectorMetadata, KVPoolWorkerMetadata,
                           namespace_for)
@@ -50,7 +51,7 @@ class KVPoolWorker:
         # (2, num_blocks, ...) keeps K and V apart; anything with the block index first is one slab per block.
         kv_first = first.shape[0] == 2 and first.shape[1] == num_blocks and num_blocks != 2
         self._store = KVBlockStore(self._client, self._namespace, kv_first=kv_first)
-        self._block_bytes = sum(part.nbytes for part in block_parts(self._caches, 0, kv_first))
+        self._block_bytes = block_bytes(self._caches, kv_first)
         log.info("kvpool connector: %d layers, cache shape %s, blocks stored under %s", len(self._caches),
                  tuple(first.shape), self._namespace.prefix())
 
@@ -65,9 +66,26 @@ class KVPoolWorker:
         account for it now."""
         for transfer in transfers:
             if self._mover is not None:
-                under_way.setdefault(transfer.request_id, []).append((self._mover.submit(timed, transfer), transfer))
+                # What the engine's stream holds now (the kernels that wrote blocks to save, or last read blocks
+                # a load overwrites) comes first on the mover's stream.
+                ready = stream_order.mark(self._caches)
+                under_way.setdefault(transfer.request_id, []).append(
+                    (self._mover.submit(self._ordered, ready, timed, transfer), transfer))
             else:
                 account(transfer, *timed(transfer))
+
+    def _ordered(self, ready, timed, transfer) -> tuple:
+        """timed(transfer) on the mover's thread after `ready`; its outcome and an event after its copies."""
+        stream_order.follow(ready)
+        outcome = timed(transfer)
+        return outcome, stream_order.mark(self._caches)
+
+    @staticmethod
+    def _outcome(future: Future) -> tuple:
+        """A transfer's outcome on the mover's thread, once the engine's stream waits for its copies."""
+        outcome, moved = future.result()
+        stream_order.follow(moved)
+        return outcome
 
     def get_finished(self, finished_req_ids: set[str], meta) -> tuple[set[str] | None, set[str] | None]:
         """async: the requests whose loads are done (they may run now; blocks that failed are reported with
@@ -81,12 +99,12 @@ class KVPoolWorker:
         loaded = {request for request, loads in self._loading.items() if all(f.done() for f, _ in loads)}
         for request in loaded:
             for future, load in self._loading.pop(request):
-                self._account_load(load, *future.result())
+                self._account_load(load, *self._outcome(future))
         self._finished.update(request for request in finished_req_ids if request in self._saving)
         saved = {request for request in self._finished if all(f.done() for f, _ in self._saving[request])}
         for request in saved:
             for future, save in self._saving.pop(request):
-                self._account_save(save, *future.result())
+                self._account_save(save, *self._outcome(future))
         self._finished -= saved
         return saved or None, loaded or None
 

@@ -36,6 +36,16 @@ class Parts:
             whole[position:position + len(view)] = view
             position += len(view)
 
+    def flat_or_new(self) -> memoryview:
+        """Where a reader that takes one flat buffer receives this value: the one view when there is one (no
+        copy after), else a new buffer to copy_from."""
+        return self.views[0] if len(self.views) == 1 else memoryview(bytearray(self.size))
+
+    def fill_from(self, received: memoryview) -> None:
+        """After a read into flat_or_new(): copy what arrived into the parts, unless it landed there already."""
+        if not (len(self.views) == 1 and received is self.views[0]):
+            self.copy_from(received)
+
     def deliver_from(self, source: memoryview) -> int | None:
         """A destination that can take `source` (a node's mapped extent) by itself does so and returns its
         checksum (client/device: one DMA to device memory); None: copy it in as usual."""
