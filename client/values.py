@@ -2,7 +2,8 @@
 
 Accepts anything with the buffer protocol (bytes, bytearray, memoryview,
 numpy arrays, array.array, mmap) and torch CPU tensors. A strided value would
-need a copy to become one contiguous extent, so it is refused instead.
+need a copy to become one contiguous extent, so it is refused instead. Device memory (CUDA tensors) is taken
+before it gets here, by client/device/transfers.py.
 """
 
 import ctypes
@@ -105,7 +106,7 @@ def _tensor_view(obj) -> memoryview | None:
     if torch is None or not isinstance(obj, torch.Tensor):
         return None
     if obj.device.type != "cpu":
-        raise InvalidArgumentError(f"tensor is on {obj.device}; only CPU tensors can be stored or filled")
+        raise InvalidArgumentError(f"tensor is on {obj.device}; kvpool takes CPU and CUDA tensors")
     if not obj.is_contiguous():
         raise InvalidArgumentError("tensor is not contiguous; pass tensor.contiguous()")
     # Flat uint8 view of the same storage; numpy() shares memory with the tensor.

@@ -32,12 +32,21 @@ def block_parts(layer_caches: Sequence, block_id: int, kv_first: bool = True) ->
 
 def block_bytes(layer_caches: Sequence, kv_first: bool = True) -> int:
     """Bytes of one block of every layer: the size of one stored block."""
-    return sum(part.nbytes for part in block_parts(layer_caches, 0, kv_first))
+    per_block = (lambda cache: 2 * cache[0, 0].nelement()) if kv_first else (lambda cache: cache[0].nelement())
+    return sum(per_block(cache) * cache.element_size() for cache in layer_caches)
 
 
-def _as_bytes(cache, kv_first: bool):
-    """The cache as uint8, shaped (2, num_blocks, block bytes) (kv_first) or (num_blocks, block bytes)."""
-    flat = cache.view(-1).view(_torch().uint8)
+def _as_bytes(cache, kv_first: bool, layer: int):
+    """The cache as uint8, shaped (2, num_blocks, block bytes) (kv_first) or (num_blocks, block bytes), in the
+    order its bytes lie in memory: an engine may allocate heads before tokens and show them permuted (vLLM's
+    HND stride order); what must hold is that each block (of K, of V) is one contiguous range."""
+    leading = 2 if kv_first else 1
+    if not cache.is_contiguous():
+        order = sorted(range(cache.dim()), key=lambda dim: -cache.stride(dim))
+        if order[:leading] != list(range(leading)) or not cache.permute(order).is_contiguous():
+            raise InvalidArgumentError(f"layer {layer}: a block is not one contiguous range in this layout")
+        cache = cache.permute(order)
+    flat = cache.reshape(-1).view(_torch().uint8)
     return flat.view(2, cache.shape[1], -1) if kv_first else flat.view(cache.shape[0], -1)
 
 
@@ -46,13 +55,10 @@ def gather_blocks(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bo
     (len(block_ids), block bytes): each row one stored block in block_parts' order. One indexing kernel per
     layer (K and V together), whatever the number of blocks; enqueued on the current stream."""
     torch = _torch()
-    for layer, cache in enumerate(layer_caches):
-        if not cache.is_contiguous():
-            raise InvalidArgumentError(f"layer {layer}'s cache is not contiguous")
     index = _index(layer_caches, block_ids, kv_first)
     rows = []
-    for cache in layer_caches:
-        taken = _as_bytes(cache, kv_first).index_select(1 if kv_first else 0, index)
+    for layer, cache in enumerate(layer_caches):
+        taken = _as_bytes(cache, kv_first, layer).index_select(1 if kv_first else 0, index)
         rows.append(taken.transpose(0, 1) if kv_first else taken)  # (n, 2, bytes) / (n, bytes)
     return torch.cat([row.reshape(len(block_ids), -1) for row in rows], dim=1)
 
@@ -64,8 +70,8 @@ def scatter_blocks(layer_caches: Sequence, block_ids: Sequence[int], blocks, kv_
         return
     index = _index(layer_caches, block_ids, kv_first)
     at = 0
-    for cache in layer_caches:
-        target = _as_bytes(cache, kv_first)
+    for layer, cache in enumerate(layer_caches):
+        target = _as_bytes(cache, kv_first, layer)
         width = 2 * target.shape[2] if kv_first else target.shape[1]
         rows = blocks[:, at:at + width]
         at += width

@@ -184,36 +184,40 @@ class DeviceTransfers:
         host = [i for i, view in enumerate(views) if not isinstance(view, DeviceValue)]
         waves = [[device[j] for j in wave] for wave in self.waves([len(views[i]) for i in device])]
         errors: dict = {}
-        earlier = None  # (indices, values, lease, pending, event) staged, not yet sent
+        staged: list = []  # waves staged and not sent yet: (indices, values, lease, pending, event), oldest first
 
-        async def send_earlier():
-            nonlocal earlier
-            if earlier is None:
-                return
-            indices, values, lease, pending, event = earlier
-            earlier = None
+        async def send_oldest():
+            indices, values, lease, pending, event = staged[0]
             try:
-                staged = await self._finish_out(values, pending)
-                await _sent(send, indices, staged, [s.digest for s in staged], errors)
+                ready = await self._finish_out(values, pending)
+                await _sent(send, indices, ready, [s.digest for s in ready], errors)
             except DeviceCopyError as exc:
                 errors.update(dict.fromkeys((keys[i] for i in indices), exc))
             finally:
+                staged.pop(0)
                 self._settle(event, lease)
+
+        async def send_all():
+            while staged:
+                await send_oldest()
 
         try:
             if host:
                 await _sent(send, host, [views[i] for i in host], [None] * len(host), errors)
             for wave in waves:
                 values = [views[i] for i in wave]
-                lease = await self._lease(sum(map(len, values)), send_earlier)
-                pending = self._start_out(values, lease)
-                event = self.engine.record()
-                await send_earlier()  # wave k is written while wave k+1's copies run
-                earlier = (wave, values, lease, pending, event)
-            await send_earlier()
+                lease = await self._lease(sum(map(len, values)), send_all)
+                try:
+                    pending = self._start_out(values, lease)
+                finally:
+                    staged.append((wave, values, lease, None, None))  # settled below if not filled in
+                staged[-1] = (wave, values, lease, pending, self.engine.record())
+                if len(staged) > 1:
+                    await send_oldest()  # wave k is written while wave k+1's copies run
+            await send_all()
         finally:
-            if earlier is not None:  # cancelled or failed while staged
-                self._settle(earlier[4], earlier[2])
+            for _, _, lease, _, event in staged:  # cancelled or failed while staged
+                self._settle(event, lease)
         return errors
 
     def direct_out(self, source: DeviceValue, extent: memoryview) -> bool:
@@ -251,14 +255,10 @@ class DeviceTransfers:
         host = [i for i, dest in enumerate(dests) if not isinstance(dest, DeviceValue)]
         waves = [[device[j] for j in wave] for wave in self.waves([len(dests[i]) for i in device])]
         results: list = [None] * len(keys)
-        earlier = None  # (indices, lease, event) whose copies to the device are under way
+        landing: list = []  # waves whose copies to the device are under way: (indices, lease, event), oldest first
 
-        async def land_earlier():
-            nonlocal earlier
-            if earlier is None:
-                return
-            indices, lease, event = earlier
-            earlier = None
+        async def land_oldest():
+            indices, lease, event = landing[0]
             try:
                 await self._wait(event)
                 self.engine.caller_after(event)
@@ -267,32 +267,33 @@ class DeviceTransfers:
                     if not isinstance(results[i], BaseException):
                         results[i] = exc
             finally:
+                landing.pop(0)
                 self._settle(event, lease)
+
+        async def land_all():
+            while landing:
+                await land_oldest()
 
         try:
             if host:
                 for i, result in zip(host, await read(core, [keys[i] for i in host], [dests[i] for i in host])):
                     results[i] = result
             for wave in waves:
-                lease = await self._lease(sum(len(dests[i]) for i in wave), land_earlier)
+                lease = await self._lease(sum(len(dests[i]) for i in wave), land_all)
+                landing.append((wave, lease, None))  # settled below until its copies are enqueued
                 landings, at = [], 0
                 for i in wave:
                     landings.append(Landing(lease.view[at:at + len(dests[i])], dests[i], self,
                                             flexible=len(dests[i].regions) <= 1))
                     at += len(dests[i])
-                event = None
-                try:
-                    outcomes = await read(core, [keys[i] for i in wave], landings)
-                    event = self._start_in(wave, outcomes, results)
-                finally:
-                    if event is None:
-                        self._settle(None, lease)
-                await land_earlier()  # wave k lands on the device while wave k+1 was read
-                earlier = (wave, lease, event)
-            await land_earlier()
+                outcomes = await read(core, [keys[i] for i in wave], landings)
+                landing[-1] = (wave, lease, self._start_in(wave, outcomes, results))
+                if len(landing) > 1:
+                    await land_oldest()  # wave k lands on the device while wave k+1 was read
+            await land_all()
         finally:
-            if earlier is not None:
-                self._settle(earlier[2], earlier[1])
+            for _, lease, event in landing:  # cancelled or failed under way
+                self._settle(event, lease)
         return results
 
     def _start_in(self, wave: list, outcomes: list, results: list):
