@@ -88,8 +88,12 @@ class CudaCopyEngine(CopyEngine):
         if id(mapping) in self._registered:
             return True
         whole = self.torch.frombuffer(mapping, dtype=self.torch.uint8)
-        status = self.torch.cuda.cudart().cudaHostRegister(whole.data_ptr(), whole.numel(), 0)
+        cudart = self.torch.cuda.cudart()
+        status = cudart.cudaHostRegister(whole.data_ptr(), whole.numel(), 0)
         if int(status) != 0:
+            clear = getattr(cudart, "cudaGetLastError", None)
+            if clear is not None:  # else a later kernel launch's check would report this failure as its own
+                clear()
             return False
         self._registered[id(mapping)] = (mapping, whole)  # kept: unregistered only with the process
         return True
