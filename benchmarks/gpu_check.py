@@ -253,25 +253,22 @@ class SyncWatch:
 
 
 class EngineWatch:
-    """--engine cpu: CpuCopyEngine counts host waits on the caller's stream itself (caller_syncs)."""
+    """--engine cpu: the host-memory engine has no stream a host could synchronize; nothing to count."""
 
     def __init__(self, engines):
         self.engines = engines
-        self.active = 0
 
     def __enter__(self):
-        self.active += 1
+        return self
 
     def __exit__(self, *exc):
-        self.active -= 1
+        return None
 
     def restore(self) -> None:
         pass
 
-    def report(self) -> dict:
-        total = sum(engine.caller_syncs for engine in self.engines)
-        return {"total": total, "by_call": {"CpuCopyEngine.caller_syncs": total} if total else {},
-                "copy_stream_event_waits": {}}
+    def report(self) -> None:
+        return None
 
 
 # -- memory: what a transfer goes from and into, and how it is checked

@@ -224,6 +224,8 @@ def landing(info, dest: memoryview | Parts | None) -> memoryview | Parts | None:
             if len(dest) != _raw_size(info):
                 return None
             return fresh_bytes_view(size) if info.compressed else dest
+        if info.compressed:  # decompressed from flat bytes, into the front of dest (staging for the device)
+            return fresh_bytes_view(size) if len(dest) >= _raw_size(info) else None
     if len(dest) < _raw_size(info):
         return None
     if len(dest) >= size:

@@ -25,7 +25,8 @@ from typing import Sequence
 
 from kvpool.protocol import transports, wire
 from kvpool.protocol.checksum import Digest, checksum
-from kvpool.errors import ForbiddenError, NoSpaceError, ProtocolError, UnavailableError, ValueTooLargeError
+from kvpool.errors import (DeviceCopyError, ForbiddenError, NoSpaceError, ProtocolError, UnavailableError,
+                           ValueTooLargeError)
 from kvpool.protocol.parts import Parts, pieces
 from kvpool.net.tcp_connection import Location
 
@@ -137,6 +138,12 @@ class _Copier:
             self._hasher.shutdown()
 
 
+async def _landed(buf) -> None:
+    """What `buf` took by itself (device memory: client/device/staged.py) has arrived."""
+    if isinstance(buf, Parts):
+        await buf.landed()
+
+
 def _undeliver(buf) -> None:
     """`buf` is filled again (over the socket): what its deliver_from took no longer counts."""
     if isinstance(buf, Parts):
@@ -208,6 +215,7 @@ class ShmPath(DataPath):
         leased = time.monotonic()
         try:
             digest = self.copier.copy(mapping.extent(answer, len(buf)), buf)
+            await _landed(buf)
         finally:
             connection.defer(_RELEASE, ((key, generation),), _RELEASE_DELAY)
         if time.monotonic() - leased > _SAFE_COPY_SECONDS:
@@ -233,6 +241,11 @@ class ShmPath(DataPath):
                         answers[i] = exc
                 elif not isinstance(answer, Exception):
                     self.by_socket += len(item.buf)
+            for i, item in enumerate(items):  # copies to device memory all enqueued: now wait for them
+                try:
+                    await _landed(item.buf)
+                except DeviceCopyError as exc:
+                    answers[i] = exc
         finally:
             connection.defer(_RELEASE, located, _RELEASE_DELAY)
         if located and time.monotonic() - leased > _SAFE_COPY_SECONDS:

@@ -50,46 +50,76 @@ def _as_bytes(cache, kv_first: bool, layer: int):
     return flat.view(2, cache.shape[1], -1) if kv_first else flat.view(cache.shape[0], -1)
 
 
-def gather_blocks(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bool = True):
+def gather_blocks(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bool = True,
+                  indexed: bool | None = None):
     """Blocks `block_ids` of every layer copied into one new uint8 tensor on the caches' device, shaped
-    (len(block_ids), block bytes): each row one stored block in block_parts' order. One indexing kernel per
-    layer (K and V together), whatever the number of blocks; enqueued on the current stream."""
+    (len(block_ids), block bytes): each row one stored block in block_parts' order. On a GPU one indexing
+    kernel per layer (K and V together), whatever the number of blocks, enqueued on the current stream; on the
+    CPU, where indexing kernels run several times slower than copying each block's ranges, a copy per range
+    (`indexed` chooses either way: both give the same bytes)."""
     torch = _torch()
-    index = _index(layer_caches, block_ids, kv_first)
+    views = [_as_bytes(cache, kv_first, layer) for layer, cache in enumerate(layer_caches)]
+    ids = _checked_ids(layer_caches, block_ids, kv_first)
+    if not _indexed(layer_caches, indexed):
+        gathered = torch.empty((len(ids), block_bytes(layer_caches, kv_first)), dtype=torch.uint8)
+        for row, block in zip(gathered, ids):
+            for piece, view in zip(_row_pieces(row, views, kv_first), views):
+                piece.copy_(view[:, block] if kv_first else view[block])
+        return gathered
+    index = torch.tensor(ids, dtype=torch.long).to(layer_caches[0].device, non_blocking=True)
     rows = []
-    for layer, cache in enumerate(layer_caches):
-        taken = _as_bytes(cache, kv_first, layer).index_select(1 if kv_first else 0, index)
+    for view in views:
+        taken = view.index_select(1 if kv_first else 0, index)
         rows.append(taken.transpose(0, 1) if kv_first else taken)  # (n, 2, bytes) / (n, bytes)
-    return torch.cat([row.reshape(len(block_ids), -1) for row in rows], dim=1)
+    return torch.cat([row.reshape(len(ids), -1) for row in rows], dim=1)
 
 
-def scatter_blocks(layer_caches: Sequence, block_ids: Sequence[int], blocks, kv_first: bool = True) -> None:
-    """Write rows of `blocks` (as gather_blocks makes them) into `block_ids` of every layer; one indexing
-    kernel per layer, enqueued on the current stream."""
+def scatter_blocks(layer_caches: Sequence, block_ids: Sequence[int], blocks, kv_first: bool = True,
+                   indexed: bool | None = None) -> None:
+    """Write rows of `blocks` (as gather_blocks makes them) into `block_ids` of every layer: one indexing
+    kernel per layer on a GPU, enqueued on the current stream; a copy per range on the CPU."""
     if not len(block_ids):
         return
-    index = _index(layer_caches, block_ids, kv_first)
-    at = 0
-    for layer, cache in enumerate(layer_caches):
-        target = _as_bytes(cache, kv_first, layer)
-        width = 2 * target.shape[2] if kv_first else target.shape[1]
-        rows = blocks[:, at:at + width]
-        at += width
-        if kv_first:
-            target.index_copy_(1, index, rows.reshape(len(block_ids), 2, -1).transpose(0, 1))
-        else:
-            target.index_copy_(0, index, rows)
-
-
-def _index(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bool):
     torch = _torch()
+    views = [_as_bytes(cache, kv_first, layer) for layer, cache in enumerate(layer_caches)]
+    ids = _checked_ids(layer_caches, block_ids, kv_first)
+    if not _indexed(layer_caches, indexed):
+        for row, block in zip(blocks, ids):
+            for piece, view in zip(_row_pieces(row, views, kv_first), views):
+                (view[:, block] if kv_first else view[block]).copy_(piece)
+        return
+    index = torch.tensor(ids, dtype=torch.long).to(layer_caches[0].device, non_blocking=True)
+    for piece, view in zip(_row_pieces(blocks, views, kv_first), views):
+        if kv_first:
+            view.index_copy_(1, index, piece.transpose(0, 1))
+        else:
+            view.index_copy_(0, index, piece)
+
+
+def _row_pieces(rows, views: list, kv_first: bool) -> list:
+    """Each layer's part of a gathered row (or of every row, for a 2-D `rows`): (2, bytes) kv_first, else
+    (bytes,), with the rows' leading dimension kept."""
+    pieces, at = [], 0
+    for view in views:
+        width = 2 * view.shape[2] if kv_first else view.shape[1]
+        piece = rows[..., at:at + width]
+        pieces.append(piece.unflatten(-1, (2, view.shape[2])) if kv_first else piece)
+        at += width
+    return pieces
+
+
+def _indexed(layer_caches: Sequence, indexed: bool | None) -> bool:
+    return layer_caches[0].device.type != "cpu" if indexed is None else indexed
+
+
+def _checked_ids(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bool) -> list[int]:
     first = layer_caches[0]
     blocks = first.shape[1] if kv_first else first.shape[0]
     ids = [int(block) for block in block_ids]
     bad = [block for block in ids if not 0 <= block < blocks]
     if bad:
         raise InvalidArgumentError(f"block {bad[0]} is outside the caches' {blocks} blocks")
-    return torch.tensor(ids, dtype=torch.long).to(first.device, non_blocking=True)
+    return ids
 
 
 def _torch():

@@ -4,9 +4,8 @@ Its "device memory" is DeviceBuffer, which offers no buffer protocol, so the onl
 it is through the engine's copies, as with GPU memory. Its two streams are worker threads that run their work
 in order: the caller's stream (`launch` puts a "kernel" there, e.g. one writing a buffer slowly) and the copy
 stream. Events are futures on a stream; a stream waiting for another's event blocks its own thread only, so
-ordering is device-side as on a GPU. It counts what a test must see: the copies it ran (and how large), host
-waits on the caller's stream (never, from the pipeline), registered host mappings; and it can fail a chosen
-copy or slow every copy down.
+ordering is device-side as on a GPU. It counts what a test must see: the copies it ran (and how large) and the
+host mappings registered; and it can fail a chosen copy or slow every copy down.
 """
 
 import concurrent.futures
@@ -81,7 +80,6 @@ class CpuCopyEngine(CopyEngine):
         self.copies = _Stream("kvpool-test-copy-stream")
         self._lock = threading.Lock()
         self.copied: list[tuple[str, int]] = []  # ("to_host" | "to_device", bytes) per copy, in order run
-        self.caller_syncs = 0  # host waits on the caller's stream: the pipeline must make none
         self.pinned_bytes = 0
         self.registered: set[int] = set()  # id() of host mappings made reachable
 

@@ -90,11 +90,20 @@ class Landing(Parts):
         self.views[0][where] = value
 
     def deliver_from(self, source: memoryview) -> int | None:
-        """Copy a node's extent straight to the device; the checksum of the source, or None when its mapping
-        cannot be reached by DMA (the caller then copies into staging)."""
-        digest = self.transfers.direct_in(source, self.dest)
-        self.state["direct"] = digest is not None
+        """Start copying a node's extent straight to the device (`landed` waits for it); the checksum of the
+        source, or None when its mapping cannot be reached by DMA (the caller then copies into staging)."""
+        started = self.transfers.direct_in(source, self.dest)
+        if started is None:
+            self.state["direct"] = False
+            return None
+        digest, self.state["copies"] = started
+        self.state["direct"] = True
         return digest
+
+    async def landed(self) -> None:
+        copies = self.state.pop("copies", None)
+        if copies is not None:
+            await self.transfers.landed(copies)
 
     def undeliver(self) -> None:
         """What went straight to the device is not the value (it is being read again into staging)."""

@@ -64,11 +64,13 @@ class DeviceTransfers:
 
     def readable(self, value):
         """A put's value: a flat view of host memory, or a DeviceValue."""
-        return self._device(value, "value", False) or readable_view(value)
+        device = self._device(value, "value", False)
+        return readable_view(value) if device is None else device
 
     def writable(self, buffer):
         """A get's destination: a flat writable view of host memory, or a DeviceValue."""
-        return self._device(buffer, "buffer", True) or writable_view(buffer)
+        device = self._device(buffer, "buffer", True)
+        return writable_view(buffer) if device is None else device
 
     def parts(self, buffers, writable: bool):
         """Parts of host buffers, or a DeviceValue of device buffers (not both in one value)."""
@@ -76,9 +78,9 @@ class DeviceTransfers:
             return value_parts(buffers, "parts", writable)
         buffers = list(buffers)
         device = [self._device(b, "part", writable) for b in buffers]
-        if not any(device):
+        if all(value is None for value in device):
             return value_parts(buffers, "parts", writable)
-        if not all(device):
+        if any(value is None for value in device):
             raise InvalidArgumentError("a value's parts must all be device memory or all host memory")
         return DeviceValue(device[0].engine, [region for value in device for region in value.regions])
 
@@ -92,8 +94,8 @@ class DeviceTransfers:
 
     def report(self) -> dict:
         """The staging pool's memory (bytes) and what moved, per path."""
-        pool = {"pool_bytes": self.pool_size, "chunk_bytes": self.chunk_size, "allocated_bytes": 0} \
-            if self.pool is None else self.pool.report()
+        pool = {"pool_bytes": self.pool_size, "chunk_bytes": self.chunk_size, "allocated_bytes": 0,
+                "in_use_bytes": 0, "peak_bytes": 0, "waits": 0} if self.pool is None else self.pool.report()
         return {**pool, "engine": None if self.engine is None else self.engine.name, "moved": dict(self.moved)}
 
     def waves(self, sizes: list[int]) -> list[list[int]]:
@@ -234,8 +236,9 @@ class DeviceTransfers:
 
     # -- gets
 
-    def direct_in(self, source: memoryview, dest: DeviceValue) -> int | None:
-        """Copy a node's mapped extent to the device by DMA, hashing it meanwhile; its checksum, or None."""
+    def direct_in(self, source: memoryview, dest: DeviceValue):
+        """Enqueue copies of a node's mapped extent to the device by DMA and hash the extent meanwhile:
+        (its checksum, the event after the copies, for `landed`), or None when the mapping cannot be reached."""
         engine = self.engine
         if not engine.register_host(source):
             return None
@@ -243,10 +246,12 @@ class DeviceTransfers:
         for offset, piece in dest.spans(self.chunk_size, len(source)):
             engine.to_device(source[offset:offset + piece.nbytes], piece)
         event = engine.record()
-        digest = checksum(source)  # while the copies run; the node pins the extent until RELEASE
-        engine.wait(event)
-        engine.caller_after(event)
-        return digest
+        return checksum(source), event  # hashed while the copies run; the node pins the extent until RELEASE
+
+    async def landed(self, event) -> None:
+        """Wait, off the event loop, for the copies of a direct fill (they may wait for the caller's stream)."""
+        await self._wait(event)
+        self.engine.caller_after(event)
 
     async def read_waves(self, core, keys: list, dests: list, read) -> list:
         """reads.read (`read`) for destinations among which some are DeviceValues, wave by wave: per key the

@@ -51,6 +51,9 @@ class Parts:
         checksum (client/device: one DMA to device memory); None: copy it in as usual."""
         return None
 
+    async def landed(self) -> None:
+        """Wait until what deliver_from took has arrived (before the source may be given back)."""
+
     def undeliver(self) -> None:
         """A new fill of this destination begins: what deliver_from took before no longer counts."""
 
