@@ -138,8 +138,9 @@ class DeviceTransfers:
 
     # -- puts
 
-    def _start_out(self, values: list[DeviceValue], lease) -> tuple[list, list]:
-        """Enqueue the copies of `values` into the lease: (per value, [(view, event)] per chunk), offsets."""
+    def _start_out(self, values: list[DeviceValue], lease) -> list:
+        """Enqueue the copies of `values`, one after the other, into the lease: per value (its staging view,
+        [(chunk view, event after its copy)])."""
         engine, chunk = self.engine, self.chunk_size
         engine.copy_after_caller()
         pending, at = [], 0
