@@ -1,6 +1,7 @@
 """KV blocks of paged caches in kvpool: save, look up the stored prefix, load."""
 
 import logging
+import threading
 from typing import Sequence
 
 from kvpool.errors import BatchError, KeyExistsError
@@ -18,6 +19,8 @@ class KVBlockStore:
         self.client = client
         self.namespace = namespace
         self.kv_first = kv_first
+        # CPU caches: the gathered blocks' buffer, kept per thread (fresh pages cost more than the copy itself).
+        self._scratch = threading.local()
 
     def keys(self, hashes: Sequence[str]) -> list[str]:
         return [self.namespace.key(h) for h in hashes]
@@ -39,7 +42,8 @@ class KVBlockStore:
         size = block_bytes(layer_caches, self.kv_first)
         for group in _groups(todo, size):
             # Gathered on the caches' device (GPU or CPU), then one batch from that buffer.
-            blocks = gather_blocks(layer_caches, [block_ids[i] for i in group], self.kv_first)
+            blocks = gather_blocks(layer_caches, [block_ids[i] for i in group], self.kv_first,
+                                   out=self._buffer(layer_caches, len(group), size))
             try:
                 self.client.batch_put_from([keys[i] for i in group], blocks, offsets=_offsets(group, size),
                                            sizes=[size] * len(group))
@@ -60,7 +64,7 @@ class KVBlockStore:
         size = block_bytes(layer_caches, self.kv_first)
         loaded = 0
         for group in _groups(range(len(hashes)), size):
-            blocks = _empty_like_blocks(layer_caches, len(group), size)
+            blocks = self._buffer(layer_caches, len(group), size)
             try:
                 sizes = self.client.batch_get_into([keys[i] for i in group], blocks, offsets=_offsets(group, size),
                                                    sizes=[size] * len(group))
@@ -73,6 +77,18 @@ class KVBlockStore:
             if whole < len(group):
                 break
         return loaded
+
+    def _buffer(self, layer_caches: Sequence, count: int, size: int):
+        """Room for `count` blocks on the caches' device: new on a GPU (its allocator keeps freed memory for
+        reuse, and the engine's own memory is tight), the kept one on the CPU."""
+        import torch
+        device = layer_caches[0].device
+        if device.type != "cpu":
+            return torch.empty((count, size), dtype=torch.uint8, device=device)
+        kept = getattr(self._scratch, "buffer", None)
+        if kept is None or kept.numel() < count * size:
+            kept = self._scratch.buffer = torch.empty(count * size, dtype=torch.uint8)
+        return kept[:count * size].view(count, size)
 
 
 # Blocks moved per batch: the gathered buffer is this large at most (on a GPU, beside the engine's own memory).
@@ -89,6 +105,3 @@ def _offsets(group: list, size: int) -> list[int]:
     return [n * size for n in range(len(group))]
 
 
-def _empty_like_blocks(layer_caches: Sequence, count: int, size: int):
-    import torch
-    return torch.empty((count, size), dtype=torch.uint8, device=layer_caches[0].device)

@@ -51,17 +51,20 @@ def _as_bytes(cache, kv_first: bool, layer: int):
 
 
 def gather_blocks(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bool = True,
-                  indexed: bool | None = None):
+                  indexed: bool | None = None, out=None):
     """Blocks `block_ids` of every layer copied into one new uint8 tensor on the caches' device, shaped
     (len(block_ids), block bytes): each row one stored block in block_parts' order. On a GPU one indexing
     kernel per layer (K and V together), whatever the number of blocks, enqueued on the current stream; on the
     CPU, where indexing kernels run several times slower than copying each block's ranges, a copy per range
-    (`indexed` chooses either way: both give the same bytes)."""
+    (`indexed` chooses either way: both give the same bytes). out: the tensor to fill instead of a new one."""
     torch = _torch()
     views = [_as_bytes(cache, kv_first, layer) for layer, cache in enumerate(layer_caches)]
     ids = _checked_ids(layer_caches, block_ids, kv_first)
+    shape = (len(ids), block_bytes(layer_caches, kv_first))
+    if out is not None and (tuple(out.shape) != shape or out.dtype != torch.uint8):
+        raise InvalidArgumentError(f"out must be uint8 of shape {shape}, not {out.dtype} {tuple(out.shape)}")
     if not _indexed(layer_caches, indexed):
-        gathered = torch.empty((len(ids), block_bytes(layer_caches, kv_first)), dtype=torch.uint8)
+        gathered = torch.empty(shape, dtype=torch.uint8) if out is None else out
         for row, block in zip(gathered, ids):
             for piece, view in zip(_row_pieces(row, views, kv_first), views):
                 piece.copy_(view[:, block] if kv_first else view[block])
@@ -71,7 +74,7 @@ def gather_blocks(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bo
     for view in views:
         taken = view.index_select(1 if kv_first else 0, index)
         rows.append(taken.transpose(0, 1) if kv_first else taken)  # (n, 2, bytes) / (n, bytes)
-    return torch.cat([row.reshape(len(ids), -1) for row in rows], dim=1)
+    return torch.cat([row.reshape(len(ids), -1) for row in rows], dim=1, out=out)
 
 
 def scatter_blocks(layer_caches: Sequence, block_ids: Sequence[int], blocks, kv_first: bool = True,

@@ -66,3 +66,13 @@ def test_a_block_outside_the_caches_or_a_layout_without_contiguous_blocks_is_ref
     tokens_split = [cache.transpose(1, 2) for cache in caches]  # block index no longer leads in memory
     with pytest.raises(InvalidArgumentError, match="contiguous"):
         gather_blocks(tokens_split, [0], kv_first)
+
+
+@pytest.mark.parametrize("indexed", [True, False], ids=["indexed", "copied"])
+def test_gathered_into_a_given_tensor_fills_it_and_a_wrong_one_is_refused(indexed):
+    caches, kv_first = layouts()["kv-first"]
+    out = torch.full((len(IDS), block_bytes(caches, kv_first)), 0xA5, dtype=torch.uint8)
+    assert gather_blocks(caches, IDS, kv_first, indexed=indexed, out=out) is out
+    assert torch.equal(out, gather_blocks(caches, IDS, kv_first, indexed=indexed))
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        gather_blocks(caches, IDS, kv_first, indexed=indexed, out=out[1:])
