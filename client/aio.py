@@ -170,7 +170,8 @@ class AsyncClient:
     # -- zero-copy forms: caller buffers, one buffer with offsets, and values made of parts
 
     async def put_from(self, key: str, buffer, overwrite: bool = False, **options) -> None:
-        """put() of any buffer (bytearray, numpy array, torch CPU tensor, ...): sent from it, never copied."""
+        """put() of any buffer (bytearray, numpy array, torch CPU tensor, ...): sent from it, never copied.
+        Device memory (a CUDA tensor, ...) goes through the client's staging pool (client/device)."""
         await self.put(key, buffer, overwrite, **options)
 
     async def batch_put_from(self, keys, buffers, overwrite: bool = False, *, offsets=None, sizes=None,

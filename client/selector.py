@@ -238,6 +238,5 @@ def _whole(path: DataPath, data):
     return data
 
 
-
 def _size(item) -> int:
     return len(item.buf) if isinstance(item, ReadItem) else len(item.data)
