@@ -237,31 +237,28 @@ def import_torch():
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def ratio_aim(rows: dict, baselines: dict, field: str, largest: str, aim: float, figure: str, aim_name: str,
+              figures: dict, met: dict) -> None:
+    """met[aim_name]: the round trip of `rows` over the baseline's `field` at size `largest` reaches `aim` (None:
+    not measured); figures[figure]: that ratio and the ratio per size."""
+    if not (rows and baselines):
+        met[aim_name] = None
+        return
+    per_size = {label: round(row["round_trip_gbps"] / baselines[label][field], 3) for label, row in rows.items()
+                if label in baselines and row["round_trip_gbps"] and baselines[label][field]}
+    ratio = per_size.get(largest)
+    figures[figure] = {"size": largest, "ratio": ratio, "aim": aim, "per_size": per_size}
+    met[aim_name] = None if ratio is None else ratio >= aim
+
+
 def aims(data: dict, largest: str) -> tuple[dict, dict]:
     figures, met = {}, {}
-    pinned = data.get("pinned") or {}
     kv = data.get("kvpool") or {}
-    shm = (kv.get("shm") or {}).get("device") or {}
-    if pinned and shm:
-        per_size = {label: round(row["round_trip_gbps"] / pinned[label]["combined_gbps"], 3)
-                    for label, row in shm.items() if label in pinned and row["round_trip_gbps"]}
-        ratio = per_size.get(largest)
-        figures["shm_round_trip_vs_pinned"] = {"size": largest, "ratio": ratio, "aim": AIM_SHM_VS_PINNED,
-                                               "per_size": per_size}
-        met["shm_round_trip_ge_0.7_pinned"] = None if ratio is None else ratio >= AIM_SHM_VS_PINNED
-    else:
-        met["shm_round_trip_ge_0.7_pinned"] = None
-    tcp = kv.get("tcp") or {}
-    if tcp.get("device") and tcp.get("host"):
-        per_size = {label: round(row["round_trip_gbps"] / tcp["host"][label]["round_trip_gbps"], 3)
-                    for label, row in tcp["device"].items()
-                    if label in tcp["host"] and row["round_trip_gbps"] and tcp["host"][label]["round_trip_gbps"]}
-        ratio = per_size.get(largest)
-        figures["tcp_device_vs_host"] = {"size": largest, "ratio": ratio, "aim": AIM_TCP_DEVICE_VS_HOST,
-                                         "per_size": per_size}
-        met["tcp_device_ge_0.8_host"] = None if ratio is None else ratio >= AIM_TCP_DEVICE_VS_HOST
-    else:
-        met["tcp_device_ge_0.8_host"] = None
+    shm, tcp = kv.get("shm") or {}, kv.get("tcp") or {}
+    ratio_aim(shm.get("device") or {}, data.get("pinned") or {}, "combined_gbps", largest, AIM_SHM_VS_PINNED,
+              "shm_round_trip_vs_pinned", "shm_round_trip_ge_0.7_pinned", figures, met)
+    ratio_aim(tcp.get("device") or {}, tcp.get("host") or {}, "round_trip_gbps", largest, AIM_TCP_DEVICE_VS_HOST,
+              "tcp_device_vs_host", "tcp_device_ge_0.8_host", figures, met)
     wrong = [row["wrong_bytes"] for side in kv.values() for rows in side.values() for row in rows.values()]
     wrong += [row["wrong_bytes"] for row in (data.get("paged") or {}).values() if isinstance(row, dict)
               and "wrong_bytes" in row]

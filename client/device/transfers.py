@@ -98,19 +98,23 @@ class DeviceTransfers:
                 "in_use_bytes": 0, "peak_bytes": 0, "waits": 0} if self.pool is None else self.pool.report()
         return {**pool, "engine": None if self.engine is None else self.engine.name, "moved": dict(self.moved)}
 
-    def waves(self, sizes: list[int]) -> list[list[int]]:
-        """Indices of device values in groups of at most half the pool (one larger value goes alone)."""
+    def _plan(self, items: list) -> tuple[list[int], list[list[int]]]:
+        """The indices of a batch's host values (or destinations), and of its DeviceValues in waves of at most
+        half the pool (one larger value goes alone)."""
         budget = self._pool().size // 2
-        waves, current, used = [], [], 0
-        for i, size in enumerate(sizes):
-            if current and used + size > budget:
+        host, waves, current, used = [], [], [], 0
+        for i, item in enumerate(items):
+            if not isinstance(item, DeviceValue):
+                host.append(i)
+                continue
+            if current and used + len(item) > budget:
                 waves.append(current)
                 current, used = [], 0
             current.append(i)
-            used += size
+            used += len(item)
         if current:
             waves.append(current)
-        return waves
+        return host, waves
 
     async def _lease(self, nbytes: int, finish_earlier):
         """Staging for `nbytes`: at once if free, else after finishing this call's earlier wave, then in turn."""
@@ -183,9 +187,7 @@ class DeviceTransfers:
         """Stage the device values among `views` wave by wave and `await send(indices, values, digests)` for
         each wave (host values go first, in one); key -> error of the puts that failed (send raises
         BatchError keyed by key)."""
-        device = [i for i, view in enumerate(views) if isinstance(view, DeviceValue)]
-        host = [i for i, view in enumerate(views) if not isinstance(view, DeviceValue)]
-        waves = [[device[j] for j in wave] for wave in self.waves([len(views[i]) for i in device])]
+        host, waves = self._plan(views)
         errors: dict = {}
         staged: list = []  # waves staged and not sent yet: (indices, values, lease, pending, event), oldest first
 
@@ -210,11 +212,8 @@ class DeviceTransfers:
             for wave in waves:
                 values = [views[i] for i in wave]
                 lease = await self._lease(sum(map(len, values)), send_all)
-                try:
-                    pending = self._start_out(values, lease)
-                finally:
-                    staged.append((wave, values, lease, None, None))  # settled below if not filled in
-                staged[-1] = (wave, values, lease, pending, self.engine.record())
+                staged.append((wave, values, lease, None, None))  # settled below until its copies are enqueued
+                staged[-1] = (wave, values, lease, self._start_out(values, lease), self.engine.record())
                 if len(staged) > 1:
                     await send_oldest()  # wave k is written while wave k+1's copies run
             await send_all()
@@ -250,24 +249,22 @@ class DeviceTransfers:
         return checksum(source), event  # hashed while the copies run; the node pins the extent until RELEASE
 
     async def landed(self, event) -> None:
-        """Wait, off the event loop, for the copies of a direct fill (they may wait for the caller's stream)."""
+        """Wait, off the event loop, for copies to the device (they may wait for the caller's stream); the
+        caller's stream then waits for them too."""
         await self._wait(event)
         self.engine.caller_after(event)
 
     async def read_waves(self, core, keys: list, dests: list, read) -> list:
         """reads.read (`read`) for destinations among which some are DeviceValues, wave by wave: per key the
         destination filled (its front as long as the value) or the error."""
-        device = [i for i, dest in enumerate(dests) if isinstance(dest, DeviceValue)]
-        host = [i for i, dest in enumerate(dests) if not isinstance(dest, DeviceValue)]
-        waves = [[device[j] for j in wave] for wave in self.waves([len(dests[i]) for i in device])]
+        host, waves = self._plan(dests)
         results: list = [None] * len(keys)
         landing: list = []  # waves whose copies to the device are under way: (indices, lease, event), oldest first
 
         async def land_oldest():
             indices, lease, event = landing[0]
             try:
-                await self._wait(event)
-                self.engine.caller_after(event)
+                await self.landed(event)
             except DeviceCopyError as exc:
                 for i in indices:
                     if not isinstance(results[i], BaseException):
@@ -315,7 +312,7 @@ class DeviceTransfers:
             if outcome.state["direct"]:
                 self.moved[f"{engine.name}:direct"] += size
                 continue
-            view = outcome.views[0] if outcome.views else memoryview(b"")
+            view = outcome.views[0]  # a Landing keeps its one view, even empty
             for offset, piece in outcome.dest.spans(self.chunk_size, size):
                 engine.to_device(view[offset:offset + piece.nbytes], piece)
             self.moved[f"{engine.name}:staged"] += size
