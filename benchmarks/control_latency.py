@@ -210,11 +210,11 @@ def handling_in_process() -> dict:
     (the replies go nowhere): the Python a lookup costs the master, apart from its system calls."""
     import asyncio
 
-    from kvpool.master.control_port import ControlPort, _Connection
-    from kvpool.master.metrics import MasterMetrics
-    from kvpool.master.node_io import NodeIO
-    from kvpool.master.objects import ObjectTable
-    from kvpool.master.service import MasterService
+    from kvpool.master.serving.control_port import ControlPort, _Connection
+    from kvpool.master.serving.metrics import MasterMetrics
+    from kvpool.master.nodes.node_io import NodeIO
+    from kvpool.master.table.objects import ObjectTable
+    from kvpool.master.serving.service import MasterService
 
     class Nowhere:
         def write(self, data):

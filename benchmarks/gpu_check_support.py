@@ -93,7 +93,7 @@ def kill_cluster(cluster) -> None:
         except Exception:
             pass
     try:
-        from kvpool.storenode.dram import remove_stale_segments
+        from kvpool.storenode.storage.dram import remove_stale_segments
         for node in getattr(cluster, "nodes", []):
             remove_stale_segments(cluster.cluster, node.name)
     except Exception:

@@ -1,6 +1,6 @@
 """The library inference engines call: Client (blocking) and AsyncClient (asyncio)."""
 
-from .aio import AsyncClient
-from .sync import Client
+from kvpool.client.aio import AsyncClient
+from kvpool.client.sync import Client
 
 __all__ = ["Client", "AsyncClient"]

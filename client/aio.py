@@ -18,15 +18,15 @@ from kvpool.errors import BatchError, InvalidArgumentError, InvalidKeyError, Key
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 
-from . import convert, reads, writes
-from .convert import check
-from .core import Core
-from .deadlines import DEFAULT_TIMEOUT, check_timeout
-from .master_link import DEFAULT_RPC_TIMEOUT
-from .placement_cache import DEFAULT_CAPACITY
-from .transport import Transport
-from .device.staged import is_device
-from .values import bytes_of, writable_view
+from kvpool.client import convert, reads, writes
+from kvpool.client.convert import check
+from kvpool.client.assembly import Core
+from kvpool.client.deadlines import DEFAULT_TIMEOUT, check_timeout
+from kvpool.client.master_link import DEFAULT_RPC_TIMEOUT
+from kvpool.client.placement_cache import DEFAULT_CAPACITY
+from kvpool.client.transport import Transport
+from kvpool.client.device.staged import is_device
+from kvpool.client.values import bytes_of, writable_view
 
 
 class AsyncClient:

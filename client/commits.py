@@ -30,9 +30,9 @@ from kvpool.errors import (
     BatchError, KvpoolError, NotLeaderError, PutExpiredError, PutOutcomeUnknownError, UnavailableError, error_for,
 )
 
-from . import convert
-from .convert import batch_end_errors
-from .master_link import MasterLink
+from kvpool.client import convert
+from kvpool.client.convert import batch_end_errors
+from kvpool.client.master_link import MasterLink
 
 log = logging.getLogger(__name__)
 

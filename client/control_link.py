@@ -1,4 +1,4 @@
-"""The client's side of the master's control port over asyncio (master/control_port.py; frames and
+"""The client's side of the master's control port over asyncio (master/serving/control_port.py; frames and
 their meaning: kvpool/protocol/control.py).
 
 One persistent connection per master, shared by every caller on the event loop.

@@ -9,8 +9,8 @@ from kvpool.protocol.keys import validate_key, validate_keys, validate_listing
 from kvpool.protocol.wire import SEAL
 from kvpool.proto import kvpool_pb2 as pb
 
-from .put_options import hold_seconds
-from .replica_order import nearest_first
+from kvpool.client.put_options import hold_seconds
+from kvpool.client.replica_order import nearest_first
 
 _NOT_FOUND = Code.NOT_FOUND
 

@@ -2,7 +2,7 @@
 
 The client's `timeout` (DEFAULT_TIMEOUT) or a call's own `timeout=` bounds the call end to end: its
 master calls (every attempt, failover and retry included), node reads and writes, and the retries
-inside it. The body runs inside the io's timeout (io.py: an asyncio.timeout on the loop; for the
+inside it. The body runs inside the io's timeout (waiting.py: an asyncio.timeout on the loop; for the
 blocking Client, the deadline its socket waits keep, which the master link reads too as
 io.deadline()). A call that fails once its deadline has passed, for want of an answer, raises
 DeadlineExceededError; a put whose end had left for the master raises PutOutcomeUnknownError instead

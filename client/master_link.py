@@ -48,7 +48,7 @@ from kvpool.errors import (
     UnavailableError,
 )
 
-from .io import LOOP_IO, LoopIO
+from kvpool.client.waiting import LOOP_IO, LoopIO
 
 DEFAULT_RPC_TIMEOUT = 10.0
 ATTEMPT_TIMEOUT = 2.0  # with another master to turn to: how long one may stay silent before the next is tried
@@ -107,7 +107,7 @@ class MasterLink:
         self._learning: dict[str, asyncio.Future] = {}  # Stats asked of a master, shared by its callers
         self.credential = credential  # proved on every call (kvpool/security/auth.py, kvpool/security/grpc_auth.py)
         self.tls = tls  # kvpool/security/tls.py TlsFiles: every connection to a master (and etcd) is TLS
-        self.io = io  # how calls wait (client/io.py)
+        self.io = io  # how calls wait (client/waiting.py)
         self._links = io.control_links(credential, tls)
         self.lookups = True  # ask LOOKUP (lookup_now) until a master answers it does not know it
 

@@ -26,10 +26,10 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.protocol.keys import validate_key
 from kvpool.protocol.parts import Parts
 
-from . import compression, convert
-from .core import Core
-from .transport import ReadItem
-from .values import fresh_bytes_view
+from kvpool.client import compression, convert
+from kvpool.client.assembly import Core
+from kvpool.client.transport import ReadItem
+from kvpool.client.values import fresh_bytes_view
 
 # A replica read that fails like this may mean the placement moved on: ask the master again.
 _REFETCH = (StaleReplicaError, KeyNotFoundError, UnavailableError)

@@ -19,10 +19,10 @@ from kvpool.errors import KvpoolError, ProtocolError, UnavailableError
 from kvpool.protocol.parts import Parts
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 
-from .shm import ShmPath
-from .io import LOOP_IO
-from .tcp import TcpTransport
-from .transport import DataPath, ReadItem, Transport, WriteItem
+from kvpool.client.shm import ShmPath
+from kvpool.client.waiting import LOOP_IO
+from kvpool.client.tcp import TcpTransport
+from kvpool.client.transport import DataPath, ReadItem, Transport, WriteItem
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ _PATH_FAILED = (UnavailableError, ProtocolError)
 
 
 def _make_ucx(credential, tickets) -> DataPath | None:
-    from . import ucx
+    from kvpool.client import ucx
 
     if not ucx.available():  # the optional extra kvpool[ucx] is not installed
         log.info("UCX transport not available: install kvpool[ucx]")
@@ -43,7 +43,7 @@ class TransportSelector(Transport):
     """allowed: transport names (kvpool.protocol.transports), default $KVPOOL_TRANSPORTS or all of them.
     credential: what this client proves to each node (kvpool/security/auth.py).
     tls: kvpool/security/tls.py TlsFiles when the cluster runs TLS (None: plain TCP).
-    io: how TCP waits (client/io.py)."""
+    io: how TCP waits (client/waiting.py)."""
 
     def __init__(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, allowed: Sequence[str] | None = None,
                  credential=None, io=LOOP_IO, tls=None):
@@ -107,7 +107,7 @@ class TransportSelector(Transport):
 
     async def _ucx_ticket(self, address: str) -> bytes:
         """A one-use ticket for a UCX CONNECT, asked of the node on our authenticated TCP connection."""
-        from .ucx import ticket_of
+        from kvpool.client.ucx import ticket_of
 
         return ticket_of(await self.tcp.hello(address), address)
 
@@ -144,7 +144,7 @@ class TransportSelector(Transport):
         order = _fallback_order(await self.route(address))
         for position, (name, path) in enumerate(order):
             if path is not self.tcp:
-                await self._io.to_loop()  # only TCP requests are answered on the socket (io.py)
+                await self._io.to_loop()  # only TCP requests are answered on the socket (waiting.py)
             try:
                 result = await call(path)
             except _PATH_FAILED as exc:

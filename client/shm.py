@@ -30,8 +30,8 @@ from kvpool.errors import (DeviceCopyError, ForbiddenError, NoSpaceError, Protoc
 from kvpool.protocol.parts import Parts, pieces
 from kvpool.net.tcp_connection import Location
 
-from .tcp import TcpTransport
-from .transport import DataPath, ReadItem, WriteItem
+from kvpool.client.tcp import TcpTransport
+from kvpool.client.transport import DataPath, ReadItem, WriteItem
 
 COPY_CHUNK = 512 * 1024  # copy and hash in pieces that are still in cache when hashed
 PARALLEL_HASH_MIN = 1024 * 1024  # below this a hand-off to the hash thread costs more than it saves

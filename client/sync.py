@@ -1,6 +1,6 @@
 """Client: the blocking kvpool API, for callers without an event loop.
 
-It runs on the same machinery as AsyncClient with the blocking io (io.py): the
+It runs on the same machinery as AsyncClient with the blocking io (waiting.py): the
 coroutine of AsyncClient's method (or, where that method only hands its
 arguments on, the machinery's own: a put is writes.put) runs in the calling
 thread with its master calls and node requests answered on their sockets, so
@@ -27,14 +27,14 @@ import threading
 from kvpool.errors import UnavailableError
 from kvpool.protocol.keys import MAX_LIST_LIMIT, validate_keys
 
-from . import convert, writes
-from .aio import AsyncClient
-from .core import Core
-from .io import BlockingIO
+from kvpool.client import convert, writes
+from kvpool.client.aio import AsyncClient
+from kvpool.client.assembly import Core
+from kvpool.client.waiting import BlockingIO
 
 
 def _blocking(async_method):
-    """A method that runs AsyncClient.<method> (io.py's run) and returns its result."""
+    """A method that runs AsyncClient.<method> (waiting.py's run) and returns its result."""
 
     @functools.wraps(async_method)
     def method(self, *args, **kwargs):

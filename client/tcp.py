@@ -12,8 +12,8 @@ from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT, NodeConnections
 from kvpool.security.tls import client_files
 from kvpool.protocol.wire import Op
 
-from .io import LOOP_IO
-from .transport import ReadItem, Transport, WriteItem
+from kvpool.client.waiting import LOOP_IO
+from kvpool.client.transport import ReadItem, Transport, WriteItem
 
 _WRITE, _READ = Op.WRITE, Op.READ
 ENVIRONMENT = object()  # TcpTransport's default credential: the client token from the environment
@@ -29,7 +29,7 @@ class TcpTransport(NodeConnections, Transport):
                  io=LOOP_IO):
         """credential: what to prove to nodes (kvpool/security/auth.py); tls: kvpool/security/tls.py TlsFiles to connect
         with (None: plain TCP). By default both come from this process's environment. io: how node
-        requests wait for their answers (client/io.py)."""
+        requests wait for their answers (client/waiting.py)."""
         files = client_files() if tls is ENVIRONMENT else tls
         super().__init__(connect_timeout, auth.client_credential() if credential is ENVIRONMENT else credential,
                          files.client_context() if files is not None else None)

@@ -18,7 +18,7 @@ deadline (deadlines.py) is revoked, unless its end had left: then its outcome
 is unknown (PutOutcomeUnknownError).
 """
 
-from __future__ import annotations  # Core is named for the reader only: core.py imports this module
+from __future__ import annotations  # Core is named for the reader only: assembly.py imports this module
 
 import asyncio
 from typing import TYPE_CHECKING
@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING
 from kvpool.errors import BatchError, InvalidArgumentError, KvpoolError, UnavailableError
 from kvpool.protocol.keys import validate_key
 
-from . import compression, convert, put_options
-from .convert import Started, check
-from .replica_order import drop_replicas, nearest_first
-from .transport import WriteItem
-from .device.staged import is_device
-from .values import checksum_of
+from kvpool.client import compression, convert, put_options
+from kvpool.client.convert import Started, check
+from kvpool.client.replica_order import drop_replicas, nearest_first
+from kvpool.client.transport import WriteItem
+from kvpool.client.device.staged import is_device
+from kvpool.client.values import checksum_of
 
 if TYPE_CHECKING:
-    from .core import Core
+    from kvpool.client.assembly import Core
 
 
 async def put(core: Core, key: str, value, overwrite: bool = False, *, tier: str | None = None,
@@ -157,7 +157,7 @@ async def _write_replicas(core: Core, raw: bytes, info, data: memoryview, digest
             raise _no_answer(core, address) from None
         return {}
     # Every write must be over (done, failed or out of time) before a revoke frees the copies, so no
-    # early exit. The copies travel at once: as tasks on the loop, even a blocking client's (io.py waits
+    # early exit. The copies travel at once: as tasks on the loop, even a blocking client's (waiting.py waits
     # on a socket only outside tasks).
     outcomes = await asyncio.gather(*(_write_in_time(core, r.address, (WriteItem(
         raw, info.generation, data, digest, _sealed(options, r.seal), info.term),)) for r in replicas),

@@ -2,7 +2,7 @@
 
 Start-up: the options, the parts of the master, its servers (gRPC, the control
 port, metrics) and their orderly stop. What happens as this master wins and
-loses the leadership is leadership.py.
+loses the leadership is leadership/lifecycle.py.
 """
 
 import argparse
@@ -30,22 +30,22 @@ from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_
 from kvpool.sockets.admission import UNPROVED, UNPROVED_PER_ADDRESS
 from kvpool.protocol.units import parse_size
 
-from .adoption import Adopter
-from .control_port import FRAME_TIMEOUT, MAX_CONNECTIONS, ControlPort
-from .election import Election
-from .health_service import MasterHealth
-from .key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
-from .key_feed import KeyFeed
-from .key_watch import KeyWatch
-from .lease_refresh import GatewayLease
-from .leadership import ETCD_CONNECT_TIMEOUT, Leadership
-from .metrics import MasterMetrics
-from .node_io import NodeIO
-from .objects import ObjectTable
-from .pending_puts import MAX_REPLICAS
-from .repair import DEFAULT_RATE
-from .service import MAX_BATCH, MasterService
-from .tenants import TenantAdmin
+from kvpool.master.leadership.adoption import Adopter
+from kvpool.master.serving.control_port import FRAME_TIMEOUT, MAX_CONNECTIONS, ControlPort
+from kvpool.master.leadership.election import Election
+from kvpool.master.serving.health_service import MasterHealth
+from kvpool.master.serving.key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
+from kvpool.master.serving.key_feed import KeyFeed
+from kvpool.master.serving.key_watch import KeyWatch
+from kvpool.master.leadership.lease_refresh import GatewayLease
+from kvpool.master.leadership.lifecycle import ETCD_CONNECT_TIMEOUT, Leadership
+from kvpool.master.serving.metrics import MasterMetrics
+from kvpool.master.nodes.node_io import NodeIO
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.table.pending_puts import MAX_REPLICAS
+from kvpool.master.nodes.repair import DEFAULT_RATE
+from kvpool.master.serving.service import MAX_BATCH, MasterService
+from kvpool.master.serving.tenants import TenantAdmin
 
 log = logging.getLogger("kvpool.master")
 
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address clients use to reach this master (default: --host); needed with --host 0.0.0.0")
     p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one (default 0)")
     p.add_argument("--control-port", type=int, default=0,
-                   help="binary control port (the same RPCs, cheaper; master/control_port.py) on --host; "
+                   help="binary control port (the same RPCs, cheaper; master/serving/control_port.py) on --host; "
                         "0 picks a free one (default 0)")
     p.add_argument("--control-frame-timeout", type=float, default=FRAME_TIMEOUT, metavar="SECONDS",
                    help="close a control port connection whose frame stalls half-received this long "

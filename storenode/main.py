@@ -24,19 +24,19 @@ from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_
 from kvpool.protocol.units import parse_size
 from kvpool.sharedfs.files import SharedDir
 
-from . import policy
-from .dram import DramSegment, remove_stale_segments, segment_name
-from .maintenance import Maintenance
-from .metrics import NodeMetrics
-from .recovery import recover
-from .registration import NodeRegistration
-from .server import FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVED, MAX_UNPROVED_PER_ADDRESS, DataServer
-from .shared_tier import SharedTier
-from .ssd import SsdSegment
-from .store import ObjectStore
-from .tenant_shares import TenantShares, capacity_of
-from .tiers import StorageTier
-from .ucx_server import start_ucx
+from kvpool.storenode.storage import policy
+from kvpool.storenode.storage.dram import DramSegment, remove_stale_segments, segment_name
+from kvpool.storenode.background.maintenance import Maintenance
+from kvpool.storenode.serving.metrics import NodeMetrics
+from kvpool.storenode.storage.recovery import recover
+from kvpool.storenode.background.registration import NodeRegistration
+from kvpool.storenode.serving.tcp_server import FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVED, MAX_UNPROVED_PER_ADDRESS, DataServer
+from kvpool.storenode.background.shared_tier import SharedTier
+from kvpool.storenode.storage.ssd import SsdSegment
+from kvpool.storenode.storage.store import ObjectStore
+from kvpool.storenode.storage.tenant_shares import TenantShares, capacity_of
+from kvpool.storenode.storage.tiers import StorageTier
+from kvpool.storenode.serving.ucx_server import start_ucx
 
 log = logging.getLogger("kvpool.storenode")
 
@@ -328,7 +328,7 @@ async def _serve(args) -> int:
 
 def _tenants_changed(server, shares) -> None:
     """A tenant's record changed: end the TCP connections whose token lapsed (a UCX connection's requests are
-    refused from then on: storenode/ucx_server.py), take its new limits."""
+    refused from then on: storenode/serving/ucx_server.py), take its new limits."""
     ended = server.end_lapsed_tenants()
     if ended:
         log.info("closed %d connections of rotated or deleted tenant tokens", ended)

@@ -363,7 +363,7 @@ class LocalCluster:
                    what=f"the master to list {count} storage nodes")
 
     def stop(self) -> None:
-        from ..storenode.dram import remove_stale_segments
+        from ..storenode.storage.dram import remove_stale_segments
 
         for child in [*self.nodes, *(self.masters or [self.master])]:
             if child is not None:

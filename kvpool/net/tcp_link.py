@@ -1,8 +1,8 @@
 """The requests only a member of the cluster sends storage nodes, over TCP.
 
-The master (FREE, HOLD, REPORT, EVICTIONS, INVENTORY, COPY: master/node_io.py,
+The master (FREE, HOLD, REPORT, EVICTIONS, INVENTORY, COPY: master/nodes/node_io.py,
 eviction_watch.py, repair.py) and storage nodes (the WRITE of a COPY to another
-node: storenode/copier.py) reach nodes through a TcpLink; a node serves these
+node: storenode/background/replica_push.py) reach nodes through a TcpLink; a node serves these
 (PING aside) only to a peer that proved the member role. The connections and the
 requests any peer sends are kvpool/net/node_connections.py's; a client's data
 transport (client/tcp.py) is built on those alone.

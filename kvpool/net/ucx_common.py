@@ -1,4 +1,4 @@
-"""What both ends of the UCX data path share (client/ucx.py, storenode/ucx_server.py): the
+"""What both ends of the UCX data path share (client/ucx.py, storenode/serving/ucx_server.py): the
 message layout, loading ucxx (the optional extra kvpool[ucx]), contexts and workers, and the
 progress driver.
 

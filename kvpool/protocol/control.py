@@ -1,6 +1,6 @@
 """The master's control port contract: which wire.Op carries which Master RPC, its frames, and what a reply means.
 
-Both ends use it: master/control_port.py serves it; the client's connections to
+Both ends use it: master/serving/control_port.py serves it; the client's connections to
 it, over asyncio (client/control_link.py) and blocking (client/control_blocking.py),
 write the frames `ControlCalls.start` packs and feed what they read to
 `received`, which splits it into replies, matches each to its call by req_id

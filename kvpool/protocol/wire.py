@@ -23,7 +23,7 @@ cannot be resynchronised: the node closes the connection. A WRITE it cannot
 take (no space, bad length) gets an error reply and, as its payload cannot be
 skipped safely, a closed connection.
 
-The master's control port (master/control_port.py, client/control_link.py)
+The master's control port (master/serving/control_port.py, client/control_link.py)
 speaks the same frames with the ops from 32 up, one per Master RPC (named in
 kvpool/protocol/control.py): the request's body (`length` bytes, no key) is the
 serialized protobuf request, the OK reply's body the serialized response,
@@ -140,8 +140,8 @@ MAX_COPY_TARGET = 1024  # longest destination address a COPY may carry
 
 LOCATE_LEASE = 2.0  # seconds; a client copying for longer reads over the socket instead
 EVICTIONS_WAIT = 5.0  # seconds a node keeps an EVICTIONS request when it has nothing to tell
-# Seconds a node serves reads after the leader's last REPORT reached it (storenode/read_grant.py); a leader
-# whose FREE a node did not confirm lets the overwrite return only once that much has passed (master/node_io.py).
+# Seconds a node serves reads after the leader's last REPORT reached it (storenode/serving/read_grant.py); a leader
+# whose FREE a node did not confirm lets the overwrite return only once that much has passed (master/nodes/node_io.py).
 READ_GRANT = 3.0
 
 

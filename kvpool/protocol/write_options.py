@@ -1,7 +1,7 @@
 """How a node keeps a written object: the WRITE_OPTIONS block of kvpool/protocol/wire.py as a value.
 
 Clients fill it from put's options and the leader's seal over the copy, a node copying an object to
-another fills it from what is left of the object's own (storenode/copier.py), unsealed.
+another fills it from what is left of the object's own (storenode/background/replica_push.py), unsealed.
 """
 
 from typing import NamedTuple

@@ -4,7 +4,7 @@ Every component serves them over HTTP beside its Prometheus metrics, on --metric
 (liveness: 200 while the event loop has turned in the last STALL seconds) and /readyz (readiness: 200 when the
 component says it is ready, "ok" or "ok: " and its role, e.g. a master's "leading" or "standing by"; else 503
 with the reason). Kubernetes probes these; the master also answers gRPC's
-standard health service (master/health_service.py). The HTTP server is kvpool/runtime/http_endpoint.py
+standard health service (master/serving/health_service.py). The HTTP server is kvpool/runtime/http_endpoint.py
 (on the component's own event loop, bounded).
 """
 

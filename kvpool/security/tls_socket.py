@@ -1,4 +1,4 @@
-"""TLS on the data path's raw non-blocking sockets (kvpool/net/tcp_connection.py, storenode/server.py).
+"""TLS on the data path's raw non-blocking sockets (kvpool/net/tcp_connection.py, storenode/serving/tcp_server.py).
 
 Those move bytes with recv_into / sendmsg straight between sockets and caller buffers, which
 asyncio's TLS transports cannot do; TlsSocket keeps that interface over an ssl.SSLObject fed

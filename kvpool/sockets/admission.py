@@ -1,7 +1,7 @@
 """Which accepted connections a listening server keeps: slots for peers that proved a credential, and a
 separate small pool for those still in their handshake, so strangers can never take the proved ones' slots.
 
-Pure bookkeeping, no I/O: the server (storenode/server.py, master/control_port.py, kvpool/runtime/health.py)
+Pure bookkeeping, no I/O: the server (storenode/serving/tcp_server.py, master/serving/control_port.py, kvpool/runtime/health.py)
 asks admit() on accept, prove() when the peer's credential holds, forget() when the connection ends, and
 closes what admit() displaced.
 

@@ -1,6 +1,6 @@
 """Sending and receiving on a non-blocking socket in the caller's thread, each wait bounded by one deadline.
 
-For a blocking caller that shares a connection with an event loop (client/io.py
+For a blocking caller that shares a connection with an event loop (client/waiting.py
 BlockingIO): the socket stays non-blocking, as the loop wants it, and poll()
 waits out a full or empty socket until the deadline (time.monotonic()), then
 TimeoutError. recv_into is a coroutine that never suspends, so the reply reading

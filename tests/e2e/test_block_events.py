@@ -13,7 +13,7 @@ from kvpool.proto import kvpool_pb2_grpc
 from kvpool import Client
 from kvpool.connectors import REMOVED, STORED, BlockNamespace, block_events, block_hashes
 from kvpool.launch.local_cluster import LocalCluster
-from kvpool.master.key_watch import PAGE_KEYS
+from kvpool.master.serving.key_watch import PAGE_KEYS
 from kvpool.net.netutil import wait_until
 from storenode_harness import master_channel
 

@@ -1,5 +1,5 @@
 """A leader whose event loop is busy for longer than its lease keeps the lease: it is refreshed from a thread
-of its own over etcd's JSON gateway (master/lease_refresh.py), not on the loop. A real etcd; the master's
+of its own over etcd's JSON gateway (master/leadership/lease_refresh.py), not on the loop. A real etcd; the master's
 Election in this process."""
 
 import asyncio
@@ -8,8 +8,8 @@ import time
 import pytest
 
 from kvpool.cluster.etcd_client import EtcdClient
-from kvpool.master.election import Election
-from kvpool.master.lease_refresh import GatewayLease
+from kvpool.master.leadership.election import Election
+from kvpool.master.leadership.lease_refresh import GatewayLease
 from storenode_harness import member_credential
 
 TTL = 2
@@ -64,7 +64,7 @@ def test_a_loop_stuck_for_good_lets_the_lease_go():
     refreshing, the lease lapses and a follower can take over."""
     from types import SimpleNamespace
 
-    from kvpool.master.election import LOOP_STALL
+    from kvpool.master.leadership.election import LOOP_STALL
 
     election = Election(None, "c", "m1", "127.0.0.1:1", ttl=TTL)
     election._lease = SimpleNamespace(id=7)

@@ -74,7 +74,7 @@ def shared_cluster(tmp_path):
         options.setdefault("dram_per_node", "8MiB")
         options.setdefault("ssd_per_node", "8MiB")
         # A band wide enough that a batch of puts lands in room the sweep made (objects a WRITE has to evict
-        # in place are lost, not moved: storenode/shared_tier.py)
+        # in place are lost, not moved: storenode/background/shared_tier.py)
         options.setdefault("node_args", ["--high-watermark", "0.8", "--low-watermark", "0.6"])
         running = LocalCluster(nodes=nodes, data_dir=tmp_path / f"cluster-{name}", lease_ttl=2, put_timeout=3,
                                shared_dir=tmp_path / "shared", **options).start()

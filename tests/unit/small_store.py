@@ -2,10 +2,10 @@
 
 import pytest
 
-from kvpool.storenode.dram import DramSegment
-from kvpool.storenode.ssd import SsdSegment
-from kvpool.storenode.store import ObjectStore
-from kvpool.storenode.tiers import StorageTier
+from kvpool.storenode.storage.dram import DramSegment
+from kvpool.storenode.storage.ssd import SsdSegment
+from kvpool.storenode.storage.store import ObjectStore
+from kvpool.storenode.storage.tiers import StorageTier
 
 
 class Clock:

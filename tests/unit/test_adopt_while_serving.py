@@ -1,17 +1,17 @@
-"""A new leader serves while it adopts the nodes' inventories (master/unadopted.py, ObjectTable.start_adopting):
+"""A new leader serves while it adopts the nodes' inventories (master/table/unadopted.py, ObjectTable.start_adopting):
 a call naming a key adopts that key's entries first, so no lookup answers "missing" for a key a node holds,
 an overwrite or remove during adoption wins over the version adopted later, and no generation handed out
-is below one a node holds. The node's side: a new term's INVENTORY reconciles it (storenode/read_grant.py)."""
+is below one a node holds. The node's side: a new term's INVENTORY reconciles it (storenode/serving/read_grant.py)."""
 
 import numpy as np
 import pytest
 
 from kvpool.errors import KeyExistsError, KeyNotFoundError, UnavailableError
-from kvpool.master.objects import ObjectTable
-from kvpool.master.unadopted import hashes_of, key_hashes
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.table.unadopted import hashes_of, key_hashes
 from kvpool.protocol import inventory
 from kvpool.protocol.inventory import Entry
-from kvpool.storenode.read_grant import ReadGrant
+from kvpool.storenode.serving.read_grant import ReadGrant
 
 from test_read_grant import Clock
 from test_takeover import node

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kvpool.storenode.allocator import ExtentAllocator
+from kvpool.storenode.storage.allocator import ExtentAllocator
 
 
 def check_invariants(alloc: ExtentAllocator) -> None:

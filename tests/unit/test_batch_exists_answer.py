@@ -6,10 +6,10 @@ import types
 
 import pytest
 
-from kvpool.master.metrics import MasterMetrics
-from kvpool.master.node_io import NodeIO
-from kvpool.master.objects import ObjectTable
-from kvpool.master.service import MasterService
+from kvpool.master.serving.metrics import MasterMetrics
+from kvpool.master.nodes.node_io import NodeIO
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.serving.service import MasterService
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.security.roles import CLIENT
 

@@ -1,4 +1,4 @@
-"""BlockingIO (client/io.py) runs a call's coroutine in the caller's thread: with no event loop running while
+"""BlockingIO (client/waiting.py) runs a call's coroutine in the caller's thread: with no event loop running while
 nothing needs one, on its private loop from the first wait that does; a timeout holds on either side."""
 
 import asyncio
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kvpool.client.io import BlockingIO
+from kvpool.client.waiting import BlockingIO
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from kvpool import AsyncClient, Client
 from kvpool.client.commits import Commits, settle
 from kvpool.client.deadlines import CallDeadline
-from kvpool.client.io import LOOP_IO
+from kvpool.client.waiting import LOOP_IO
 from kvpool.connectors.client_settings import CONNECTOR_TIMEOUT, client_settings
 from kvpool.errors import (
     BatchError, DeadlineExceededError, InvalidArgumentError, KeyExistsError, KeyNotFoundError, PutExpiredError,

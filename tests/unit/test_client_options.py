@@ -201,13 +201,13 @@ def test_the_blocking_client_runs_the_put_asyncclient_hands_on_with_the_same_par
                                     {"pin": "soft", "pin_ttl": 1e12}])
 def test_lifetimes_past_100_years_are_refused_by_client_and_master(option):
     """A TTL or pin that no SSD header can hold: refused where the client resolves it, and by the master for a
-    request that skipped the client (master/convert.py), with the same message."""
-    from kvpool.master import convert
+    request that skipped the client (master/serving/messages.py), with the same message."""
+    from kvpool.master.serving import messages
 
     with pytest.raises(InvalidArgumentError, match="100 years"):
         put_options.resolve(**option)
     request = pb.PutOptions(ttl_seconds=option.get("ttl", 0.0), pin_ttl_seconds=option.get("pin_ttl", 0.0),
                             pin=pb.PIN_SOFT if "pin" in option else pb.PIN_NONE)
     with pytest.raises(InvalidArgumentError, match="100 years"):
-        convert.put_options(request)
+        messages.put_options(request)
     assert put_options.resolve(ttl=10 * 365 * 86400).write_options(False, 1).ttl_ms == 10 * 365 * 86400 * 1000  # ten years: fine

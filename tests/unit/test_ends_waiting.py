@@ -4,8 +4,8 @@ the table later, and nothing that reads or changes the table can tell the differ
 import pytest
 
 from kvpool.errors import KeyExistsError
-from kvpool.master import objects
-from kvpool.master.objects import ObjectTable
+from kvpool.master.table import objects
+from kvpool.master.table.objects import ObjectTable
 
 from test_objects import FakeClock, record, report
 from test_put_end_many import _state

@@ -8,14 +8,14 @@ import pytest
 from kvpool.protocol import inventory
 from kvpool.protocol.checksum import checksum
 from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
-from kvpool.storenode import policy
+from kvpool.storenode.storage import policy
 from kvpool.errors import NoSpaceError, ValueTooLargeError
-from kvpool.storenode.dram import DramSegment, remove_stale_segments, segment_name
-from kvpool.storenode.index import ObjectIndex, ObjectRecord
-from kvpool.storenode.recovery import recover
-from kvpool.storenode.ssd import SsdSegment
-from kvpool.storenode.store import ObjectStore
-from kvpool.storenode.tiers import StorageTier
+from kvpool.storenode.storage.dram import DramSegment, remove_stale_segments, segment_name
+from kvpool.storenode.storage.index import ObjectIndex, ObjectRecord
+from kvpool.storenode.storage.recovery import recover
+from kvpool.storenode.storage.ssd import SsdSegment
+from kvpool.storenode.storage.store import ObjectStore
+from kvpool.storenode.storage.tiers import StorageTier
 from kvpool.protocol.wire import WriteFlag
 from small_store import Clock, make_store  # noqa: F401 (a fixture)
 
@@ -325,7 +325,7 @@ def test_stale_dram_segments_are_removed_unless_in_use(tmp_path):
 
 
 def test_recovery_keeps_one_copy_of_a_version_found_twice(tmp_path):
-    from kvpool.storenode.ssd import StoredObject
+    from kvpool.storenode.storage.ssd import StoredObject
 
     segment = SsdSegment(str(tmp_path / "ssd"), 16 * 4096)
     data = os.urandom(5000)
@@ -344,7 +344,7 @@ def test_recovery_keeps_one_copy_of_a_version_found_twice(tmp_path):
 
 
 def test_allocator_claim_carves_a_given_extent():
-    from kvpool.storenode.allocator import ExtentAllocator
+    from kvpool.storenode.storage.allocator import ExtentAllocator
 
     alloc = ExtentAllocator(64 * 1024, alignment=4096)
     assert alloc.claim(8192, 5000) == 8192
@@ -358,7 +358,7 @@ def test_allocator_claim_carves_a_given_extent():
     assert alloc.free_extents() == [(0, 64 * 1024)]
 
 
-# -- the INVENTORY reply, kept as columns (storenode/inventory_columns.py), against the records themselves:
+# -- the INVENTORY reply, kept as columns (storenode/storage/inventory_columns.py), against the records themselves:
 # random writes, overwrites, FREEs, evictions, copies gained and dropped between tiers, busy records and TTLs
 # run out; after every step the reply holds exactly the live, unexpired records, as built from each record.
 

@@ -1,9 +1,9 @@
 """The key feed's logic on a real object table: which changes are events, the bounded log, resume or snapshot."""
 
 import pytest
-from kvpool.master.changes import ChangeTrackingDict
-from kvpool.master.key_feed import REMOVED, STORED, FeedClosed, KeyFeed
-from kvpool.master.objects import ObjectTable
+from kvpool.master.table.change_tracking import ChangeTrackingDict
+from kvpool.master.serving.key_feed import REMOVED, STORED, FeedClosed, KeyFeed
+from kvpool.master.table.objects import ObjectTable
 
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from async_wait import until
@@ -124,7 +124,7 @@ def test_a_closed_feed_stops_following_the_table():
 
 
 class _Leadership:
-    """What KeyFeed.run reads of master/election.py's LeadershipState."""
+    """What KeyFeed.run reads of master/leadership/election.py's LeadershipState."""
 
     def __init__(self, term: int):
         self.term, self.serving, self.is_leader = term, True, True

@@ -1,4 +1,4 @@
-"""The committed keys in order (master/key_order.py) and a page of them (ObjectTable.list_keys): every key
+"""The committed keys in order (master/table/key_order.py) and a page of them (ObjectTable.list_keys): every key
 listed once in byte order whatever adds and drops come between pages, scopes and prefixes kept, and a
 page that reads about as many keys as it gives."""
 
@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from kvpool.master import key_order
-from kvpool.master.key_order import KeyOrder, page
-from kvpool.master.objects import ObjectTable
-from kvpool.master.versions import PutOptions
+from kvpool.master.table import key_order
+from kvpool.master.table.key_order import KeyOrder, page
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.table.versions import PutOptions
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from kvpool.errors import UnavailableError
 from kvpool.protocol.tenants import CLIENT_SCOPE, scope_of
@@ -25,7 +25,7 @@ def small_buckets(monkeypatch):
 
 
 class Held(set):
-    """A set whose order (master/key_order.py) is kept as ChangeTrackingDict keeps its own."""
+    """A set whose order (master/table/key_order.py) is kept as ChangeTrackingDict keeps its own."""
 
     def __init__(self, keys=()):
         keys = list(keys)

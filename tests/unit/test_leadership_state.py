@@ -2,7 +2,7 @@
 
 import inspect
 
-from kvpool.master.election import Election, LeadershipState
+from kvpool.master.leadership.election import Election, LeadershipState
 
 
 def declared_names() -> set[str]:

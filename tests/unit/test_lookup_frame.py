@@ -5,15 +5,15 @@ answers, through the real ControlPort connection and MasterService; and a client
 import asyncio
 import threading
 
-from kvpool.client.io import BlockingIO
+from kvpool.client.waiting import BlockingIO
 from kvpool.client.master_link import MasterLink
 from kvpool.errors import Code
-from kvpool.master import control_port
-from kvpool.master.control_port import ControlPort
-from kvpool.master.metrics import MasterMetrics
-from kvpool.master.node_io import NodeIO
-from kvpool.master.objects import ObjectTable
-from kvpool.master.service import MasterService
+from kvpool.master.serving import control_port
+from kvpool.master.serving.control_port import ControlPort
+from kvpool.master.serving.metrics import MasterMetrics
+from kvpool.master.nodes.node_io import NodeIO
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.serving.service import MasterService
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.protocol import control, wire
 

@@ -5,9 +5,9 @@ import asyncio
 
 from aetcd.rtypes import EventKind
 
-from kvpool.master.membership import Membership
-from kvpool.master.read_grants import ReadGrants
-from kvpool.master.objects import ObjectTable
+from kvpool.master.nodes.membership import Membership
+from kvpool.master.nodes.read_grants import ReadGrants
+from kvpool.master.table.objects import ObjectTable
 from kvpool.protocol import cluster_layout
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from async_wait import until

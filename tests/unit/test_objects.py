@@ -10,9 +10,9 @@ from kvpool.errors import (
     InvalidArgumentError, KeyExistsError, KeyNotFoundError, NoSpaceError, PutExpiredError, ValueTooLargeError,
 )
 from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
-from kvpool.master.ledger import FreeOrder
-from kvpool.master.objects import ObjectTable
-from kvpool.master.versions import DRAM, SSD, PutOptions
+from kvpool.master.table.ledger import FreeOrder
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.table.versions import DRAM, SSD, PutOptions
 from kvpool.protocol.wire import WriteFlag
 
 MiB = 1 << 20

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from kvpool.master.placement import MostFreeSpace, PlacementPolicy
+from kvpool.master.table.placement import MostFreeSpace, PlacementPolicy
 
 
 @dataclass

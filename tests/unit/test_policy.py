@@ -1,11 +1,11 @@
-"""The eviction and promotion rules of storenode/policy.py, on plain records."""
+"""The eviction and promotion rules of storenode/storage/policy.py, on plain records."""
 
 from dataclasses import dataclass
 
 import pytest
 
-from kvpool.storenode import policy
-from kvpool.storenode.eviction_order import LfuOrder, LruOrder, new_order
+from kvpool.storenode.storage import policy
+from kvpool.storenode.storage.eviction_order import LfuOrder, LruOrder, new_order
 
 NOW = 1_000_000.0
 

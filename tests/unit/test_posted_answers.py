@@ -4,11 +4,11 @@ with a transport that records what is written."""
 
 import asyncio
 
-from kvpool.master import control_port
-from kvpool.master.control_port import ControlPort
-from kvpool.master.metrics import MasterMetrics
-from kvpool.master.objects import ObjectTable
-from kvpool.master.service import MasterService
+from kvpool.master.serving import control_port
+from kvpool.master.serving.control_port import ControlPort
+from kvpool.master.serving.metrics import MasterMetrics
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.serving.service import MasterService
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.protocol import control, wire
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord

@@ -3,8 +3,8 @@ put_end would: same answers, same table afterwards, whatever state each put is i
 
 import pytest
 
-from kvpool.master.objects import ObjectTable
-from kvpool.master.versions import DRAM
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.table.versions import DRAM
 
 from test_objects import FakeClock, record, report
 

@@ -1,5 +1,5 @@
 """The read grant: a node serves reads only while the leader's last REPORT is recent, and once lapsed
-only after an INVENTORY then a REPORT (storenode/read_grant.py); the leader's side (master/read_grants.py,
+only after an INVENTORY then a REPORT (storenode/serving/read_grant.py); the leader's side (master/nodes/read_grants.py,
 node_io.py, ledger.py): its bound on when a node that did not confirm a FREE stops serving, REPORTs only
 over confirmed FREEs and at most one unanswered, FREEs still ordered on a node dropped under a grant."""
 
@@ -9,11 +9,11 @@ import time
 import pytest
 
 from kvpool.errors import KeyNotFoundError, StaleReplicaError, UnavailableError
-from kvpool.master.ledger import FreeOrder
-from kvpool.master.node_io import NodeIO
-from kvpool.master.objects import ObjectTable
-from kvpool.master.read_grants import ReadGrants
-from kvpool.storenode.read_grant import ReadGrant
+from kvpool.master.table.ledger import FreeOrder
+from kvpool.master.nodes.node_io import NodeIO
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.nodes.read_grants import ReadGrants
+from kvpool.storenode.serving.read_grant import ReadGrant
 
 from test_objects import record
 

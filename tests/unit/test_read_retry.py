@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from kvpool.proto import kvpool_pb2 as pb
 
 from kvpool.client import reads
-from kvpool.client.io import LOOP_IO
+from kvpool.client.waiting import LOOP_IO
 from kvpool.client.placement_cache import PlacementCache
 from kvpool.errors import KeyNotFoundError
 

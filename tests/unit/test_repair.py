@@ -5,8 +5,8 @@ import pytest
 
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from kvpool.errors import InvalidArgumentError, NoSpaceError, UnavailableError
-from kvpool.master.objects import ObjectTable
-from kvpool.master.repair import Throttle, plan
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.nodes.repair import Throttle, plan
 
 MiB = 1 << 20
 

@@ -10,7 +10,7 @@ import pytest
 from kvpool.errors import KeyNotFoundError
 from kvpool.protocol.checksum import checksum
 from kvpool.sharedfs.files import SharedDir
-from kvpool.storenode.shared_tier import SharedTier
+from kvpool.storenode.background.shared_tier import SharedTier
 from small_store import make_store  # noqa: F401 (a fixture)
 
 

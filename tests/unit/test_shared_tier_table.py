@@ -1,10 +1,10 @@
-"""The master's object table and the shared tier, as pure logic (master/shared_tier.py): a node's MOVED and
+"""The master's object table and the shared tier, as pure logic (master/table/shared_tier.py): a node's MOVED and
 promoted entries, lookups naming the tier at a node that mounts it, the leader's evictions at capacity, the
 FREEs of files, and the tier's scan adopted as the pseudo-node's inventory."""
 
-from kvpool.master.objects import ObjectTable
-from kvpool.master.shared_tier import SHARED_NODE, SharedKeys, with_copy
-from kvpool.master.versions import DRAM, SHARED, Replica
+from kvpool.master.table.objects import ObjectTable
+from kvpool.master.table.shared_tier import SHARED_NODE, SharedKeys, with_copy
+from kvpool.master.table.versions import DRAM, SHARED, Replica
 from kvpool.protocol import inventory
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 from kvpool.protocol.inventory import SHARED_BIT, Entry

@@ -1,10 +1,10 @@
-"""What an SSD segment's scan at start believes (storenode/recovery.py scan), on a real segment file."""
+"""What an SSD segment's scan at start believes (storenode/storage/recovery.py scan), on a real segment file."""
 
 import os
 
 from kvpool.protocol.checksum import checksum
-from kvpool.storenode.recovery import scan
-from kvpool.storenode.ssd import ALIGNMENT, HEADER_KEY_FILE, SsdSegment, StoredObject
+from kvpool.storenode.storage.recovery import scan
+from kvpool.storenode.storage.ssd import ALIGNMENT, HEADER_KEY_FILE, SsdSegment, StoredObject
 
 MiB = 1 << 20
 

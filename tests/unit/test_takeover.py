@@ -5,8 +5,8 @@ import pytest
 
 from kvpool.errors import PutExpiredError
 from kvpool.protocol.inventory import Entry
-from kvpool.master.changes import ChangeTrackingDict
-from kvpool.master.objects import ObjectTable
+from kvpool.master.table.change_tracking import ChangeTrackingDict
+from kvpool.master.table.objects import ObjectTable
 
 from kvpool.protocol.cluster_layout import NodeRecord, TierRecord
 

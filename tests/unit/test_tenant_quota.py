@@ -9,16 +9,16 @@ from kvpool.errors import NoSpaceError, QuotaExceededError
 from kvpool.protocol.checksum import checksum
 from kvpool.protocol.tenants import MAX_TENANTS, NodeShare, scope_of
 from kvpool.protocol.wire import WriteFlag
-from kvpool.storenode import policy, quota
-from kvpool.storenode.dram import DramSegment
-from kvpool.storenode.maintenance import Maintenance
-from kvpool.storenode.metrics import NodeMetrics
-from kvpool.storenode.moves import Mover
-from kvpool.storenode.recovery import recover
-from kvpool.storenode.ssd import SsdSegment
-from kvpool.storenode.store import ROOM_BATCH, ObjectStore
-from kvpool.storenode.tenant_usage import OTHER
-from kvpool.storenode.tiers import StorageTier
+from kvpool.storenode.storage import policy, quota
+from kvpool.storenode.storage.dram import DramSegment
+from kvpool.storenode.background.maintenance import Maintenance
+from kvpool.storenode.serving.metrics import NodeMetrics
+from kvpool.storenode.background.tier_moves import Mover
+from kvpool.storenode.storage.recovery import recover
+from kvpool.storenode.storage.ssd import SsdSegment
+from kvpool.storenode.storage.store import ROOM_BATCH, ObjectStore
+from kvpool.storenode.storage.tenant_usage import OTHER
+from kvpool.storenode.storage.tiers import StorageTier
 from small_store import make_store  # noqa: F401 (a fixture)
 
 

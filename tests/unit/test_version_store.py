@@ -4,8 +4,8 @@ import pytest
 
 from kvpool.errors import ProtocolError
 from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry, Reply, decode, encode
-from kvpool.master.version_store import VersionStore
-from kvpool.master.versions import NO_OPTIONS, ObjectVersion, PutOptions, Replica
+from kvpool.master.table.version_store import VersionStore
+from kvpool.master.table.versions import NO_OPTIONS, ObjectVersion, PutOptions, Replica
 
 A = Replica("n1", "127.0.0.1:1", "dram")
 B = Replica("n2", "127.0.0.1:2", "ssd")

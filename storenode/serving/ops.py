@@ -1,0 +1,250 @@
+"""What a storage node does for each request, written once for every transport (TCP, shared memory, UCX).
+
+The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_server.py) parse frames and move
+bytes; the decisions are here: whether a write is admitted (term fence, options, room in a tier) and
+what its commit checks and records, which record a READ or LOCATE pins, and the operations only a member
+may send, behind one role check (`NodeOps.members`).
+
+A term is believed only from a member: a WRITE's or ALLOCATE's term only fences (refused when older than
+the node's), and only REPORT, INVENTORY and EVICTIONS, reachable through `members` alone, raise it.
+"""
+
+import asyncio
+from typing import NamedTuple
+
+from kvpool.protocol import wire
+from kvpool.security.roles import MEMBER_OPS, TENANT_REFUSED_OPS, Caller, Role
+from kvpool.errors import (ChecksumMismatchError, ForbiddenError, KeyExistsError, InvalidArgumentError,
+                           KeyNotFoundError, NotLeaderError, StaleReplicaError)
+from kvpool.protocol.wire import MAX_GENERATION, NO_SEAL
+from kvpool.security.placement_seal import PlacementSeal
+from kvpool.protocol.write_options import lifetime_problem, raw_size_problem
+
+from kvpool.storenode.background.replica_push import Copier
+from kvpool.storenode.storage.index import ObjectRecord
+from kvpool.storenode.background.maintenance import Maintenance
+from kvpool.storenode.serving.read_grant import ReadGrant
+from kvpool.storenode.storage.store import ObjectStore, Reservation
+
+_COMPRESSED = int(wire.WriteFlag.COMPRESSED)
+OP_NAMES = {op.value: op.name.lower() for op in wire.Op}  # metric label of each op
+
+
+class Request(NamedTuple):
+    """One data-protocol request: its header's fields (kvpool/protocol/wire.py REQUEST) and its key."""
+
+    op: int
+    req_id: int
+    key: bytes
+    generation: int
+    flags: int
+    arg: int  # the term of WRITE, ALLOCATE, REPORT, INVENTORY and EVICTIONS; HOLD's milliseconds
+    length: int  # bytes of payload (WRITE, ALLOCATE, COPY, ATTACH) or of the value read (READ, LOCATE)
+    checksum: int  # the value's xxh3 (WRITE, ALLOCATE)
+
+    @property
+    def term(self) -> int:
+        return self.arg
+
+    @property
+    def name(self) -> str:
+        """The op's name as errors say it (e.g. WRITE)."""
+        return OP_NAMES.get(self.op, str(self.op)).upper()
+
+
+class StoredOptions(NamedTuple):
+    """The WRITE_OPTIONS block after a WRITE's or ALLOCATE's key: kept with the object, but for the seal."""
+
+    ttl_ms: int
+    soft_pin_ms: int
+    raw_size: int
+    seal: bytes  # the leader's over this copy's placement (kvpool/security/placement_seal.py)
+
+
+class NodeOps:
+    """The node's operations on its store, for any transport; holds the node's term."""
+
+    def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str, copier: Copier):
+        self.store = store
+        self.maintenance = maintenance
+        self.node_id = node_id
+        self._node_id_bytes = node_id.encode()
+        self.copier = copier
+        self.term = 0  # highest term a member's REPORT, INVENTORY or EVICTIONS carried: older writes are refused
+        self.grant = ReadGrant()  # reads are served only while the leader's grant holds (read_grant.py)
+        self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
+        store.on_dropped = self.dropped.set
+        self._members = MemberOps(self)
+        self.sealer: PlacementSeal | None = None  # checks the leader's seals (None: a cluster without a secret)
+
+    # -- the role check: the one way to the member-only operations
+
+    def members(self, role: Role, op: int) -> "MemberOps":
+        """The member-only operations, for a request `op` from a peer that proved `role`;
+        ForbiddenError unless that is the member role (kvpool/security/roles.py MEMBER_OPS)."""
+        if role is not Role.MEMBER:
+            raise ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} may be sent by a master only")
+        return self._members
+
+    @staticmethod
+    def member_only(op: int) -> bool:
+        return op in MEMBER_OPS
+
+    # -- the scope check: the keys a caller may name (kvpool/protocol/tenants.py), every transport
+
+    @staticmethod
+    def out_of_scope(caller: Caller, op: int, key: bytes) -> ForbiddenError | None:
+        """Why `caller` may not send `op` naming `key`, or None: a tenant names only its own keys and is never
+        given shared memory (a mapping of every tenant's bytes); the client token names no tenant's key. The
+        refusal says nothing of whether such a key is stored."""
+        scope = caller.scope
+        if scope is None:
+            return None
+        if key and not scope.holds_bytes(key):
+            return ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} names a key outside this credential's "
+                                  "key space")
+        if caller.role is Role.TENANT and op in TENANT_REFUSED_OPS:
+            return ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()}: shared memory is not offered to a "
+                                  "tenant (its mapping holds every tenant's bytes); use TCP")
+        return None
+
+    # -- writes: WRITE (TCP, UCX) and ALLOCATE (shared memory)
+
+    def admit_write(self, req: Request, options: StoredOptions, role: Role, dram_only: bool = False) -> Reservation:
+        """Room for the write's bytes in a tier (evicting to make it), or the typed error why not.
+        Its term only fences: a master that no longer leads cannot place it; the node's term stays.
+        A client's write needs the leader's seal over exactly it (a member's is checked when it sends one)."""
+        term = req.arg
+        if term and term < self.term:
+            raise NotLeaderError(f"{req.name} placed in term {term}; a master of term {self.term} leads")
+        length = req.length
+        if length == 0:
+            raise InvalidArgumentError(f"{req.name} of an empty payload")
+        sealer = self.sealer
+        if sealer is not None and (role is not Role.MEMBER or options[3] != NO_SEAL) and not sealer.valid(
+                options[3], self._node_id_bytes, req.key, req.generation, length, req.checksum, term, req.flags,
+                options[0], options[1], options[2] or length):
+            raise ForbiddenError(f"{req.name} not placed here by the leader (its seal does not match): "
+                                 "a client stores only what PutStart placed")
+        if not 0 < req.generation <= MAX_GENERATION:
+            raise InvalidArgumentError(f"{req.name} of generation {req.generation}: 1 to {MAX_GENERATION}")
+        self._never_replaced(req)
+        problem = raw_size_problem(length, options[2], bool(req.flags & _COMPRESSED))
+        if problem:  # a reader would believe it (and allocate it)
+            raise InvalidArgumentError(problem)
+        problem = lifetime_problem("ttl", options[0] / 1000) or lifetime_problem("pin", options[1] / 1000)
+        if problem:  # would not fit the SSD header
+            raise InvalidArgumentError(f"{req.name}: {problem}")
+        return self.store.reserve(req.key, length, req.flags, dram_only=dram_only)
+
+    def _never_replaced(self, req: Request) -> None:
+        """KeyExistsError when this version is stored with other bytes: a stored (key, generation) is final (the
+        same bytes again, a retried write, may land and changes nothing)."""
+        stored = self.store.index.get(req.key, req.generation)
+        if stored is not None and (stored.checksum != req.checksum or stored.size != req.length):
+            raise KeyExistsError(f"generation {req.generation} of this key is stored with other bytes; "
+                                 "a stored version is never replaced")
+
+    def checked_record(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> ObjectRecord:
+        """The record of a write whose bytes are in its extent, once they match its checksum and no other
+        bytes of the version were stored meanwhile; else the extent is given back and the typed error
+        raised. The caller stores it (store.commit) once its bytes are final (an SSD object's header
+        written), in the same turn of the loop."""
+        if digest != req.checksum:
+            self.store.abort(res)
+            raise ChecksumMismatchError(f"payload checksum differs from {req.checksum:#x}; object not stored")
+        try:
+            self._never_replaced(req)
+        except KeyExistsError:
+            self.store.abort(res)
+            raise
+        ttl_ms, soft_pin_ms, raw_size = options[:3]
+        return self.store.new_record(req.key, req.generation, req.length, req.checksum, req.flags, raw_size,
+                                     ttl_ms, soft_pin_ms)
+
+    # -- reads: READ (TCP, UCX) and LOCATE (shared memory)
+
+    def readable(self, req: Request) -> ObjectRecord:
+        """The record a READ or LOCATE asks for; StaleReplicaError or KeyNotFoundError if not held."""
+        self.grant.check()
+        generation = req.generation
+        rec, why = self.store.lookup(req.key, generation)
+        if rec is None:
+            self.store.count_miss(req.key)
+            if why == "stale":
+                raise StaleReplicaError(f"this node no longer holds generation {generation} of the key")
+            raise KeyNotFoundError(f"no generation {generation} of this key here")
+        if req.length != rec.size:
+            raise StaleReplicaError(f"generation {generation} has {rec.size} bytes, not {req.length}")
+        return rec
+
+    def note_read(self, rec: ObjectRecord) -> None:
+        """Count a read about to be served; an SSD object read often enough is promoted to DRAM."""
+        if rec.dram is not None:
+            self.store.count_read(rec, from_dram=True)
+        elif self.store.count_read(rec, from_dram=False):
+            self.maintenance.promote(rec)
+
+
+class MemberOps:
+    """What only a master may ask of a node (FREE, HOLD, REPORT, INVENTORY, EVICTIONS, COPY).
+    Reached through NodeOps.members; the only code that raises the node's term."""
+
+    def __init__(self, node: NodeOps):
+        self.node = node
+        self.store = node.store
+
+    def _believe(self, term: int) -> bool:
+        """Raise the node's term to `term`; whether `term` is the current one (not an older leader's)."""
+        node = self.node
+        if term > node.term:
+            node.term = term
+        return term == node.term
+
+    def free(self, req: Request) -> None:
+        if not self.store.free(req.key, req.generation):
+            raise KeyNotFoundError(f"no generation {req.generation} of this key here")
+
+    def hold(self, req: Request) -> None:
+        if not self.store.hold(req.key, req.generation, req.arg):
+            raise KeyNotFoundError(f"no generation {req.generation} of this key here")
+
+    def report(self, term: int) -> dict:
+        current = self._believe(term)
+        report = self.store.report(self.node.node_id)
+        if current and not self.node.grant.reported():
+            report["lapsed"] = True  # the leader reconciles this node before it serves reads again
+        return report
+
+    def inventory(self, term: int) -> bytes:
+        newer = term > self.node.term
+        if self._believe(term):  # a new leader asks this first: older writes end here
+            self.node.grant.inventoried(newer)
+        return self.store.inventory_reply()
+
+    def _check_leads(self, term: int) -> None:
+        if term and term < self.node.term:
+            raise NotLeaderError(f"term {term} is older than {self.node.term}")
+
+    async def evictions(self, term: int, before_waiting) -> list:
+        """The objects dropped since the last EVICTIONS, once there is one (or empty after EVICTIONS_WAIT),
+        so the master's table loses an evicted copy a round trip after the eviction, not at its next REPORT.
+        before_waiting(): awaited once the term is checked (e.g. send the replies owed before this one)."""
+        self._check_leads(term)
+        self._believe(term)
+        await before_waiting()
+        store, dropped = self.store, self.node.dropped
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wire.EVICTIONS_WAIT
+        while not store.has_dropped() and (left := deadline - loop.time()) > 0:
+            dropped.clear()
+            try:
+                await asyncio.wait_for(dropped.wait(), left)
+            except TimeoutError:
+                break
+        self._check_leads(term)  # deposed (maybe while waiting): leave them to the leader
+        return store.take_dropped()
+
+    async def copy(self, req: Request, destination: str) -> int:
+        """WRITE the object to the node at `destination`; the bytes sent."""
+        return await self.node.copier.copy(req.key, req.generation, destination)
