@@ -65,7 +65,7 @@ class AsyncClient:
     shared_dir: the shared tier's directory (a storage node's --shared-dir), when this host mounts it too:
     objects there are read from their files by this client, each checked against its placement and
     checksum (a file that fails is read through a node instead). The file system's permissions decide who
-    may read them (README "Shared tier"): give it only to clients trusted with every key of the pool.
+    may read them (docs/tiers.md, "Shared tier"): give it only to clients trusted with every key of the pool.
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,

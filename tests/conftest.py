@@ -10,12 +10,30 @@ import os
 
 import pytest
 
+import tiers
 from kvpool.security import auth
 from kvpool.cluster.etcd_client import enable_auth
 from kvpool.launch.etcd_server import EtcdServer
 
 os.environ.pop("KVPOOL_TOKEN_FILE", None)
 os.environ["KVPOOL_TOKEN"] = auth.new_secret()
+
+
+def pytest_configure(config):
+    for name, needs in tiers.NEEDS.items():
+        config.addinivalue_line("markers", f"{name}: {needs}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the tiers are markers given here
+def pytest_collection_modifyitems(items):
+    for item in items:
+        try:
+            place = tiers.place_of(item.path)
+        except tiers.NoTier as exc:
+            raise pytest.UsageError(str(exc)) from None
+        item.add_marker(place)
+        if tiers.is_quick(place, {mark.name for mark in item.iter_markers()}):
+            item.add_marker("quick")
 
 
 @contextlib.contextmanager

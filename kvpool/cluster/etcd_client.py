@@ -113,7 +113,7 @@ class _Tokens:
                                     f"`kvpool etcd-auth --etcd {self.endpoint}`, or pass {ALLOW_FLAG}") from None
             if not self.unused:
                 log.warning("etcd has authentication off: anyone who reaches it can change the cluster's "
-                            "membership and leadership (see README, Security)")
+                            "membership and leadership (see docs/security.md)")
             self.unused = True
             return
         self.token = reply.token

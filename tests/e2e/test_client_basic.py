@@ -24,6 +24,8 @@ from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
 from kvpool.protocol.wire import WriteFlag
 from storenode_harness import FAIL_FAST, PATIENT, PATIENT_TIMEOUTS, inventory_at, master_channel, member_credential
 
+pytestmark = pytest.mark.quick  # among the fastest end-to-end tests (tests/tiers.py)
+
 # Repeating runs of 32-bit token ids: compresses well, like a shared prompt prefix.
 TOKENS = np.tile(np.arange(30_000, 30_256, dtype=np.uint32), 1024).tobytes()  # 1 MiB
 

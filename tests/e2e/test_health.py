@@ -5,9 +5,12 @@ import urllib.error
 import urllib.request
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool.net.netutil import wait_until
+
+pytestmark = pytest.mark.quick  # among the fastest end-to-end tests (tests/tiers.py)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -6,6 +6,8 @@ from kvpool import Client
 from kvpool.connectors import BlockNamespace, KVBlockStore, block_hashes, block_parts
 from kvpool.errors import InvalidArgumentError
 
+pytestmark = pytest.mark.quick  # among the fastest end-to-end tests (tests/tiers.py)
+
 torch = pytest.importorskip("torch")
 
 LAYERS, BLOCKS, BLOCK_SIZE, HEADS, HEAD_DIM = 4, 16, 16, 2, 32

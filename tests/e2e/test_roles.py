@@ -17,6 +17,8 @@ from kvpool.security import auth
 from kvpool.security.grpc_auth import blocking_channel
 from kvpool.security.roles import MEMBER_RPCS, Role
 
+pytestmark = pytest.mark.quick  # among the fastest end-to-end tests (tests/tiers.py)
+
 MASTER = pb.DESCRIPTOR.services_by_name["Master"]
 ROLES = {"client": Role.CLIENT, "member": Role.MEMBER}
 

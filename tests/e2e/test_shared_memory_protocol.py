@@ -18,6 +18,8 @@ from kvpool.protocol.wire import Op
 
 from storenode_harness import closed_by_node, free, get, inventory, put, read_reply, report, start_node, write_status
 
+pytestmark = pytest.mark.quick  # among the fastest end-to-end tests (tests/tiers.py)
+
 MIB = 1024 * 1024
 
 

@@ -6,6 +6,8 @@ import pytest
 from kvpool import Client
 from kvpool.errors import InvalidArgumentError
 
+pytestmark = pytest.mark.quick  # among the fastest end-to-end tests (tests/tiers.py)
+
 torch = pytest.importorskip("torch")
 
 LAYERS, BLOCK = 4, (16, 8, 64)  # a KV block: per layer, K and V of 16 tokens x 8 heads x 64 dims

@@ -31,19 +31,16 @@ def run_inside(engine: str, test_file: str):
     assert " passed" in run.stdout.splitlines()[-1] and "skipped" not in run.stdout.splitlines()[-1]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
 def test_lmcache_remote_backend_through_lmcache_own_backends():
     run_inside("lmcache", "tests/engines/in_lmcache.py")
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
 def test_sglang_hicache_storage_through_sglang_own_pools():
     run_inside("sglang", "tests/engines/in_sglang.py")
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
 def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
     """Three vLLM processes (baseline, prefill, decode): decode loads what prefill stored, including the
@@ -73,7 +70,6 @@ def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
     assert turn["blocks_saved_by_first_turn"] == 4 and turn["loaded"] == 4 * block > turn["first_turn_prompt_tokens"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
 def test_vllm_loads_a_prompt_from_the_shared_tier_of_a_cluster_started_after_its_own_was_killed():
     """The shared-tier example: a prompt's blocks, saved by one vLLM engine, pushed into the shared directory by
@@ -99,7 +95,6 @@ def test_vllm_loads_a_prompt_from_the_shared_tier_of_a_cluster_started_after_its
     assert summary["adoption_s"] is not None
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
 def test_vllm_kv_events_name_blocks_as_kvpool_does():
     """A real vLLM engine's KV events, followed by the router, name every block it cached as kvpool's chained
@@ -116,7 +111,6 @@ def test_vllm_kv_events_name_blocks_as_kvpool_does():
     assert result["after_reset"] == 0
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
 @pytest.mark.parametrize("transfer", ["async", "sync"])
 def test_vllm_loads_give_identical_tokens_and_survive_a_node_killed_before_loading(own_cluster, tmp_path, transfer):
@@ -170,7 +164,6 @@ def replica_addresses(cluster, keys: list[str]) -> list[str]:
     return [info.replicas[0].address for info in infos]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(BUILD_AND_RUN)
 def test_kv_routing_example_two_engines_behind_the_router(cluster, tmp_path):
     """The routing example, small: two vLLM engines publishing KV events, four policies, every output equal to
