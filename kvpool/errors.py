@@ -33,6 +33,8 @@ class KvpoolError(Exception):
 
 
 class KeyNotFoundError(KvpoolError, KeyError):
+    """No committed version of the key (never put, removed, expired or evicted everywhere)."""
+
     code = Code.NOT_FOUND
 
     def __str__(self) -> str:  # KeyError would print the repr of its argument
@@ -40,22 +42,33 @@ class KeyNotFoundError(KvpoolError, KeyError):
 
 
 class KeyExistsError(KvpoolError):
+    """A put without `overwrite` of a key already committed or being put; or a node asked to store a version
+    it holds with other bytes."""
+
     code = Code.EXISTS
 
 
 class NoSpaceError(KvpoolError):
+    """No node has room for the value, even after evicting what may be evicted."""
+
     code = Code.NO_SPACE
 
 
 class ValueTooLargeError(KvpoolError, ValueError):
+    """The value is larger than the cluster accepts (`--max-object-size` or its largest tier)."""
+
     code = Code.TOO_LARGE
 
 
 class InvalidKeyError(KvpoolError, ValueError):
+    """The key breaks the key rules (kvpool/protocol/keys.py): not a str, empty, not UTF-8, too long, or a NUL."""
+
     code = Code.INVALID_KEY
 
 
 class InvalidArgumentError(KvpoolError, ValueError):
+    """An argument out of its range or of the wrong kind; the message names it."""
+
     code = Code.INVALID_ARGUMENT
 
 
@@ -89,6 +102,8 @@ class StaleReplicaError(KvpoolError):
 
 
 class ChecksumMismatchError(KvpoolError):
+    """Bytes that do not match their checksum: never returned to the caller."""
+
     code = Code.CHECKSUM_MISMATCH
 
 
@@ -99,18 +114,26 @@ class PutExpiredError(KvpoolError):
 
 
 class InternalError(KvpoolError):
+    """A failure inside a component that no other code describes; its log has the cause."""
+
     code = Code.INTERNAL
 
 
 class NotLeaderError(KvpoolError):
+    """The master asked is a standby; the client follows the leader it names."""
+
     code = Code.NOT_LEADER
 
 
 class ProtocolError(KvpoolError):
+    """A frame or message that breaks the protocol (malformed, out of bounds, unknown op)."""
+
     code = Code.PROTOCOL
 
 
 class ForbiddenError(KvpoolError, PermissionError):
+    """The caller's role or tenant scope does not allow the call or the key."""
+
     code = Code.FORBIDDEN
 
 

@@ -29,17 +29,21 @@ _TIER_COUNTERS = {
 }
 
 
-class _TierCollector:
-    def __init__(self, tiers):
-        self.tiers = tiers
+class _OnScrape:
+    """A collector whose metric families are made when scraped (by `families`, a function of no argument)
+    and announced to nobody beforehand: their values are read from the node's parts, not kept in metrics."""
+
+    def __init__(self, families):
+        self.collect = families
 
     def describe(self):
-        return []  # collected on demand only
+        return []
 
-    def collect(self):
-        stats = {tier.name: tier.stats() for tier in self.tiers}
-        yield from _families(GaugeMetricFamily, _TIER_GAUGES, "tier", stats)
-        yield from _families(CounterMetricFamily, _TIER_COUNTERS, "tier", stats)
+
+def _tier_families(tiers):
+    stats = {tier.name: tier.stats() for tier in tiers}
+    yield from _families(GaugeMetricFamily, _TIER_GAUGES, "tier", stats)
+    yield from _families(CounterMetricFamily, _TIER_COUNTERS, "tier", stats)
 
 
 def _families(kind, fields: dict, label: str, rows: dict):
@@ -63,17 +67,10 @@ _SHARED_COUNTERS = {
 }
 
 
-class _SharedCollector:
-    def __init__(self, shared):
-        self.shared = shared
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        figures = self.shared.report()
-        for field, (name, doc) in _SHARED_COUNTERS.items():
-            yield CounterMetricFamily(name, doc, value=figures[field])
+def _shared_families(shared):
+    figures = shared.report()
+    for field, (name, doc) in _SHARED_COUNTERS.items():
+        yield CounterMetricFamily(name, doc, value=figures[field])
 
 
 _TENANT_COUNTERS = {
@@ -83,36 +80,28 @@ _TENANT_COUNTERS = {
 }
 
 
-class _TenantCollector:
+def _tenant_families(table):
     """Per-tenant figures (storenode/storage/tenant_usage.py). The tenant label is bounded whatever names keys
     carry: a tenant with a share (at most MAX_TENANTS) by name, "" for keys of no tenant, every other
     name in one "_other" series (TenantTable.labelled)."""
-
-    def __init__(self, table):
-        self.table = table
-
-    def describe(self):
-        return []  # collected on demand only
-
-    def collect(self):
-        figures = self.table.labelled()
-        size = GaugeMetricFamily("kvpool_node_tenant_bytes", "Bytes of the tenant's objects in the tier",
-                                 labels=["tier", "tenant"])
-        objects = GaugeMetricFamily("kvpool_node_tenant_objects", "The tenant's objects on the node",
-                                    labels=["tenant"])
-        evictions = CounterMetricFamily("kvpool_node_tenant_evictions",
-                                        "The tenant's objects the node evicted, by its own quota or pool pressure",
-                                        labels=["tenant", "reason"])
-        for tenant, values in figures.items():
-            size.add_metric(["dram", tenant], values["dram_bytes"])
-            size.add_metric(["ssd", tenant], values["ssd_bytes"])
-            objects.add_metric([tenant], values["objects"])
-            evictions.add_metric([tenant, "quota"], values["evicted_quota"])
-            evictions.add_metric([tenant, "pressure"], values["evicted_pressure"])
-        yield size
-        yield objects
-        yield evictions
-        yield from _families(CounterMetricFamily, _TENANT_COUNTERS, "tenant", figures)
+    figures = table.labelled()
+    size = GaugeMetricFamily("kvpool_node_tenant_bytes", "Bytes of the tenant's objects in the tier",
+                             labels=["tier", "tenant"])
+    objects = GaugeMetricFamily("kvpool_node_tenant_objects", "The tenant's objects on the node",
+                                labels=["tenant"])
+    evictions = CounterMetricFamily("kvpool_node_tenant_evictions",
+                                    "The tenant's objects the node evicted, by its own quota or pool pressure",
+                                    labels=["tenant", "reason"])
+    for tenant, values in figures.items():
+        size.add_metric(["dram", tenant], values["dram_bytes"])
+        size.add_metric(["ssd", tenant], values["ssd_bytes"])
+        objects.add_metric([tenant], values["objects"])
+        evictions.add_metric([tenant, "quota"], values["evicted_quota"])
+        evictions.add_metric([tenant, "pressure"], values["evicted_pressure"])
+    yield size
+    yield objects
+    yield evictions
+    yield from _families(CounterMetricFamily, _TENANT_COUNTERS, "tenant", figures)
 
 
 class Total:
@@ -198,12 +187,12 @@ class NodeMetrics:
 
     def track_tiers(self, tiers) -> None:
         """Export each StorageTier's usage and counters, labelled by tier name."""
-        self.registry.register(_TierCollector(tiers))
+        self.registry.register(_OnScrape(lambda: _tier_families(tiers)))
 
     def track_shared(self, shared) -> None:
         """Export what this node did with the shared tier (storenode/background/shared_tier.py SharedTier.report)."""
-        self.registry.register(_SharedCollector(shared))
+        self.registry.register(_OnScrape(lambda: _shared_families(shared)))
 
     def track_tenants(self, table) -> None:
-        """Export each tenant's figures (a storenode.tenant_usage.TenantTable), labelled by tenant."""
-        self.registry.register(_TenantCollector(table))
+        """Export each tenant's figures (storenode/storage/tenant_usage.py TenantTable), labelled by tenant."""
+        self.registry.register(_OnScrape(lambda: _tenant_families(table)))
