@@ -2,8 +2,8 @@
 
 The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_server.py) parse frames and move
 bytes; the decisions are here: whether a write is admitted (term fence, options, room in a tier) and
-what its commit checks and records, which record a READ or LOCATE pins, and the operations only a member
-may send, behind one role check (`NodeOps.members`).
+what its commit checks and records, which record a READ or LOCATE pins or whether the shared tier answers it,
+and the operations only a member may send, behind one role check (`NodeOps.members`).
 
 A term is believed only from a member: a WRITE's or ALLOCATE's term only fences (refused when older than
 the node's), and only REPORT, INVENTORY and EVICTIONS, reachable through `members` alone, raise it.
@@ -19,8 +19,10 @@ from kvpool.errors import (ChecksumMismatchError, ForbiddenError, KeyExistsError
 from kvpool.protocol.wire import MAX_GENERATION, NO_SEAL
 from kvpool.security.placement_seal import PlacementSeal
 from kvpool.protocol.write_options import lifetime_problem, raw_size_problem
+from kvpool.sharedfs.layout import SharedObject
 
 from kvpool.storenode.background.replica_push import Copier
+from kvpool.storenode.background.shared_tier import SharedTier
 from kvpool.storenode.storage.index import ObjectRecord
 from kvpool.storenode.background.maintenance import Maintenance
 from kvpool.storenode.serving.read_grant import ReadGrant
@@ -62,14 +64,17 @@ class StoredOptions(NamedTuple):
 
 
 class NodeOps:
-    """The node's operations on its store, for any transport; holds the node's term."""
+    """The node's operations on its store, for any transport; holds the node's term.
+    shared: the shared tier, if mounted."""
 
-    def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str, copier: Copier):
+    def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str, copier: Copier,
+                 shared: SharedTier | None = None):
         self.store = store
         self.maintenance = maintenance
         self.node_id = node_id
         self._node_id_bytes = node_id.encode()
         self.copier = copier
+        self.shared = shared
         self.term = 0  # highest term a member's REPORT, INVENTORY or EVICTIONS carried: older writes are refused
         self.grant = ReadGrant()  # reads are served only while the leader's grant holds (read_grant.py)
         self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
@@ -164,19 +169,33 @@ class NodeOps:
 
     # -- reads: READ (TCP, UCX) and LOCATE (shared memory)
 
-    def readable(self, req: Request) -> ObjectRecord:
-        """The record a READ or LOCATE asks for; StaleReplicaError or KeyNotFoundError if not held."""
+    def readable(self, req: Request) -> ObjectRecord | None:
+        """The record a READ or LOCATE asks for, or None: this node holds no copy of that version (none of its
+        key, or another generation, older or newer) but mounts the shared tier, whose file of it answers
+        (read_shared, at once). Whatever generation is held here, the file is what says the version stands:
+        the leader has every node mounting the tier unlink a replaced version before the overwrite returns,
+        and a newer one held here may be a put not yet ended. Raises StaleReplicaError (the read grant
+        lapsed, the version held has another size, or another generation is held and no shared tier)
+        or KeyNotFoundError."""
         self.grant.check()
         generation = req.generation
         rec, why = self.store.lookup(req.key, generation)
         if rec is None:
             self.store.count_miss(req.key)
+            if self.shared is not None:
+                return None
             if why == "stale":
                 raise StaleReplicaError(f"this node no longer holds generation {generation} of the key")
             raise KeyNotFoundError(f"no generation {generation} of this key here")
         if req.length != rec.size:
             raise StaleReplicaError(f"generation {generation} has {rec.size} bytes, not {req.length}")
         return rec
+
+    async def read_shared(self, req: Request) -> tuple[SharedObject, bytes]:
+        """The bytes of a version readable() left to the shared tier (its read grant check covers this), the
+        file checked whole before a byte leaves (storenode/background/shared_tier.py); KeyNotFoundError if the
+        tier has no such file, StaleReplicaError if it has another size."""
+        return await self.shared.read(req.key, req.generation, req.length)
 
     def note_read(self, rec: ObjectRecord) -> None:
         """Count a read about to be served; an SSD object read often enough is promoted to DRAM."""

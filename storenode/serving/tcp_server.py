@@ -23,6 +23,7 @@ from kvpool.security.tls_socket import TlsSocket
 
 from kvpool.storenode.background.replica_push import Copier
 from kvpool.storenode.background.maintenance import Maintenance
+from kvpool.storenode.background.shared_tier import SharedTier
 from kvpool.storenode.serving.metrics import NodeMetrics
 from kvpool.storenode.serving.ops import NodeOps
 from kvpool.storenode.storage.store import ObjectStore
@@ -39,13 +40,14 @@ TURN_AWAY_DRAIN_SECONDS = 0.5
 
 class DataServer:
     """offers: transport name -> what a client needs to use it, sent in HELLO ("shm" to clients
-    of this host). verifier: the cluster's keys (an open Verifier takes any peer as a member)."""
+    of this host). verifier: the cluster's keys (an open Verifier takes any peer as a member).
+    shared: storenode/background/shared_tier.py SharedTier, when this node mounts the shared tier."""
 
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
                  metrics: NodeMetrics | None = None, instance: str = "", verifier: Verifier | None = None,
                  frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
                  credential=None, tls=None, idle_timeout: float = 0.0, max_unproved: int = MAX_UNPROVED,
-                 max_unproved_per_address: int = MAX_UNPROVED_PER_ADDRESS):
+                 max_unproved_per_address: int = MAX_UNPROVED_PER_ADDRESS, shared: SharedTier | None = None):
         self.store = store
         self.max_connections = max_connections  # more are turned away, so no peer can take every descriptor
         self.slots = Admission(max_connections, max_unproved, max_unproved_per_address)
@@ -57,13 +59,12 @@ class DataServer:
         self.verifier = verifier or Verifier(None)
         self.tls = tls  # kvpool/security/tls.py TlsFiles: every connection is TLS (kvpool/security/tls_socket.py)
         self._tls_context = tls.server_context() if tls is not None else None
-        self.shared = None  # storenode/background/shared_tier.py SharedTier, when this node mounts the shared tier
         self.ucx_tickets = Tickets()  # handed out in HELLO, taken by UCX CONNECTs (storenode/serving/ucx_server.py)
         self.offers: dict[str, dict] = {}
         self.metrics = metrics or NodeMetrics()
         # COPY's WRITEs to other nodes prove the member role (over TLS too when the cluster uses it).
         copier = Copier(store, credential, tls.client_context() if tls is not None else None)
-        self.node = NodeOps(store, maintenance, node_id, copier)  # what each request does, any transport
+        self.node = NodeOps(store, maintenance, node_id, copier, shared)  # what each request does, any transport
         self.node.sealer = placement_seal.for_verifier(self.verifier)
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None

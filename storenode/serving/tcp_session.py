@@ -37,7 +37,6 @@ from kvpool.storenode.serving.tcp_shm import SharedMemoryRequests
 log = logging.getLogger(__name__)
 
 REPLY_BUFFER = 4 * 1024 * 1024  # replies queued past this are sent before more requests are read
-_NOT_HERE = (Code.NOT_FOUND, Code.STALE)  # a READ of what the node does not hold may find it in the shared tier
 SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
 HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
 # After a large WRITE, frames are staged only this far ahead (plenty for pipelined headers), so
@@ -368,10 +367,10 @@ class TcpSession(Framing):
         try:
             rec = self.node.readable(req)
         except KvpoolError as exc:
-            if self.server.shared is not None and exc.code in _NOT_HERE:
-                return self.send_shared(req)
             self.error(req.op, req.req_id, exc.code, str(exc))
             return True
+        if rec is None:  # not held here: the shared tier's file answers
+            return self.send_shared(req)
         if rec.dram is not None and rec.size <= SMALL_READ:  # a reply buffered whole: no waiting
             self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, rec.size, rec.checksum)
             self.node.note_read(rec)
@@ -380,20 +379,11 @@ class TcpSession(Framing):
             return True
         return self.send_object(req, rec)
 
-    def readable(self, req: Request) -> ObjectRecord | None:
-        """The record a READ or LOCATE asks for; None after replying why not."""
-        try:
-            return self.node.readable(req)
-        except KvpoolError as exc:
-            self.error(req.op, req.req_id, exc.code, str(exc))
-            return None
-
     async def send_shared(self, req: Request) -> bool:
-        """Answer a READ (or LOCATE) of an object this node does not hold from the shared tier, the file
-        verified first (storenode/background/shared_tier.py); read grants apply as to what the node holds."""
+        """Answer a READ (or LOCATE) of a version ops.NodeOps.readable left to the shared tier with its file's
+        bytes, over the socket."""
         try:
-            self.node.grant.check()
-            obj, payload = await self.server.shared.read(req.key, req.generation, req.length)
+            obj, payload = await self.node.read_shared(req)
         except KvpoolError as exc:
             self.error(req.op, req.req_id, exc.code, str(exc))
             return True

@@ -438,16 +438,12 @@ class _Connection:
         store = self.store
         try:
             rec = self.node.readable(req)
+            if rec is None:  # not held here: the shared tier's file answers
+                obj, data = await self.node.read_shared(req)
         except KvpoolError as exc:
-            shared = self.owner.server.shared
-            try:
-                if shared is None or exc.code not in (Code.NOT_FOUND, Code.STALE):
-                    raise
-                self.node.grant.check()  # not held here: from the shared tier (storenode/background/shared_tier.py)
-                obj, data = await shared.read(req.key, req.generation, req.length)
-            except KvpoolError as refused:
-                self._error(req.op, req.req_id, low, refused.code, str(refused))
-                return
+            self._error(req.op, req.req_id, low, exc.code, str(exc))
+            return
+        if rec is None:
             self._reply(low, wire.pack_reply(req.op, req.req_id, Code.OK, obj.size, obj.checksum))
             self.send(layout.tag_of(layout.DATA, low), data, obj.size)
             self.metrics.bytes_out.inc(obj.size)
