@@ -2,7 +2,7 @@
 
 The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_server.py) parse frames and move
 bytes; the decisions are here: whether a write is admitted (term fence, options, room in a tier) and
-what its commit checks and records, which record a READ or LOCATE pins or whether the shared tier answers it,
+how it is committed, which record a READ or LOCATE pins or whether the shared tier answers it,
 and the operations only a member may send, behind one role check (`NodeOps.members`).
 
 A term is believed only from a member: a WRITE's or ALLOCATE's term only fences (refused when older than
@@ -10,12 +10,13 @@ the node's), and only REPORT, INVENTORY and EVICTIONS, reachable through `member
 """
 
 import asyncio
+import struct
 from typing import NamedTuple
 
 from kvpool.protocol import wire
 from kvpool.security.roles import MEMBER_OPS, TENANT_REFUSED_OPS, Caller, Role
-from kvpool.errors import (ChecksumMismatchError, ForbiddenError, KeyExistsError, InvalidArgumentError,
-                           KeyNotFoundError, NotLeaderError, StaleReplicaError)
+from kvpool.errors import (ChecksumMismatchError, ForbiddenError, InternalError, KeyExistsError,
+                           InvalidArgumentError, KeyNotFoundError, NotLeaderError, StaleReplicaError)
 from kvpool.protocol.wire import MAX_GENERATION, NO_SEAL
 from kvpool.security.placement_seal import PlacementSeal
 from kvpool.protocol.write_options import lifetime_problem, raw_size_problem
@@ -150,22 +151,31 @@ class NodeOps:
             raise KeyExistsError(f"generation {req.generation} of this key is stored with other bytes; "
                                  "a stored version is never replaced")
 
-    def checked_record(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> ObjectRecord:
-        """The record of a write whose bytes are in its extent, once they match its checksum and no other
-        bytes of the version were stored meanwhile; else the extent is given back and the typed error
-        raised. The caller stores it (store.commit) once its bytes are final (an SSD object's header
-        written), in the same turn of the loop."""
+    def commit_write(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> None:
+        """Store a write (WRITE, or COMMIT of an ALLOCATE) whose bytes are in its extent (an SSD one's key and
+        payload written): once they match its checksum and no other bytes of the version were stored
+        meanwhile, its record is made, an SSD object's header written (last: what makes the extent an
+        object, on a restart too) and the record committed, all in this turn of the loop; else the extent
+        is given back and the typed error raised. The caller replies."""
+        store = self.store
         if digest != req.checksum:
-            self.store.abort(res)
+            store.abort(res)
             raise ChecksumMismatchError(f"payload checksum differs from {req.checksum:#x}; object not stored")
         try:
             self._never_replaced(req)
         except KeyExistsError:
-            self.store.abort(res)
+            store.abort(res)
             raise
         ttl_ms, soft_pin_ms, raw_size = options[:3]
-        return self.store.new_record(req.key, req.generation, req.length, req.checksum, req.flags, raw_size,
-                                     ttl_ms, soft_pin_ms)
+        rec = store.new_record(req.key, req.generation, req.length, req.checksum, req.flags, raw_size, ttl_ms,
+                               soft_pin_ms)
+        if res.tier is not store.dram:
+            try:
+                res.tier.segment.write_header(res.offset, store.stored_object(rec))
+            except (OSError, struct.error, OverflowError) as exc:  # the extent goes back; the connection stays
+                store.abort(res)
+                raise InternalError(f"SSD header not written: {exc}") from None
+        store.commit(res, rec)
 
     # -- reads: READ (TCP, UCX) and LOCATE (shared memory)
 

@@ -15,7 +15,6 @@ ops.NodeOps.members).
 import asyncio
 import logging
 import ssl
-import struct
 import time
 
 from kvpool.protocol import transports, wire
@@ -289,21 +288,13 @@ class TcpSession(Framing):
         return True
 
     def _commit_write(self, req: Request, options: StoredOptions, res: Reservation, digest: int) -> None:
-        """The payload is in its extent: check it, record it, reply."""
+        """The payload is in its extent: commit it (ops.NodeOps.commit_write), reply."""
         self._bytes_in.inc(req.length)
         try:
-            rec = self.node.checked_record(res, req, options, digest)
+            self.node.commit_write(res, req, options, digest)
         except KvpoolError as exc:
             self.error(req.op, req.req_id, exc.code, str(exc))
             return
-        if res.tier is not self.dram:
-            try:
-                res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
-            except (OSError, struct.error, OverflowError) as exc:  # the extent goes back; the connection stays
-                self.store.abort(res)
-                self.error(req.op, req.req_id, Code.INTERNAL, f"SSD header not written: {exc}")
-                return
-        self.store.commit(res, rec)
         self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, 0, 0)
 
     async def _receive_to_dram(self, offset: int, length: int) -> int:

@@ -94,12 +94,11 @@ class SharedMemoryRequests:
         res, allocated = pending.reservation, pending.request
         # The client wrote these bytes itself: check them as a received WRITE is checked.
         try:
-            rec = self.node.checked_record(res, allocated, pending.options,
-                                           checksum(conn.dram.segment.view(res.offset, allocated.length)))
+            self.node.commit_write(res, allocated, pending.options,
+                                   checksum(conn.dram.segment.view(res.offset, allocated.length)))
         except KvpoolError as exc:
             conn.error(req.op, req.req_id, exc.code, str(exc))
             return True
-        conn.store.commit(res, rec)
         conn.metrics.bytes_in.inc(allocated.length)
         conn.reply_ok(req.op, req.req_id)
         return True

@@ -36,6 +36,7 @@ from kvpool.protocol.keys import MAX_KEY_BYTES
 from kvpool.net.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
 
 from kvpool.storenode.serving.ops import OP_NAMES, Request, StoredOptions
+from kvpool.storenode.storage.store import Reservation
 
 log = logging.getLogger(__name__)
 
@@ -413,26 +414,31 @@ class _Connection:
             self._error(op, req_id, low, Code.INVALID_ARGUMENT, f"payload not received: {exc}")
             return
         self.metrics.bytes_in.inc(length)
+        digest = checksum(target)
+        if not in_dram and not await self._write_to_ssd(req, low, res, target):
+            return
         try:
-            rec = node.checked_record(res, req, options, checksum(target))
+            node.commit_write(res, req, options, digest)
         except KvpoolError as exc:
             self._error(op, req_id, low, exc.code, str(exc))
             return
-        if not in_dram:
-            writing = self.loop.run_in_executor(None, res.tier.segment.write_object, res.offset,
-                                                self.store.stored_object(rec), target)
-            try:
-                await asyncio.shield(writing)
-            except asyncio.CancelledError:
-                # No thread may still write into the extent once it is given back.
-                writing.add_done_callback(lambda _: self.store.abort(res))
-                raise
-            except OSError as exc:
-                self.store.abort(res)
-                self._error(op, req_id, low, Code.INTERNAL, f"SSD write failed: {exc}")
-                return
-        self.store.commit(res, rec)
         self._reply(low, wire.pack_reply(op, req_id, Code.OK))
+
+    async def _write_to_ssd(self, req: Request, low: int, res: Reservation, payload: bytearray) -> bool:
+        """A received SSD WRITE's key and payload into its extent, by a thread (its header, which makes it an
+        object, is commit_write's); False after replying why not."""
+        writing = self.loop.run_in_executor(None, res.tier.segment.write_body, res.offset, req.key, payload)
+        try:
+            await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            # No thread may still write into the extent once it is given back.
+            writing.add_done_callback(lambda _: self.store.abort(res))
+            raise
+        except OSError as exc:
+            self.store.abort(res)
+            self._error(req.op, req.req_id, low, Code.INTERNAL, f"SSD write failed: {exc}")
+            return False
+        return True
 
     async def _read(self, req: Request, low: int) -> None:
         store = self.store
