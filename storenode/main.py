@@ -327,8 +327,8 @@ async def _serve(args) -> int:
 
 
 def _tenants_changed(server, shares) -> None:
-    """A tenant's record changed: end the TCP connections whose token lapsed (a UCX connection's requests are
-    refused from then on: storenode/serving/ucx_server.py), take its new limits."""
+    """A tenant's record changed: end the TCP connections whose token lapsed (on every transport their requests
+    are refused from then on: storenode/serving/ops.py NodeOps.refusal), take its new limits."""
     ended = server.end_lapsed_tenants()
     if ended:
         log.info("closed %d connections of rotated or deleted tenant tokens", ended)

@@ -1,9 +1,10 @@
 """What a storage node does for each request, written once for every transport (TCP, shared memory, UCX).
 
 The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_server.py) parse frames and move
-bytes; the decisions are here: whether a write is admitted (term fence, options, room in a tier) and
-how it is committed, which record a READ or LOCATE pins or whether the shared tier answers it,
-and the operations only a member may send, behind one role check (`NodeOps.members`).
+bytes; the decisions are here: whether a caller may still send a request (its tenant token current, the
+key in its scope), whether a write is admitted (term fence, options, room in a tier) and how it is
+committed, which record a READ or LOCATE pins or whether the shared tier answers it, and the operations
+only a member may send, behind one role check (`NodeOps.members`).
 
 A term is believed only from a member: a WRITE's or ALLOCATE's term only fences (refused when older than
 the node's), and only REPORT, INVENTORY and EVICTIONS, reachable through `members` alone, raise it.
@@ -18,7 +19,8 @@ from kvpool.security.roles import MEMBER_OPS, TENANT_REFUSED_OPS, Caller, Role
 from kvpool.errors import (ChecksumMismatchError, ForbiddenError, InternalError, KeyExistsError,
                            InvalidArgumentError, KeyNotFoundError, NotLeaderError, StaleReplicaError)
 from kvpool.protocol.wire import MAX_GENERATION, NO_SEAL
-from kvpool.security.placement_seal import PlacementSeal
+from kvpool.security import placement_seal
+from kvpool.security.auth import Verifier
 from kvpool.protocol.write_options import lifetime_problem, raw_size_problem
 from kvpool.sharedfs.layout import SharedObject
 
@@ -66,22 +68,24 @@ class StoredOptions(NamedTuple):
 
 class NodeOps:
     """The node's operations on its store, for any transport; holds the node's term.
-    shared: the shared tier, if mounted."""
+    verifier: the cluster's keys and the tenants' current tokens; shared: the shared tier, if mounted."""
 
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str, copier: Copier,
-                 shared: SharedTier | None = None):
+                 verifier: Verifier, shared: SharedTier | None = None):
         self.store = store
         self.maintenance = maintenance
         self.node_id = node_id
         self._node_id_bytes = node_id.encode()
         self.copier = copier
+        self.verifier = verifier
         self.shared = shared
         self.term = 0  # highest term a member's REPORT, INVENTORY or EVICTIONS carried: older writes are refused
         self.grant = ReadGrant()  # reads are served only while the leader's grant holds (read_grant.py)
         self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
         store.on_dropped = self.dropped.set
         self._members = MemberOps(self)
-        self.sealer: PlacementSeal | None = None  # checks the leader's seals (None: a cluster without a secret)
+        # checks the leader's seals (None: a cluster without a secret)
+        self.sealer: placement_seal.PlacementSeal | None = placement_seal.for_verifier(verifier)
 
     # -- the role check: the one way to the member-only operations
 
@@ -96,16 +100,23 @@ class NodeOps:
     def member_only(op: int) -> bool:
         return op in MEMBER_OPS
 
-    # -- the scope check: the keys a caller may name (kvpool/protocol/tenants.py), every transport
+    # -- the caller's check, every request on every transport: its token, the keys it may name
 
-    @staticmethod
-    def out_of_scope(caller: Caller, op: int, key: bytes) -> ForbiddenError | None:
-        """Why `caller` may not send `op` naming `key`, or None: a tenant names only its own keys and is never
-        given shared memory (a mapping of every tenant's bytes); the client token names no tenant's key. The
-        refusal says nothing of whether such a key is stored."""
+    def lapsed(self, caller: Caller) -> bool:
+        """Whether `caller` proved a tenant token since rotated or deleted (Verifier.current): its requests are
+        refused from then on; TCP also closes its connections at once (DataServer.end_lapsed_tenants)."""
+        return caller.role is Role.TENANT and not self.verifier.current(caller)
+
+    def refusal(self, caller: Caller, op: int, key: bytes) -> ForbiddenError | None:
+        """Why `caller` may not send `op` naming `key`, or None: a lapsed tenant token sends nothing; a tenant
+        names only its own keys (kvpool/protocol/tenants.py) and is never given shared memory (a mapping of
+        every tenant's bytes); the client token names no tenant's key. The refusal says nothing of whether
+        such a key is stored."""
         scope = caller.scope
         if scope is None:
             return None
+        if self.lapsed(caller):
+            return ForbiddenError("wrong tenant token (rotated or deleted)")
         if key and not scope.holds_bytes(key):
             return ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} names a key outside this credential's "
                                   "key space")

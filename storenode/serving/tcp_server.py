@@ -14,7 +14,6 @@ import logging
 import socket
 
 from kvpool.protocol import wire
-from kvpool.security import placement_seal
 from kvpool.security.auth import Tickets, Verifier
 from kvpool.errors import Code
 from kvpool.net.netutil import long_lived
@@ -64,8 +63,7 @@ class DataServer:
         self.metrics = metrics or NodeMetrics()
         # COPY's WRITEs to other nodes prove the member role (over TLS too when the cluster uses it).
         copier = Copier(store, credential, tls.client_context() if tls is not None else None)
-        self.node = NodeOps(store, maintenance, node_id, copier, shared)  # what each request does, any transport
-        self.node.sealer = placement_seal.for_verifier(self.verifier)
+        self.node = NodeOps(store, maintenance, node_id, copier, self.verifier, shared)  # each request, any transport
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
         self._connections: dict[TcpSession, asyncio.Task] = {}
@@ -101,9 +99,10 @@ class DataServer:
         return self.slots.prove(session)
 
     def end_lapsed_tenants(self) -> int:
-        """Close every connection whose tenant's token ended (rotated or deleted: Verifier.current), at once;
-        how many. Called whenever the tenants' records change (kvpool/cluster/tenant_directory.py)."""
-        lapsed = [task for session, task in self._connections.items() if not self.verifier.current(session.caller)]
+        """Close every connection whose tenant's token ended (rotated or deleted: NodeOps.lapsed), at once, idle
+        ones too (their requests would be refused); how many. Called whenever the tenants' records change
+        (kvpool/cluster/tenant_directory.py)."""
+        lapsed = [task for session, task in self._connections.items() if self.node.lapsed(session.caller)]
         for task in lapsed:
             task.cancel()
         return len(lapsed)

@@ -203,8 +203,8 @@ class TcpSession(Framing):
                 start = self.start
             key = bytes(self.view[start + _HEADER:start + _HEADER + key_len])
             self.start = start + _HEADER + key_len
-            if self.caller.scope is not None:  # a client's: the keys its credential may name (ops.py)
-                refused = self.node.out_of_scope(self.caller, op, key)
+            if self.caller.scope is not None:  # a client's: its token current, the keys it may name (ops.py)
+                refused = self.node.refusal(self.caller, op, key)
                 if refused is not None:  # (a payload may follow that cannot be skipped)
                     await self.fail(op, req_id, refused.code, str(refused))
                     return

@@ -31,7 +31,7 @@ from kvpool.protocol import wire
 from kvpool.net import ucx_common as layout
 from kvpool.security.auth import Caller
 from kvpool.protocol.checksum import checksum
-from kvpool.errors import Code, ForbiddenError, KvpoolError, UnavailableError
+from kvpool.errors import Code, KvpoolError, UnavailableError
 from kvpool.protocol.keys import MAX_KEY_BYTES
 from kvpool.net.ucx_common import Op, Progress, close_endpoint, load, new_context, new_worker
 
@@ -147,7 +147,7 @@ class UcxServer:
             caller = auth.MEMBER
         else:  # no reply, not even an endpoint, for a peer that proves nothing
             taken = self.server.ucx_tickets.take(ticket)  # who the ticket was handed to, and their key
-            if taken is None or taken[0].role != role or not verifier.current(taken[0]) or not hmac.compare_digest(
+            if taken is None or taken[0].role != role or self.node.lapsed(taken[0]) or not hmac.compare_digest(
                     proof, auth.ticket_proof(taken[1], role, ticket, worker_address)):
                 self.metrics.error("ucx_connect", "FORBIDDEN")
                 log.warning("dropped a UCX CONNECT without a valid ticket and proof")
@@ -353,10 +353,9 @@ class _Connection:
         req = _new_record(Request, (op, req_id, bytes(frame[_HEADER:_HEADER + key_len]), generation, flags, arg,
                                     length, value_checksum))
         began = time.perf_counter()
-        refused = self.node.out_of_scope(self.caller, op, req.key)  # the keys its credential may name
-        if refused is None and self.caller.tenant and not self.owner.server.verifier.current(self.caller):
-            # Rotated or deleted: refused from now on (a UCX connection closed here is not seen by its peer).
-            refused = ForbiddenError("wrong tenant token (rotated or deleted)")
+        # Its tenant token still current (a UCX connection closed here is not seen by its peer: a lapsed
+        # token's requests are refused instead), the keys it names its own.
+        refused = self.node.refusal(self.caller, op, req.key)
         if refused is not None:
             if op == wire.Op.WRITE:
                 self._refuse(op, req_id, low, refused.code, str(refused), length)
