@@ -1,6 +1,6 @@
 """What a storage node does for each request, written once for every transport (TCP, shared memory, UCX).
 
-The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_server.py) parse frames and move
+The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_session.py) parse frames and move
 bytes; the decisions are here: whether a caller may still send a request (its tenant token current, the
 key in its scope), whether a write is admitted (term fence, options, room in a tier) and how it is
 committed, which record a READ or LOCATE pins or whether the shared tier answers it, and the operations
