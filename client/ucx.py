@@ -7,7 +7,7 @@ memory at all, and why every operation here is bounded by its own deadline:
 UCX would not notice a dead peer.
 
 The message layout, the UCX settings (no cma) and the progress driver are
-shared with the node's side (storenode/serving/ucx_server.py): kvpool/net/ucx_common.py.
+shared with the node's side (storenode/serving/ucx_server.py, ucx_session.py): kvpool/net/ucx_common.py.
 
 Without error handling UCX does not notice a node that died either; over TCP
 its transfers fail with a reset, but over shared memory they would just wait.

@@ -252,8 +252,8 @@ async def _serve(args) -> int:
     server = DataServer(store, maintenance, node_id, metrics, instance=instance, verifier=verifier,
                         frame_timeout=args.frame_timeout, max_connections=args.max_connections,
                         credential=credential, tls=args.tls, idle_timeout=args.idle_timeout,
-                        max_unproved=args.max_unproved, max_unproved_per_address=args.max_unproved_per_address)
-    server.shared = shared
+                        max_unproved=args.max_unproved, max_unproved_per_address=args.max_unproved_per_address,
+                        shared=shared)
     if transports.SHM in args.transports and dram.segment.path:
         server.offers[transports.SHM] = {"size": dram.segment.capacity}
     metrics_http = None
@@ -327,8 +327,8 @@ async def _serve(args) -> int:
 
 
 def _tenants_changed(server, shares) -> None:
-    """A tenant's record changed: end the TCP connections whose token lapsed (a UCX connection's requests are
-    refused from then on: storenode/serving/ucx_server.py), take its new limits."""
+    """A tenant's record changed: end the TCP connections whose token lapsed (on every transport their requests
+    are refused from then on: storenode/serving/ops.py NodeOps.refusal), take its new limits."""
     ended = server.end_lapsed_tenants()
     if ended:
         log.info("closed %d connections of rotated or deleted tenant tokens", ended)

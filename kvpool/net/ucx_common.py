@@ -1,5 +1,5 @@
-"""What both ends of the UCX data path share (client/ucx.py, storenode/serving/ucx_server.py): the
-message layout, loading ucxx (the optional extra kvpool[ucx]), contexts and workers, and the
+"""What both ends of the UCX data path share (client/ucx.py, storenode/serving/ucx_server.py and ucx_session.py):
+the message layout, loading ucxx (the optional extra kvpool[ucx]), contexts and workers, and the
 progress driver.
 
 Messages are tag-matched. A tag is kind (8 bits) | connection id (24 bits,

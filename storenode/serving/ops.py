@@ -1,26 +1,31 @@
 """What a storage node does for each request, written once for every transport (TCP, shared memory, UCX).
 
-The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_server.py) parse frames and move
-bytes; the decisions are here: whether a write is admitted (term fence, options, room in a tier) and
-what its commit checks and records, which record a READ or LOCATE pins, and the operations only a member
-may send, behind one role check (`NodeOps.members`).
+The servers (tcp_session.py and its tcp_members.py / tcp_shm.py, ucx_session.py) parse frames and move
+bytes; the decisions are here: whether a caller may still send a request (its tenant token current, the
+key in its scope), whether a write is admitted (term fence, options, room in a tier) and how it is
+committed, which record a READ or LOCATE pins or whether the shared tier answers it, and the operations
+only a member may send, behind one role check (`NodeOps.members`).
 
 A term is believed only from a member: a WRITE's or ALLOCATE's term only fences (refused when older than
 the node's), and only REPORT, INVENTORY and EVICTIONS, reachable through `members` alone, raise it.
 """
 
 import asyncio
+import struct
 from typing import NamedTuple
 
 from kvpool.protocol import wire
 from kvpool.security.roles import MEMBER_OPS, TENANT_REFUSED_OPS, Caller, Role
-from kvpool.errors import (ChecksumMismatchError, ForbiddenError, KeyExistsError, InvalidArgumentError,
-                           KeyNotFoundError, NotLeaderError, StaleReplicaError)
+from kvpool.errors import (ChecksumMismatchError, ForbiddenError, InternalError, KeyExistsError,
+                           InvalidArgumentError, KeyNotFoundError, NotLeaderError, StaleReplicaError)
 from kvpool.protocol.wire import MAX_GENERATION, NO_SEAL
-from kvpool.security.placement_seal import PlacementSeal
+from kvpool.security import placement_seal
+from kvpool.security.auth import Verifier
 from kvpool.protocol.write_options import lifetime_problem, raw_size_problem
+from kvpool.sharedfs.layout import SharedObject
 
 from kvpool.storenode.background.replica_push import Copier
+from kvpool.storenode.background.shared_tier import SharedTier
 from kvpool.storenode.storage.index import ObjectRecord
 from kvpool.storenode.background.maintenance import Maintenance
 from kvpool.storenode.serving.read_grant import ReadGrant
@@ -62,20 +67,25 @@ class StoredOptions(NamedTuple):
 
 
 class NodeOps:
-    """The node's operations on its store, for any transport; holds the node's term."""
+    """The node's operations on its store, for any transport; holds the node's term.
+    verifier: the cluster's keys and the tenants' current tokens; shared: the shared tier, if mounted."""
 
-    def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str, copier: Copier):
+    def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str, copier: Copier,
+                 verifier: Verifier, shared: SharedTier | None = None):
         self.store = store
         self.maintenance = maintenance
         self.node_id = node_id
         self._node_id_bytes = node_id.encode()
         self.copier = copier
+        self.verifier = verifier
+        self.shared = shared
         self.term = 0  # highest term a member's REPORT, INVENTORY or EVICTIONS carried: older writes are refused
         self.grant = ReadGrant()  # reads are served only while the leader's grant holds (read_grant.py)
         self.dropped = asyncio.Event()  # set when the store lists a dropped object: EVICTIONS answers
         store.on_dropped = self.dropped.set
         self._members = MemberOps(self)
-        self.sealer: PlacementSeal | None = None  # checks the leader's seals (None: a cluster without a secret)
+        # checks the leader's seals (None: a cluster without a secret)
+        self.sealer: placement_seal.PlacementSeal | None = placement_seal.for_verifier(verifier)
 
     # -- the role check: the one way to the member-only operations
 
@@ -90,16 +100,23 @@ class NodeOps:
     def member_only(op: int) -> bool:
         return op in MEMBER_OPS
 
-    # -- the scope check: the keys a caller may name (kvpool/protocol/tenants.py), every transport
+    # -- the caller's check, every request on every transport: its token, the keys it may name
 
-    @staticmethod
-    def out_of_scope(caller: Caller, op: int, key: bytes) -> ForbiddenError | None:
-        """Why `caller` may not send `op` naming `key`, or None: a tenant names only its own keys and is never
-        given shared memory (a mapping of every tenant's bytes); the client token names no tenant's key. The
-        refusal says nothing of whether such a key is stored."""
+    def lapsed(self, caller: Caller) -> bool:
+        """Whether `caller` proved a tenant token since rotated or deleted (Verifier.current): its requests are
+        refused from then on; TCP also closes its connections at once (DataServer.end_lapsed_tenants)."""
+        return caller.role is Role.TENANT and not self.verifier.current(caller)
+
+    def refusal(self, caller: Caller, op: int, key: bytes) -> ForbiddenError | None:
+        """Why `caller` may not send `op` naming `key`, or None: a lapsed tenant token sends nothing; a tenant
+        names only its own keys (kvpool/protocol/tenants.py) and is never given shared memory (a mapping of
+        every tenant's bytes); the client token names no tenant's key. The refusal says nothing of whether
+        such a key is stored."""
         scope = caller.scope
         if scope is None:
             return None
+        if self.lapsed(caller):
+            return ForbiddenError("wrong tenant token (rotated or deleted)")
         if key and not scope.holds_bytes(key):
             return ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} names a key outside this credential's "
                                   "key space")
@@ -145,38 +162,61 @@ class NodeOps:
             raise KeyExistsError(f"generation {req.generation} of this key is stored with other bytes; "
                                  "a stored version is never replaced")
 
-    def checked_record(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> ObjectRecord:
-        """The record of a write whose bytes are in its extent, once they match its checksum and no other
-        bytes of the version were stored meanwhile; else the extent is given back and the typed error
-        raised. The caller stores it (store.commit) once its bytes are final (an SSD object's header
-        written), in the same turn of the loop."""
+    def commit_write(self, res: Reservation, req: Request, options: StoredOptions, digest: int) -> None:
+        """Store a write (WRITE, or COMMIT of an ALLOCATE) whose bytes are in its extent (an SSD one's key and
+        payload written): once they match its checksum and no other bytes of the version were stored
+        meanwhile, its record is made, an SSD object's header written (last: what makes the extent an
+        object, on a restart too) and the record committed, all in this turn of the loop; else the extent
+        is given back and the typed error raised. The caller replies."""
+        store = self.store
         if digest != req.checksum:
-            self.store.abort(res)
+            store.abort(res)
             raise ChecksumMismatchError(f"payload checksum differs from {req.checksum:#x}; object not stored")
         try:
             self._never_replaced(req)
         except KeyExistsError:
-            self.store.abort(res)
+            store.abort(res)
             raise
         ttl_ms, soft_pin_ms, raw_size = options[:3]
-        return self.store.new_record(req.key, req.generation, req.length, req.checksum, req.flags, raw_size,
-                                     ttl_ms, soft_pin_ms)
+        rec = store.new_record(req.key, req.generation, req.length, req.checksum, req.flags, raw_size, ttl_ms,
+                               soft_pin_ms)
+        if res.tier is not store.dram:
+            try:
+                res.tier.segment.write_header(res.offset, store.stored_object(rec))
+            except (OSError, struct.error, OverflowError) as exc:  # the extent goes back; the connection stays
+                store.abort(res)
+                raise InternalError(f"SSD header not written: {exc}") from None
+        store.commit(res, rec)
 
     # -- reads: READ (TCP, UCX) and LOCATE (shared memory)
 
-    def readable(self, req: Request) -> ObjectRecord:
-        """The record a READ or LOCATE asks for; StaleReplicaError or KeyNotFoundError if not held."""
+    def readable(self, req: Request) -> ObjectRecord | None:
+        """The record a READ or LOCATE asks for, or None: this node holds no copy of that version (none of its
+        key, or another generation, older or newer) but mounts the shared tier, whose file of it answers
+        (read_shared, at once). Whatever generation is held here, the file is what says the version stands:
+        the leader has every node mounting the tier unlink a replaced version before the overwrite returns,
+        and a newer one held here may be a put not yet ended. Raises StaleReplicaError (the read grant
+        lapsed, the version held has another size, or another generation is held and no shared tier)
+        or KeyNotFoundError."""
         self.grant.check()
         generation = req.generation
         rec, why = self.store.lookup(req.key, generation)
         if rec is None:
             self.store.count_miss(req.key)
+            if self.shared is not None:
+                return None
             if why == "stale":
                 raise StaleReplicaError(f"this node no longer holds generation {generation} of the key")
             raise KeyNotFoundError(f"no generation {generation} of this key here")
         if req.length != rec.size:
             raise StaleReplicaError(f"generation {generation} has {rec.size} bytes, not {req.length}")
         return rec
+
+    async def read_shared(self, req: Request) -> tuple[SharedObject, bytes]:
+        """The bytes of a version readable() left to the shared tier (its read grant check covers this), the
+        file checked whole before a byte leaves (storenode/background/shared_tier.py); KeyNotFoundError if the
+        tier has no such file, StaleReplicaError if it has another size."""
+        return await self.shared.read(req.key, req.generation, req.length)
 
     def note_read(self, rec: ObjectRecord) -> None:
         """Count a read about to be served; an SSD object read often enough is promoted to DRAM."""

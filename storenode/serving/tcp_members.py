@@ -29,7 +29,7 @@ def _acknowledge(conn, req: Request, operation) -> bool:
 
 
 async def free_shared(conn, members: MemberOps, req: Request) -> bool:
-    shared = conn.server.shared
+    shared = conn.node.shared
     if shared is None:
         conn.error(req.op, req.req_id, Code.NOT_FOUND, "this node does not mount a shared tier")
     elif await shared.unlink(req.key, req.generation):
@@ -40,7 +40,7 @@ async def free_shared(conn, members: MemberOps, req: Request) -> bool:
 
 
 async def shared_scan(conn, members: MemberOps, req: Request) -> bool:
-    shared = conn.server.shared
+    shared = conn.node.shared
     if shared is None:
         conn.error(req.op, req.req_id, Code.NOT_FOUND, "this node does not mount a shared tier")
         return True

@@ -14,7 +14,6 @@ import logging
 import socket
 
 from kvpool.protocol import wire
-from kvpool.security import placement_seal
 from kvpool.security.auth import Tickets, Verifier
 from kvpool.errors import Code
 from kvpool.net.netutil import long_lived
@@ -23,6 +22,7 @@ from kvpool.security.tls_socket import TlsSocket
 
 from kvpool.storenode.background.replica_push import Copier
 from kvpool.storenode.background.maintenance import Maintenance
+from kvpool.storenode.background.shared_tier import SharedTier
 from kvpool.storenode.serving.metrics import NodeMetrics
 from kvpool.storenode.serving.ops import NodeOps
 from kvpool.storenode.storage.store import ObjectStore
@@ -39,13 +39,14 @@ TURN_AWAY_DRAIN_SECONDS = 0.5
 
 class DataServer:
     """offers: transport name -> what a client needs to use it, sent in HELLO ("shm" to clients
-    of this host). verifier: the cluster's keys (an open Verifier takes any peer as a member)."""
+    of this host). verifier: the cluster's keys (an open Verifier takes any peer as a member).
+    shared: storenode/background/shared_tier.py SharedTier, when this node mounts the shared tier."""
 
     def __init__(self, store: ObjectStore, maintenance: Maintenance, node_id: str,
                  metrics: NodeMetrics | None = None, instance: str = "", verifier: Verifier | None = None,
                  frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
                  credential=None, tls=None, idle_timeout: float = 0.0, max_unproved: int = MAX_UNPROVED,
-                 max_unproved_per_address: int = MAX_UNPROVED_PER_ADDRESS):
+                 max_unproved_per_address: int = MAX_UNPROVED_PER_ADDRESS, shared: SharedTier | None = None):
         self.store = store
         self.max_connections = max_connections  # more are turned away, so no peer can take every descriptor
         self.slots = Admission(max_connections, max_unproved, max_unproved_per_address)
@@ -57,14 +58,12 @@ class DataServer:
         self.verifier = verifier or Verifier(None)
         self.tls = tls  # kvpool/security/tls.py TlsFiles: every connection is TLS (kvpool/security/tls_socket.py)
         self._tls_context = tls.server_context() if tls is not None else None
-        self.shared = None  # storenode/background/shared_tier.py SharedTier, when this node mounts the shared tier
         self.ucx_tickets = Tickets()  # handed out in HELLO, taken by UCX CONNECTs (storenode/serving/ucx_server.py)
         self.offers: dict[str, dict] = {}
         self.metrics = metrics or NodeMetrics()
         # COPY's WRITEs to other nodes prove the member role (over TLS too when the cluster uses it).
         copier = Copier(store, credential, tls.client_context() if tls is not None else None)
-        self.node = NodeOps(store, maintenance, node_id, copier)  # what each request does, any transport
-        self.node.sealer = placement_seal.for_verifier(self.verifier)
+        self.node = NodeOps(store, maintenance, node_id, copier, self.verifier, shared)  # each request, any transport
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
         self._connections: dict[TcpSession, asyncio.Task] = {}
@@ -100,9 +99,10 @@ class DataServer:
         return self.slots.prove(session)
 
     def end_lapsed_tenants(self) -> int:
-        """Close every connection whose tenant's token ended (rotated or deleted: Verifier.current), at once;
-        how many. Called whenever the tenants' records change (kvpool/cluster/tenant_directory.py)."""
-        lapsed = [task for session, task in self._connections.items() if not self.verifier.current(session.caller)]
+        """Close every connection whose tenant's token ended (rotated or deleted: NodeOps.lapsed), at once, idle
+        ones too (their requests would be refused); how many. Called whenever the tenants' records change
+        (kvpool/cluster/tenant_directory.py)."""
+        lapsed = [task for session, task in self._connections.items() if self.node.lapsed(session.caller)]
         for task in lapsed:
             task.cancel()
         return len(lapsed)

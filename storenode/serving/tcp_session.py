@@ -15,7 +15,6 @@ ops.NodeOps.members).
 import asyncio
 import logging
 import ssl
-import struct
 import time
 
 from kvpool.protocol import transports, wire
@@ -37,7 +36,6 @@ from kvpool.storenode.serving.tcp_shm import SharedMemoryRequests
 log = logging.getLogger(__name__)
 
 REPLY_BUFFER = 4 * 1024 * 1024  # replies queued past this are sent before more requests are read
-_NOT_HERE = (Code.NOT_FOUND, Code.STALE)  # a READ of what the node does not hold may find it in the shared tier
 SMALL_READ = 64 * 1024  # READ payloads up to this ride in the reply buffer: one send instead of two
 HASH_CHUNK = 256 * 1024  # receive and hash WRITE payloads in pieces that fit in cache
 # After a large WRITE, frames are staged only this far ahead (plenty for pipelined headers), so
@@ -205,8 +203,8 @@ class TcpSession(Framing):
                 start = self.start
             key = bytes(self.view[start + _HEADER:start + _HEADER + key_len])
             self.start = start + _HEADER + key_len
-            if self.caller.scope is not None:  # a client's: the keys its credential may name (ops.py)
-                refused = self.node.out_of_scope(self.caller, op, key)
+            if self.caller.scope is not None:  # a client's: its token current, the keys it may name (ops.py)
+                refused = self.node.refusal(self.caller, op, key)
                 if refused is not None:  # (a payload may follow that cannot be skipped)
                     await self.fail(op, req_id, refused.code, str(refused))
                     return
@@ -290,21 +288,13 @@ class TcpSession(Framing):
         return True
 
     def _commit_write(self, req: Request, options: StoredOptions, res: Reservation, digest: int) -> None:
-        """The payload is in its extent: check it, record it, reply."""
+        """The payload is in its extent: commit it (ops.NodeOps.commit_write), reply."""
         self._bytes_in.inc(req.length)
         try:
-            rec = self.node.checked_record(res, req, options, digest)
+            self.node.commit_write(res, req, options, digest)
         except KvpoolError as exc:
             self.error(req.op, req.req_id, exc.code, str(exc))
             return
-        if res.tier is not self.dram:
-            try:
-                res.tier.segment.write_header(res.offset, self.store.stored_object(rec))  # last: makes it an object
-            except (OSError, struct.error, OverflowError) as exc:  # the extent goes back; the connection stays
-                self.store.abort(res)
-                self.error(req.op, req.req_id, Code.INTERNAL, f"SSD header not written: {exc}")
-                return
-        self.store.commit(res, rec)
         self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, 0, 0)
 
     async def _receive_to_dram(self, offset: int, length: int) -> int:
@@ -368,10 +358,10 @@ class TcpSession(Framing):
         try:
             rec = self.node.readable(req)
         except KvpoolError as exc:
-            if self.server.shared is not None and exc.code in _NOT_HERE:
-                return self.send_shared(req)
             self.error(req.op, req.req_id, exc.code, str(exc))
             return True
+        if rec is None:  # not held here: the shared tier's file answers
+            return self.send_shared(req)
         if rec.dram is not None and rec.size <= SMALL_READ:  # a reply buffered whole: no waiting
             self.out += _pack_reply(_MAGIC, _VERSION, req.op, req.req_id, _OK, 0, rec.size, rec.checksum)
             self.node.note_read(rec)
@@ -380,20 +370,11 @@ class TcpSession(Framing):
             return True
         return self.send_object(req, rec)
 
-    def readable(self, req: Request) -> ObjectRecord | None:
-        """The record a READ or LOCATE asks for; None after replying why not."""
-        try:
-            return self.node.readable(req)
-        except KvpoolError as exc:
-            self.error(req.op, req.req_id, exc.code, str(exc))
-            return None
-
     async def send_shared(self, req: Request) -> bool:
-        """Answer a READ (or LOCATE) of an object this node does not hold from the shared tier, the file
-        verified first (storenode/background/shared_tier.py); read grants apply as to what the node holds."""
+        """Answer a READ (or LOCATE) of a version ops.NodeOps.readable left to the shared tier with its file's
+        bytes, over the socket."""
         try:
-            self.node.grant.check()
-            obj, payload = await self.server.shared.read(req.key, req.generation, req.length)
+            obj, payload = await self.node.read_shared(req)
         except KvpoolError as exc:
             self.error(req.op, req.req_id, exc.code, str(exc))
             return True

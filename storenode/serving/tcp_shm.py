@@ -50,11 +50,13 @@ class SharedMemoryRequests:
         if holds is None:
             return True
         conn = self.conn
-        if conn.server.shared is not None and not conn.node.store.index.has_key(req.key):
-            return await conn.send_shared(req)  # not held here: from the shared tier, over the socket
-        rec = conn.readable(req)
-        if rec is None:
+        try:
+            rec = self.node.readable(req)
+        except KvpoolError as exc:
+            conn.error(req.op, req.req_id, exc.code, str(exc))
             return True
+        if rec is None:  # not held here: the shared tier's file answers, over the socket (as for a READ)
+            return await conn.send_shared(req)
         if rec.dram is None:  # on SSD only: the bytes come over the socket, as for a READ
             await conn.send_object(req, rec)
             return True
@@ -92,12 +94,11 @@ class SharedMemoryRequests:
         res, allocated = pending.reservation, pending.request
         # The client wrote these bytes itself: check them as a received WRITE is checked.
         try:
-            rec = self.node.checked_record(res, allocated, pending.options,
-                                           checksum(conn.dram.segment.view(res.offset, allocated.length)))
+            self.node.commit_write(res, allocated, pending.options,
+                                   checksum(conn.dram.segment.view(res.offset, allocated.length)))
         except KvpoolError as exc:
             conn.error(req.op, req.req_id, exc.code, str(exc))
             return True
-        conn.store.commit(res, rec)
         conn.metrics.bytes_in.inc(allocated.length)
         conn.reply_ok(req.op, req.req_id)
         return True

@@ -135,9 +135,13 @@ class SsdSegment:
 
     def write_object(self, offset: int, obj: StoredObject, payload) -> None:
         """Key and payload, then the header that makes them an object (a blocking call: run it in a thread)."""
-        self.pwrite_all(obj.key, self.key_offset(offset))
-        self.pwrite_all(payload, self.payload_offset(offset, len(obj.key)))
+        self.write_body(offset, obj.key, payload)
         self.write_header(offset, obj)
+
+    def write_body(self, offset: int, key: bytes, payload) -> None:
+        """An object's key and payload, not yet an object: its header comes after (a blocking call)."""
+        self.pwrite_all(key, self.key_offset(offset))
+        self.pwrite_all(payload, self.payload_offset(offset, len(key)))
 
     def pack_header(self, obj: StoredObject) -> bytes:
         head = HEADER.pack(MAGIC, len(obj.key), obj.flags, 0, obj.generation, obj.size, obj.checksum,

@@ -2,7 +2,7 @@
 
 Everything here is synchronous and runs on the event loop, so index and
 allocators change atomically between awaits. Byte transfers live elsewhere
-(tcp_session.py, ucx_server.py, tier_moves.py) and hold a record's refcount while they run: removing a
+(tcp_session.py, ucx_session.py, tier_moves.py) and hold a record's refcount while they run: removing a
 busy record only unindexes it (new READs get NOT_FOUND) and its extents are
 freed when the last transfer releases it.
 """

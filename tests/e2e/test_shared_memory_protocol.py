@@ -1,5 +1,8 @@
-"""The node's side of the shared-memory path, over raw sockets: ATTACH, LOCATE/RELEASE, ALLOCATE/COMMIT."""
+"""The node's side of the shared-memory path, over raw sockets: ATTACH, LOCATE/RELEASE, ALLOCATE/COMMIT; a LOCATE
+of a version only the shared tier holds is answered as a READ (TCP or UCX) of it is."""
 
+import asyncio
+import importlib.util
 import json
 import mmap
 import os
@@ -15,10 +18,13 @@ from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code
 from kvpool.net.netutil import wait_until
 from kvpool.protocol.wire import Op
+from kvpool.sharedfs.files import SharedDir
+from kvpool.sharedfs.layout import SharedObject
 
 from storenode_harness import closed_by_node, free, get, inventory, put, read_reply, report, start_node, write_status
 
 pytestmark = pytest.mark.quick  # among the fastest end-to-end tests (tests/tiers.py)
+HAVE_UCX = importlib.util.find_spec("ucxx") is not None
 
 MIB = 1024 * 1024
 
@@ -193,5 +199,52 @@ def test_an_allocation_never_committed_is_given_back_while_its_connection_lives(
             sock.sendall(wire.pack_request(Op.PING, 10, b""))  # and the connection still serves
             assert read_reply(sock)[2] == Code.OK
         assert get(node, b"later", 1, 3 * MIB)[0] == Code.OK
+    finally:
+        node.stop()
+
+
+def test_a_version_only_the_shared_tier_holds_is_located_as_it_is_read(etcd, tmp_path, monkeypatch):
+    """A version this node does not hold, with its key held here at no generation, an older or a newer one, is
+    answered from the shared tier's file by LOCATE (over the socket, unmapped), READ and a UCX READ alike: the
+    file is what says the version stands (the leader has it unlinked before an overwrite of it returns, and a
+    newer generation held here may be a put not yet ended). One the tier lacks too gets one answer from all;
+    the version held here is still mapped."""
+    (tmp_path / "shared").mkdir()
+    in_tier = {(b"k", 3): os.urandom(5000), (b"k", 9): os.urandom(7000), (b"elsewhere", 4): os.urandom(3000)}
+    with SharedDir(str(tmp_path / "shared"), "default", "peer-node") as peer:  # as another node moved them there
+        for (key, generation), value in in_tier.items():
+            peer.write(SharedObject(key, generation, len(value), checksum(value), 0, len(value), 0), value)
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    node = start_node(etcd, tmp_path, node_id="n3", dram="4MiB", args=(
+        "--shared-dir", str(tmp_path / "shared"), "--transports", "tcp,shm,ucx" if HAVE_UCX else "tcp,shm"))
+    try:
+        held = os.urandom(1000)
+        put(node, b"k", 6, held)  # generation 6 of key k, in DRAM
+        sock, _offer = attached(node)
+        with sock:
+            for (key, generation), value in in_tier.items():
+                status, flags, length, value_checksum = locate(sock, key, generation, len(value))
+                assert (status, flags & wire.ReplyFlag.MAPPED, value_checksum) == (Code.OK, 0, checksum(value)), \
+                    (key, generation)
+                assert _recv(sock, length) == value
+                assert get(node, key, generation, len(value)) == (Code.OK, value)
+            missing = locate(sock, b"k", 5, 100)[0]  # in neither: answered as a READ of it is
+            assert missing in (Code.NOT_FOUND, Code.STALE) and get(node, b"k", 5, 100)[0] == missing
+            status, flags, _, value_checksum = locate(sock, b"k", 6, len(held))
+            assert (status, bool(flags & wire.ReplyFlag.MAPPED), value_checksum) == (Code.OK, True, checksum(held))
+            sock.sendall(wire.pack_request(Op.RELEASE, 3, b"k", 6))
+        if HAVE_UCX:
+            from test_client_credential_on_every_transport import with_ucx_client
+
+            async def read_over_ucx(transport, address):
+                read = {}
+                for (key, generation), value in in_tier.items():
+                    buf = bytearray(len(value))
+                    read[key, generation] = (await transport.read_into(address, key, generation, memoryview(buf)),
+                                             bytes(buf))
+                return read
+
+            assert with_ucx_client(node, read_over_ucx) == {
+                name: (checksum(value), value) for name, value in in_tier.items()}
     finally:
         node.stop()
