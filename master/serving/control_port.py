@@ -36,6 +36,7 @@ from kvpool.security.auth import MAX_IDENT, NONCE, PROOF, ServerHandshake, Verif
 from kvpool.security.roles import CLIENT, MEMBER
 from kvpool.sockets.admission import UNPROVED, UNPROVED_PER_ADDRESS, Admission
 from kvpool.errors import Code, ForbiddenError, KvpoolError
+from kvpool.runtime.coroutine_driver import resume, start
 
 from kvpool.master.serving.metrics import CallCounter
 from kvpool.master.serving.service import EtcdSilent, MasterService, NotLeading
@@ -106,25 +107,6 @@ class ControlPort:
             connection.close()
         if self._server is not None:
             await self._server.wait_closed()
-
-
-async def _finish(call, waiting):
-    """Drive a coroutine started by hand (call.send) on from where it suspended, as a Task would:
-    wait for the future it yielded (None: a bare yield), then resume it."""
-    while True:
-        cancelled = False
-        try:
-            if waiting is None:
-                await asyncio.sleep(0)
-            else:
-                await asyncio.wait((waiting,))
-        except asyncio.CancelledError:
-            # Resumed, the call finds what it awaited cancelled; or, with nothing to cancel, is told so.
-            cancelled = not (waiting is not None and waiting.cancel())
-        try:
-            waiting = call.throw(asyncio.CancelledError()) if cancelled else call.send(None)
-        except StopIteration as done:
-            return done.value
 
 
 def _body(response) -> bytes:
@@ -318,11 +300,10 @@ class _Connection(asyncio.Protocol):
                 self._reply(frame)
             return
         call = self._serve(op, req_id, name, response)
-        try:
-            waiting = call.send(None)  # a hold or FREEs may still finish here, without a task
-        except StopIteration:
+        finished, waiting_on = start(call)  # a hold or FREEs may still finish here, without a task
+        if finished:
             return
-        task = self.loop.create_task(_finish(call, waiting))
+        task = self.loop.create_task(resume(call, waiting_on))
         self.calls.add(task)
         task.add_done_callback(self._call_done)
         if len(self.calls) >= MAX_IN_FLIGHT:
