@@ -7,7 +7,8 @@ deadline is set through it (`timeout`), the ends of posted puts retry through it
 (`spawn`). No layer asks which one it has.
 
 The blocking Client runs an operation's coroutine (the same one AsyncClient
-runs) in the caller's thread with no event loop running (`run`): master calls
+runs) in the caller's thread with no event loop running (`run`, stepped by hand:
+kvpool/runtime/coroutine_driver.py): master calls
 are answered on the control socket (control_blocking.py) and node requests on an
 idle node connection are sent and answered on its socket (Connection.request_now),
 so the coroutine completes without ever suspending. When it does wait on

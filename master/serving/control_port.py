@@ -3,7 +3,8 @@
 A gRPC unary call costs many raw socket round trips' worth of time between two
 processes, and a put makes two master calls; this port serves the same RPCs
 through the same code (MasterService.serve_now, as dispatch) for the price of one round trip;
-a call that needs no waiting is answered inside the read that brought it, with no coroutine or task.
+a call that needs no waiting is answered inside the read that brought it, with no coroutine or task;
+one whose coroutine finishes in its first step (kvpool/runtime/coroutine_driver.py start) with no task either.
 
 A connection may carry many requests at once. Each complete frame is decoded
 and dispatched as it arrives, in arrival order: a handler changes the table
