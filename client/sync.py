@@ -72,7 +72,9 @@ class Client:
 
     def _dispatch(self, fn, *args):
         """fn(*args) in this thread, or in the helper thread if this one runs an event loop."""
-        if asyncio._get_running_loop() is None:  # the usual case (asked without raising: lookups are short)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no loop runs here
             return fn(*args)
         return self._helper.submit(fn, *args).result()
 

@@ -7,7 +7,8 @@ deadline is set through it (`timeout`), the ends of posted puts retry through it
 (`spawn`). No layer asks which one it has.
 
 The blocking Client runs an operation's coroutine (the same one AsyncClient
-runs) in the caller's thread with no event loop running (`run`): master calls
+runs) in the caller's thread with no event loop running (`run`, stepped by hand:
+kvpool/runtime/coroutine_driver.py): master calls
 are answered on the control socket (control_blocking.py) and node requests on an
 idle node connection are sent and answered on its socket (Connection.request_now),
 so the coroutine completes without ever suspending. When it does wait on
@@ -18,7 +19,8 @@ private event loop, in this thread, until it is done.
 
 import asyncio
 import time
-from asyncio import events
+
+from kvpool.runtime.coroutine_driver import Resumed, start
 
 from kvpool.client.control_blocking import BlockingControlLinks
 from kvpool.client.control_link import ControlLinks
@@ -89,8 +91,7 @@ class BlockingIO(LoopIO):
     def deadline(self) -> float | None:
         """The earliest end of the timeouts the caller's call runs in (work spawned in the background
         runs in none of them)."""
-        if not self._deadlines or (events._get_running_loop() is not None
-                                   and asyncio.current_task() in self._background):
+        if not self._deadlines or _current_task() in self._background:
             return None
         return min(deadline.when for deadline in self._deadlines)
 
@@ -139,10 +140,7 @@ class BlockingIO(LoopIO):
         for i, coro in enumerate(coros):
             mark = len(deadlines)
             try:
-                waiting_on = coro.send(None)
-            except StopIteration as done:
-                results.append(done.value)
-                continue
+                finished, outcome = start(coro)  # its result, or what it waits on
             except Exception as exc:
                 if not return_exceptions:
                     for rest in coros[i + 1:]:
@@ -150,10 +148,13 @@ class BlockingIO(LoopIO):
                     raise
                 results.append(exc)
                 continue
+            if finished:
+                results.append(outcome)
+                continue
             # The timeouts it is inside are its own: armed in its task, not the caller's.
             owned = deadlines[mark:]
             del deadlines[mark:]
-            rest = await asyncio.gather(self._continue(coro, waiting_on, owned), *coros[i + 1:],
+            rest = await asyncio.gather(self._continue(coro, outcome, owned), *coros[i + 1:],
                                         return_exceptions=return_exceptions)
             return results + rest
         return results
@@ -170,14 +171,10 @@ class BlockingIO(LoopIO):
         needs none, then on the loop until it is done."""
         if self._background or self._deadlines:  # spawned work (or an interrupted call) waits for the loop
             return self._run_on_loop(coro)
-        events._set_running_loop(self.loop)  # loop calls (futures, tasks made for later) go to this loop
-        try:
-            waiting_on = coro.send(None)
-        except StopIteration as done:
-            return done.value
-        finally:
-            events._set_running_loop(None)
-        return self._run_on_loop(self._continue(coro, waiting_on, self._deadlines))
+        finished, outcome = start(coro, self.loop)  # futures, tasks made for later: this loop's
+        if finished:
+            return outcome
+        return self._run_on_loop(self._continue(coro, outcome, self._deadlines))
 
     def _run_on_loop(self, coro):
         task = self.loop.create_task(coro)
@@ -192,37 +189,10 @@ class BlockingIO(LoopIO):
         timeouts it is inside (`deadlines`) are now armed on the loop too."""
         for deadline in list(deadlines):
             await deadline.arm()
-        return await _Resumed(coro, waiting_on)
+        return await Resumed(coro, waiting_on)
 
     def close(self) -> None:
         self.loop.close()
-
-
-class _Resumed:
-    """Awaiting it continues a coroutine that already ran up to a suspension (`waiting_on`, what it
-    yielded to the loop), in the awaiting task: results, errors and cancellation are passed on."""
-
-    def __init__(self, coro, waiting_on):
-        self.coro, self.waiting_on = coro, waiting_on
-
-    def __await__(self):
-        coro, yielded = self.coro, self.waiting_on
-        while True:
-            try:
-                sent = yield yielded
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    yielded = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    yielded = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
 
 
 class _Deadline:
@@ -250,6 +220,14 @@ class _Deadline:
             self.io._deadlines.remove(self)
         if self._on_loop is not None:
             return await self._on_loop.__aexit__(exc_type, exc, tb)
+        return None
+
+
+def _current_task() -> asyncio.Task | None:
+    """The task running here; None outside one, also where no loop runs (a lookup's deadline)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
         return None
 
 

@@ -3,7 +3,8 @@
 A gRPC unary call costs many raw socket round trips' worth of time between two
 processes, and a put makes two master calls; this port serves the same RPCs
 through the same code (MasterService.serve_now, as dispatch) for the price of one round trip;
-a call that needs no waiting is answered inside the read that brought it, with no coroutine or task.
+a call that needs no waiting is answered inside the read that brought it, with no coroutine or task;
+one whose coroutine finishes in its first step (kvpool/runtime/coroutine_driver.py start) with no task either.
 
 A connection may carry many requests at once. Each complete frame is decoded
 and dispatched as it arrives, in arrival order: a handler changes the table
@@ -36,6 +37,7 @@ from kvpool.security.auth import MAX_IDENT, NONCE, PROOF, ServerHandshake, Verif
 from kvpool.security.roles import CLIENT, MEMBER
 from kvpool.sockets.admission import UNPROVED, UNPROVED_PER_ADDRESS, Admission
 from kvpool.errors import Code, ForbiddenError, KvpoolError
+from kvpool.runtime.coroutine_driver import resume, start
 
 from kvpool.master.serving.metrics import CallCounter
 from kvpool.master.serving.service import EtcdSilent, MasterService, NotLeading
@@ -106,25 +108,6 @@ class ControlPort:
             connection.close()
         if self._server is not None:
             await self._server.wait_closed()
-
-
-async def _finish(call, waiting):
-    """Drive a coroutine started by hand (call.send) on from where it suspended, as a Task would:
-    wait for the future it yielded (None: a bare yield), then resume it."""
-    while True:
-        cancelled = False
-        try:
-            if waiting is None:
-                await asyncio.sleep(0)
-            else:
-                await asyncio.wait((waiting,))
-        except asyncio.CancelledError:
-            # Resumed, the call finds what it awaited cancelled; or, with nothing to cancel, is told so.
-            cancelled = not (waiting is not None and waiting.cancel())
-        try:
-            waiting = call.throw(asyncio.CancelledError()) if cancelled else call.send(None)
-        except StopIteration as done:
-            return done.value
 
 
 def _body(response) -> bytes:
@@ -318,11 +301,10 @@ class _Connection(asyncio.Protocol):
                 self._reply(frame)
             return
         call = self._serve(op, req_id, name, response)
-        try:
-            waiting = call.send(None)  # a hold or FREEs may still finish here, without a task
-        except StopIteration:
+        finished, waiting_on = start(call)  # a hold or FREEs may still finish here, without a task
+        if finished:
             return
-        task = self.loop.create_task(_finish(call, waiting))
+        task = self.loop.create_task(resume(call, waiting_on))
         self.calls.add(task)
         task.add_done_callback(self._call_done)
         if len(self.calls) >= MAX_IN_FLIGHT:

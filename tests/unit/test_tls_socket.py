@@ -5,6 +5,7 @@ import asyncio
 import hashlib
 import os
 import socket
+import ssl
 
 import pytest
 
@@ -88,6 +89,24 @@ def test_a_client_refuses_a_certificate_its_ca_did_not_sign(files, tmp_path):
         results = await asyncio.wait_for(asyncio.gather(handshake(server), handshake(client),
                                                         return_exceptions=True), 10)
         assert any(isinstance(r, OSError) for r in results)  # ssl.SSLCertVerificationError
+        a.close()
+        b.close()
+
+    asyncio.run(main())
+
+
+def test_the_certificates_made_pass_strict_verification(files):
+    """Python 3.13's default contexts verify with VERIFY_X509_STRICT (a certificate must name its issuer's key):
+    set here on any Python, the member certificate make_local signs is still accepted."""
+    async def main():
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        strict = files.client_context()
+        strict.verify_flags |= ssl.VERIFY_X509_STRICT
+        server = TlsSocket(a, files.server_context(), server_side=True)
+        client = TlsSocket(b, strict, server_side=False, server_hostname="localhost")
+        await asyncio.wait_for(asyncio.gather(handshake(server), handshake(client)), 10)
         a.close()
         b.close()
 
