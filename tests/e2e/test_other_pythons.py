@@ -3,7 +3,7 @@ asyncio code by hand (kvpool/runtime/coroutine_driver.py), which a Python releas
 runs other_python_client.py: a cluster of its own processes, the Client's calls on it.
 
 The interpreters: $KVPOOL_TEST_PYTHONS (python executables of venvs with this checkout installed with its test
-extra, separated by os.pathsep), else every .venv-*/bin/python at the checkout's root of a Python other than this
+extra, separated by os.pathsep), else every .venv-3*/bin/python at the checkout's root of a Python other than this
 one, e.g. made with
     uv venv .venv-313 -p python3.13 && uv pip install -p .venv-313/bin/python -e '.[test]'
 None found (as on CI, which runs one Python): skipped, saying which Pythons this machine has without such a venv."""
@@ -36,7 +36,7 @@ def _interpreters() -> list:
     if named:
         return [pytest.param(Path(p), id=Path(p).parent.parent.name) for p in named.split(os.pathsep) if p]
     this = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    found = [p for p in sorted(ROOT.glob(".venv-*/bin/python")) if _version(p) != this]
+    found = [p for p in sorted(ROOT.glob(".venv-3*/bin/python")) if _version(p) != this]  # not .venv-vllm ...
     if found:
         return [pytest.param(p, id=_version(p)) for p in found]
     others = sorted(p.name for p in PYENV.glob("3.1[1-9]*") if not p.name.startswith(this + "."))
