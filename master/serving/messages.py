@@ -165,8 +165,8 @@ def error_statuses(response) -> list[str]:
         return []  # every item is empty, so OK: seen in one C call instead of item by item
     if items:
         statuses = [item.status for item in response.items]
-        if errors:  # a BatchPutStart's columnar answers
-            statuses += [error.status for error in response.errors]
+    elif errors:  # a BatchPutStart's columnar answers
+        statuses = [error.status for error in response.errors]
     elif status:
         if response.status == pb.OK:  # the common case, answered without building a list
             return []
