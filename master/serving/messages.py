@@ -43,12 +43,6 @@ def options_of(request) -> PutOptions:
 
 # ----- objects -----
 
-def object_info(version: ObjectVersion, term: int) -> pb.ObjectInfo:
-    info = pb.ObjectInfo()
-    fill_object_info(info, version, term)
-    return info
-
-
 def fill_object_info(info: pb.ObjectInfo, version: ObjectVersion, term: int) -> None:
     """Write `version` into an empty ObjectInfo in place (e.g. inside a batch's answer: no copies).
     `term`: the placement's authority, the leader answering (WRITEs carry it, so nodes refuse a
