@@ -50,25 +50,14 @@ class Commits:
         self._failed: dict = {}  # key -> error of posted ends that failed since the last flush
         self._settling: set = set()  # tasks asking again and settling doubtful ends
 
-    async def end(self, key: str, generation: int, request, overwrite: bool) -> None:
-        """PutEnd; raises its error only when waited for."""
+    async def end(self, method: str, request, keys: list, generations: list, overwrite: bool) -> dict | None:
+        """A put_end_call (PutEnd or BatchPutEnd) of `keys` (in the request's order: items, then the keys
+        column) at their `generations`. Returns index -> error of the puts that failed when it waited for the
+        answer; None when posted."""
         if not (self.confirm or overwrite) and self._master.post(
-                "PutEnd", request, lambda r: self._answered("PutEnd", request, [key], [generation], r)):
-            return
-        errors = _errors("PutEnd", await self._call("PutEnd", request), 1)
-        if errors:
-            errors = await settle(self._master, [key], [generation], errors)
-        if errors:
-            raise errors[0]
-
-    async def end_batch(self, keys: list, generations: list, request, overwrite: bool) -> dict | None:
-        """BatchPutEnd of `keys` (in the request's order: items, then the keys column) at their
-        `generations`. Returns index -> error of the puts that failed when it waited for the answer;
-        None when posted."""
-        if not (self.confirm or overwrite) and self._master.post(
-                "BatchPutEnd", request, lambda r: self._answered("BatchPutEnd", request, keys, generations, r)):
+                method, request, lambda r: self._answered(method, request, keys, generations, r)):
             return None
-        errors = _errors("BatchPutEnd", await self._call("BatchPutEnd", request), len(keys))
+        errors = _errors(method, await self._call(method, request), len(keys))
         return await settle(self._master, keys, generations, errors) if errors else errors
 
     async def _call(self, method: str, request):

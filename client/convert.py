@@ -85,34 +85,35 @@ def placements(response, keys: list) -> list:
 
 # -- puts
 
-def put_start_request(key: str, size: int, digest: int, overwrite: bool, count: int, needed: int, choices,
-                      compressed: bool, raw_size: int) -> pb.PutStartRequest:
-    return pb.PutStartRequest(key=key, size=size, checksum=digest, overwrite=overwrite, replicas=count,
-                              min_replicas=needed, options=choices.request, compressed=compressed,
-                              raw_size=raw_size)
-
-
-def put_end_request(key: str, generation: int, failed_nodes) -> pb.PutEndRequest:
-    return pb.PutEndRequest(key=key, generation=generation, failed_nodes=list(failed_nodes))
-
-
-def batch_put_start_request(keys: list, sizes: list, digests: list, overwrite: bool, count: int, needed: int,
-                            choices, compressed: list | None, raw_sizes: list) -> pb.BatchPutStartRequest:
-    """What every put shares goes once (`common`), the rest as packed lists; compressed: per key, or
-    None when none is."""
+def put_start_call(keys: list, sizes: list, digests: list, overwrite: bool, count: int, needed: int, choices,
+                   compressed: list | None, raw_sizes: list) -> tuple[str, object]:
+    """(method, request) opening the puts of `keys`: PutStart for one, BatchPutStart for more (what every
+    put shares goes once, `common`, the rest as packed lists); compressed: per key, or None when none is."""
+    if len(keys) == 1:
+        return "PutStart", pb.PutStartRequest(key=keys[0], size=sizes[0], checksum=digests[0], overwrite=overwrite,
+                                              replicas=count, min_replicas=needed, options=choices.request,
+                                              compressed=compressed is not None and compressed[0],
+                                              raw_size=raw_sizes[0])
     common = pb.PutStartRequest(overwrite=overwrite, replicas=count, min_replicas=needed, options=choices.request)
     request = pb.BatchPutStartRequest(common=common, keys=keys, sizes=sizes, checksums=digests)
     if compressed is not None:
         request.compressed.extend(compressed)
         request.raw_sizes.extend(raw_sizes)
-    return request
+    return "BatchPutStart", request
 
 
-def batch_put_end_request(partly: list, whole: list) -> pb.BatchPutEndRequest:
-    """partly: (key, generation, failed node ids) of puts with a copy missing; whole: (key, generation)."""
-    return pb.BatchPutEndRequest(
-        items=[put_end_request(key, generation, failed) for key, generation, failed in partly],
-        keys=[key for key, _ in whole], generations=[generation for _, generation in whole])
+def _put_end_request(key: str, generation: int, failed_nodes) -> pb.PutEndRequest:
+    return pb.PutEndRequest(key=key, generation=generation, failed_nodes=list(failed_nodes))
+
+
+def put_end_call(partly: list, keys: list, generations: list) -> tuple[str, object]:
+    """(method, request) ending puts whose copies are written: PutEnd for one, BatchPutEnd for more.
+    partly: (key, generation, failed node ids) of puts with a copy missing; keys, generations: the others."""
+    if len(partly) + len(keys) == 1:
+        return "PutEnd", _put_end_request(*partly[0]) if partly else _put_end_request(keys[0], generations[0], ())
+    return "BatchPutEnd", pb.BatchPutEndRequest(
+        items=[_put_end_request(key, generation, failed) for key, generation, failed in partly],
+        keys=keys, generations=generations)
 
 
 def revoke_call(puts: list) -> tuple[str, object]:
@@ -132,31 +133,48 @@ def batch_end_errors(response, expected: int) -> dict:
     return {i: error_for(item.status, item.message) for i, item in enumerate(response.items) if item.status}
 
 
-class Started:
-    """The puts of one batch the master opened (a BatchPutStartResponse): index -> generation, and
-    where each was placed (a few distinct placements, each key an index into them)."""
+def started(method: str, response, count: int) -> "Started":
+    """The answer to a put_start_call of `count` puts as Started; a PutStart's refusal is its one put's."""
+    if method == "PutStart":
+        if response.status:
+            return Started([0], [0], [], {0: error_for(response.status, response.message)}, [], b"")
+        info = response.object  # its copies' seals come each in its replica: as a batch's, in a row
+        replicas = info.replicas
+        seals = b"".join([r.seal for r in replicas]) if replicas and replicas[0].seal else b""
+        return Started([info.generation], [0], [info], {}, [0] if info.generation else [], seals)
+    generations, placement = list(response.generations), list(response.placement)
+    placements = list(response.placements)
+    if len(generations) != count or len(placement) != count or len(response.refused) != len(response.errors):
+        raise InternalError(f"BatchPutStart answered {len(generations)} generations and {len(placement)} "
+                            f"placements for {count} puts")
+    indices = [i for i, generation in enumerate(generations) if generation]
+    if any(placement[i] >= len(placements) for i in indices):
+        raise InternalError("BatchPutStart answered a placement it did not send")
+    return Started(generations, placement, placements,
+                   {i: error_for(e.status, e.message) for i, e in zip(response.refused, response.errors)},
+                   indices, response.seals)
 
-    def __init__(self, response: pb.BatchPutStartResponse, count: int):
-        generations, placement = response.generations, response.placement
-        if len(generations) != count or len(placement) != count or len(response.refused) != len(response.errors):
-            raise InternalError(f"BatchPutStart answered {len(generations)} generations and {len(placement)} "
-                                f"placements for {count} puts")
-        self.generation = list(generations)
-        self.placement = list(placement)
-        self.placements = list(response.placements)
-        self.refused = {i: error_for(e.status, e.message) for i, e in zip(response.refused, response.errors)}
-        self.indices = [i for i, generation in enumerate(self.generation) if generation]
-        if any(self.placement[i] >= len(self.placements) for i in self.indices):
-            raise InternalError("BatchPutStart answered a placement it did not send")
-        self.seals = response.seals  # each copy's, in order of puts then replicas (empty: nothing sealed)
+
+class Started:
+    """The puts of one call the master opened (its answer, `started`): index -> generation (0: refused, the
+    error in `refused`), and where each was placed (a few distinct placements, each put an index into them)."""
+
+    def __init__(self, generation: list, placement: list, placements: list, refused: dict, indices: list,
+                 seals: bytes):
+        self.generation = generation
+        self.placement = placement
+        self.placements = placements
+        self.refused = refused
+        self.indices = indices  # of the puts started
+        self.seals = seals  # each copy's, in order of puts then replicas (empty: nothing sealed)
         self.seal_at: dict[int, int] = {}  # put index -> where its first copy's seal starts
-        if self.seals:
-            at, copies = 0, [len(p.replicas) * SEAL for p in self.placements]
-            for i in self.indices:
+        if seals:
+            at, copies = 0, [len(p.replicas) * SEAL for p in placements]
+            for i in indices:
                 self.seal_at[i] = at
-                at += copies[self.placement[i]]
-            if at != len(self.seals):
-                raise InternalError(f"BatchPutStart answered {len(self.seals)} bytes of seals for {at}")
+                at += copies[placement[i]]
+            if at != len(seals):
+                raise InternalError(f"the master answered {len(seals)} bytes of seals for {at}")
 
     def seal(self, i: int, copy: int) -> bytes:
         """The leader's seal over copy `copy` (in the placement's order as answered) of put i; only when the

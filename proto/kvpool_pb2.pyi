@@ -178,40 +178,36 @@ class StatusResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class BatchPutStartRequest(_message.Message):
-    __slots__ = ("items", "common", "keys", "sizes", "checksums", "compressed", "raw_sizes")
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("common", "keys", "sizes", "checksums", "compressed", "raw_sizes")
     COMMON_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     RAW_SIZES_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[PutStartRequest]
     common: PutStartRequest
     keys: _containers.RepeatedScalarFieldContainer[str]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     checksums: _containers.RepeatedScalarFieldContainer[int]
     compressed: _containers.RepeatedScalarFieldContainer[bool]
     raw_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, items: _Optional[_Iterable[_Union[PutStartRequest, _Mapping]]] = ..., common: _Optional[_Union[PutStartRequest, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., compressed: _Optional[_Iterable[bool]] = ..., raw_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, common: _Optional[_Union[PutStartRequest, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., compressed: _Optional[_Iterable[bool]] = ..., raw_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchPutStartResponse(_message.Message):
-    __slots__ = ("items", "generations", "placement", "placements", "refused", "errors", "seals")
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("generations", "placement", "placements", "refused", "errors", "seals")
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     SEALS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[PutStartResponse]
     generations: _containers.RepeatedScalarFieldContainer[int]
     placement: _containers.RepeatedScalarFieldContainer[int]
     placements: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
     refused: _containers.RepeatedScalarFieldContainer[int]
     errors: _containers.RepeatedCompositeFieldContainer[StatusResponse]
     seals: bytes
-    def __init__(self, items: _Optional[_Iterable[_Union[PutStartResponse, _Mapping]]] = ..., generations: _Optional[_Iterable[int]] = ..., placement: _Optional[_Iterable[int]] = ..., placements: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., refused: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[_Union[StatusResponse, _Mapping]]] = ..., seals: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, generations: _Optional[_Iterable[int]] = ..., placement: _Optional[_Iterable[int]] = ..., placements: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., refused: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[_Union[StatusResponse, _Mapping]]] = ..., seals: _Optional[bytes] = ...) -> None: ...
 
 class BatchPutEndRequest(_message.Message):
     __slots__ = ("items", "keys", "generations")

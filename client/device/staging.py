@@ -47,9 +47,6 @@ class StagingPool:
     def chunks_for(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.chunk_size))
 
-    def fits(self, nbytes: int) -> bool:
-        return self.chunks_for(nbytes) <= self.count
-
     def try_take(self, nbytes: int) -> Lease | None:
         """A run of chunks holding `nbytes`, or None when no such run is free now (or others wait first)."""
         need = self.chunks_for(nbytes)

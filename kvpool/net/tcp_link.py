@@ -3,7 +3,7 @@
 The master (FREE, HOLD, REPORT, EVICTIONS, INVENTORY, COPY: master/nodes/node_io.py,
 eviction_watch.py, repair.py) and storage nodes (the WRITE of a COPY to another
 node: storenode/background/replica_push.py) reach nodes through a TcpLink; a node serves these
-(PING aside) only to a peer that proved the member role. The connections and the
+only to a peer that proved the member role. The connections and the
 requests any peer sends are kvpool/net/node_connections.py's; a client's data
 transport (client/tcp.py) is built on those alone.
 """
@@ -12,7 +12,7 @@ from ..protocol import inventory, wire
 from ..errors import InvalidArgumentError, ProtocolError
 from .node_connections import NodeConnections
 
-_FREE, _PING, _HOLD = wire.Op.FREE, wire.Op.PING, wire.Op.HOLD
+_FREE, _HOLD = wire.Op.FREE, wire.Op.HOLD
 _REPORT, _INVENTORY, _COPY = wire.Op.REPORT, wire.Op.INVENTORY, wire.Op.COPY
 _EVICTIONS = wire.Op.EVICTIONS
 _FREE_SHARED, _SHARED_SCAN = wire.Op.FREE_SHARED, wire.Op.SHARED_SCAN
@@ -76,7 +76,3 @@ class TcpLink(NodeConnections):
         request on the connection meanwhile, so use a TcpLink that sends nothing else."""
         return await self._json(address, _EVICTIONS, dict, term)
 
-    async def ping(self, address: str) -> str:
-        """The node's id: a liveness check (served to any peer, sent by operators' tools and tests)."""
-        connection = await self._connection(address)
-        return await connection.request(_PING, b"", 0, 0, 0)

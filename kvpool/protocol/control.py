@@ -31,7 +31,6 @@ OP_BY_RPC = {
     "RemoveByPrefix": Op.REMOVE_BY_PREFIX, "Drain": Op.DRAIN, "Stats": Op.STATS, "ListKeys": Op.LIST_KEYS,
     "Tenants": Op.TENANTS,
 }
-RPC_BY_OP = {int(op): name for name, op in OP_BY_RPC.items()}
 
 # A lookup (BatchExists without a hold) in its lean frame, Op.LOOKUP: no protobuf on either side.
 LOOKUP = "Lookup"

@@ -38,11 +38,6 @@ class Entry(NamedTuple):
     def in_dram(self) -> bool:
         return bool(self.tiers & DRAM_BIT) or not self.tiers & SSD_BIT
 
-    @property
-    def tier_names(self) -> list[str]:
-        named = (("dram", DRAM_BIT), ("ssd", SSD_BIT), ("shared", SHARED_BIT))
-        return [name for name, bit in named if self.tiers & bit]
-
 
 def encode(entries: list[Entry]) -> bytes:
     keys = [e.key.encode("utf-8", "surrogateescape") for e in entries]

@@ -43,10 +43,6 @@ class Scope(NamedTuple):
         """The stored key of a key the caller names."""
         return self.prefix + key
 
-    def user_key(self, stored: str) -> str:
-        """The key the caller names for a stored key in its scope."""
-        return stored[len(self.prefix):]
-
     def holds(self, stored: str) -> bool:
         """Whether the stored key `stored` is in this scope."""
         return stored.startswith(self.prefix) if self.prefix else not stored.startswith(SCOPE_MARK)

@@ -5,8 +5,8 @@ master, and writes and reads them on nodes. Only a member (the cluster secret: m
 operator's commands) may send what drops or moves other clients' data, or carries a term: the node
 operations below, and the master RPCs below. A server without a secret takes every peer as a member.
 The master checks MEMBER_RPCS in MasterService.serve_now (control port and gRPC alike), a node
-MEMBER_OPS in storenode/serving/ops.py NodeOps.members and SEALED_OPS in NodeOps.admit_write (TCP, shared memory
-and UCX alike).
+MEMBER_OPS in storenode/serving/ops.py NodeOps.members, and the leader's seal on what stores data (WRITE,
+ALLOCATE) in NodeOps.admit_write (TCP, shared memory and UCX alike).
 """
 
 from enum import IntEnum
@@ -43,10 +43,6 @@ CLIENT = Caller(Role.CLIENT, CLIENT_SCOPE)
 # Ops on a node that only a member may send: they drop or move data, or carry a term.
 MEMBER_OPS = frozenset({wire.Op.FREE, wire.Op.HOLD, wire.Op.REPORT, wire.Op.INVENTORY,
                         wire.Op.COPY, wire.Op.EVICTIONS, wire.Op.FREE_SHARED, wire.Op.SHARED_SCAN})
-
-# Ops on a node a client may send only under the leader's seal over exactly that copy
-# (kvpool/security/placement_seal.py): they store data. Checked in storenode/serving/ops.py NodeOps.admit_write.
-SEALED_OPS = frozenset({wire.Op.WRITE, wire.Op.ALLOCATE})
 
 # Ops on a node a tenant may not send: shared memory's (the node's DRAM mapping holds every tenant's bytes).
 TENANT_REFUSED_OPS = frozenset({wire.Op.ATTACH, wire.Op.LOCATE, wire.Op.RELEASE, wire.Op.ALLOCATE,

@@ -73,7 +73,7 @@ def in_request_order(count: int, bad: dict, results: list) -> list:
 
 
 # How many keys each batch request names (its repeated fields of one key each).
-BATCH_SIZE = {"BatchPutStart": lambda r: len(r.items) + len(r.keys),
+BATCH_SIZE = {"BatchPutStart": lambda r: len(r.keys),
               "BatchPutEnd": lambda r: len(r.items) + len(r.keys), "BatchPutRevoke": lambda r: len(r.items),
               "BatchGetReplicaList": lambda r: len(r.keys), "BatchExists": lambda r: len(r.keys),
               control.LOOKUP: len}
@@ -84,7 +84,7 @@ def _item_keys(request) -> list:
 
 
 KEYS = {"PutStart": lambda r: (r.key,), "PutEnd": lambda r: (r.key,), "PutRevoke": lambda r: (r.key,),
-        "BatchPutStart": lambda r: _item_keys(r) + list(r.keys) if r.items else r.keys,
+        "BatchPutStart": lambda r: r.keys,
         "BatchPutEnd": lambda r: _item_keys(r) + list(r.keys) if r.items else r.keys,
         "BatchPutRevoke": _item_keys, "GetReplicaList": lambda r: (r.key,),
         "BatchGetReplicaList": lambda r: r.keys, "Exists": lambda r: (r.key,), "BatchExists": lambda r: r.keys,

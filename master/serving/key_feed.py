@@ -70,10 +70,6 @@ class KeyFeed:
         self._table.track_changes(False)
         self._wake()
 
-    @property
-    def is_open(self) -> bool:
-        return bool(self.id)
-
     def open_for_subscriber(self) -> str:
         """The feed's id, opening it for the term this master leads in if it is not open yet; "" when
         this master does not lead."""

@@ -43,12 +43,6 @@ def options_of(request) -> PutOptions:
 
 # ----- objects -----
 
-def object_info(version: ObjectVersion, term: int) -> pb.ObjectInfo:
-    info = pb.ObjectInfo()
-    fill_object_info(info, version, term)
-    return info
-
-
 def fill_object_info(info: pb.ObjectInfo, version: ObjectVersion, term: int) -> None:
     """Write `version` into an empty ObjectInfo in place (e.g. inside a batch's answer: no copies).
     `term`: the placement's authority, the leader answering (WRITEs carry it, so nodes refuse a
@@ -165,8 +159,8 @@ def error_statuses(response) -> list[str]:
         return []  # every item is empty, so OK: seen in one C call instead of item by item
     if items:
         statuses = [item.status for item in response.items]
-        if errors:  # a BatchPutStart's columnar answers
-            statuses += [error.status for error in response.errors]
+    elif errors:  # a BatchPutStart's columnar answers
+        statuses = [error.status for error in response.errors]
     elif status:
         if response.status == pb.OK:  # the common case, answered without building a list
             return []

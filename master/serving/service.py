@@ -325,8 +325,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
 
     @_rpc
     def BatchPutStart(self, request):
-        response = pb.BatchPutStartResponse(items=[answer(pb.PutStartResponse, self._put_start, item)
-                                                   for item in request.items])
+        response = pb.BatchPutStartResponse()
         if request.keys:
             self._put_starts(request, response)
         return response

@@ -12,7 +12,7 @@ from kvpool.master.table.key_order import KeyOrder
 
 
 class ChangeTrackingDict(dict):
-    """dict whose every write or delete marks the key as changed (until take_changed())."""
+    """dict whose every write or delete marks the key as changed (until take_appeared_and_gone())."""
 
     def __init__(self):
         super().__init__()
@@ -96,19 +96,9 @@ class ChangeTrackingDict(dict):
                 add(key)
         return replaced
 
-    def mark(self, key) -> None:
-        self._changed.setdefault(key, key in self)
-
     @property
     def has_changes(self) -> bool:
         return bool(self._changed)
-
-    def take_changed(self, limit: int | None = None) -> list:
-        """Keys changed since the last call (at most `limit`; the rest stay marked)."""
-        if limit is None or len(self._changed) <= limit:
-            keys, self._changed = list(self._changed), {}
-            return keys
-        return [self._changed.popitem()[0] for _ in range(limit)]
 
     def take_appeared_and_gone(self) -> tuple[list, list]:
         """Keys present now that were absent before their first change since the last take, and keys

@@ -221,10 +221,6 @@ class ObjectTable:
         self._waiting_keys.update(keys)
         return True
 
-    @property
-    def ends_waiting(self) -> bool:
-        return bool(self._waiting_ends)
-
     def fold_ends(self) -> None:
         """Commit the ends end_later kept, in the order they came, each judged at the moment it came
         (as it was answered)."""
@@ -359,12 +355,8 @@ class ObjectTable:
     # ----- change tracking, for whoever follows the table -----
 
     def track_changes(self, on: bool = True) -> None:
-        """Start (or stop) marking the keys whose committed version changes, for take_changed_keys()."""
+        """Start (or stop) marking the keys whose committed version changes, for take_appeared_and_gone()."""
         self._ledger.committed.tracking = on
-
-    def take_changed_keys(self, limit: int | None = None) -> list[str]:
-        """Keys whose committed version changed (committed, replaced, removed, re-placed) since the last call."""
-        return self._ledger.committed.take_changed(limit)
 
     @property
     def has_changes(self) -> bool:
@@ -442,8 +434,8 @@ def _evicted_keys(evicted) -> list[str]:
 
 # What may run with ends still waiting: exists_many reads through them, end_later adds to them (a key
 # it takes is new and pending, so one waiting end cannot change another's verdict), take_frees gets
-# nothing from them (a plain end frees nothing), fold_ends and ends_waiting are about them.
-_READ_THROUGH = {"end_later", "exists_many", "take_frees", "fold_ends", "ends_waiting"}
+# nothing from them (a plain end frees nothing), fold_ends is about them.
+_READ_THROUGH = {"end_later", "exists_many", "take_frees", "fold_ends"}
 
 
 def _folding(method):

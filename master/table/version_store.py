@@ -79,9 +79,6 @@ class VersionStore:
     def tracking(self, on: bool) -> None:
         self._records.tracking = on
 
-    def take_changed(self, limit: int | None = None) -> list:
-        return self._records.take_changed(limit)
-
     @property
     def has_changes(self) -> bool:
         return self._records.has_changes

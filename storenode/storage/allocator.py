@@ -132,17 +132,6 @@ class ExtentAllocator:
     def free_bytes(self) -> int:
         return self.capacity - self.used
 
-    @property
-    def largest_free(self) -> int:
-        return self._by_size[-1] >> _SHIFT if self._by_size else 0
-
-    def free_extents(self) -> list[tuple[int, int]]:
-        """(offset, length) of every free extent, ascending; for tests and debugging."""
-        return [(s, self._sizes[s]) for s in self._starts]
-
-    def allocated_extents(self) -> list[tuple[int, int]]:
-        return sorted(self._allocated.items())
-
     def _add_free(self, offset: int, length: int) -> None:
         insort(self._starts, offset)
         self._sizes[offset] = length

@@ -14,7 +14,7 @@ from kvpool.protocol import wire
 from kvpool.protocol.checksum import checksum
 from kvpool.errors import Code
 from kvpool.security.grpc_auth import blocking_channel
-from kvpool.protocol.inventory import decode as decode_inventory
+from kvpool.protocol.inventory import DRAM_BIT, SHARED_BIT, SSD_BIT, decode as decode_inventory
 from kvpool.net.netutil import wait_until
 from kvpool.protocol.wire import Op
 
@@ -88,6 +88,12 @@ def start_node(etcd: str, tmp_path, node_id: str = "n1", lease_ttl: int = 30, dr
     assert match, line
     assert match.group(1).decode() == node_id
     return Node(proc, node_id, match.group(2).decode(), int(match.group(3)), log_path)
+
+
+async def ping(link, address: str) -> str:
+    """PING on a link's connection to the node at `address` (served to any peer): the node's id."""
+    connection = await link.connection(address)
+    return await connection.request(Op.PING, b"", 0, 0, 0)
 
 
 def member_credential() -> auth.Credential:
@@ -191,7 +197,13 @@ def inventory(node: Node) -> dict:
 
 def entry_fields(entry) -> dict:
     """An INVENTORY entry as a dict, its tiers by name."""
-    return entry._asdict() | {"tiers": entry.tier_names}
+    return entry._asdict() | {"tiers": tier_names(entry)}
+
+
+def tier_names(entry) -> list[str]:
+    """The tiers an INVENTORY entry says hold it, by name."""
+    named = (("dram", DRAM_BIT), ("ssd", SSD_BIT), ("shared", SHARED_BIT))
+    return [name for name, bit in named if entry.tiers & bit]
 
 
 def closed_by_node(sock: socket.socket) -> bool:

@@ -22,7 +22,8 @@ from kvpool.errors import (
 from kvpool.net.netutil import free_port, wait_until
 from kvpool.proto import kvpool_pb2, kvpool_pb2_grpc
 from kvpool.protocol.wire import WriteFlag
-from storenode_harness import FAIL_FAST, PATIENT, PATIENT_TIMEOUTS, inventory_at, master_channel, member_credential
+from storenode_harness import (FAIL_FAST, PATIENT, PATIENT_TIMEOUTS, inventory_at, master_channel, member_credential,
+                               ping)
 
 pytestmark = pytest.mark.quick  # among the fastest end-to-end tests (tests/tiers.py)
 
@@ -266,11 +267,11 @@ def test_tcp_link_ping_and_refused(cluster):
         transport = TcpLink(connect_timeout=PATIENT, credential=member_credential())
         try:
             node = cluster.nodes[1].fields
-            pings = await asyncio.gather(*(transport.ping(node["address"]) for _ in range(20)))
+            pings = await asyncio.gather(*(ping(transport, node["address"]) for _ in range(20)))
             assert pings == [node["node_id"]] * 20
             began = time.monotonic()
             with pytest.raises(UnavailableError):
-                await transport.ping(f"127.0.0.1:{free_port()}")
+                await ping(transport, f"127.0.0.1:{free_port()}")
             assert time.monotonic() - began < FAIL_FAST  # refused at once, not after the connect timeout
             assert not await transport.free(node["address"], b"never-stored", 1)
             assert not await transport.hold(node["address"], b"never-stored", 1, 1000)
@@ -280,7 +281,7 @@ def test_tcp_link_ping_and_refused(cluster):
         finally:
             await transport.close()
         with pytest.raises(UnavailableError):
-            await transport.ping(node["address"])
+            await ping(transport, node["address"])
 
     asyncio.run(scenario())
 
@@ -292,9 +293,9 @@ def test_node_connections_fail_every_pending_request_when_the_node_dies(own):
         transport = TcpLink(credential=client_credential())  # PING: served to any peer
         try:
             address = victim.fields["address"]
-            await transport.ping(address)  # connected
+            await ping(transport, address)  # connected
             victim.proc.send_signal(signal.SIGSTOP)  # requests now queue up unanswered
-            pings = [asyncio.ensure_future(transport.ping(address)) for _ in range(50)]
+            pings = [asyncio.ensure_future(ping(transport, address)) for _ in range(50)]
             connection = transport._connections[address]
             deadline = time.monotonic() + 10
             while len(connection._pending) < len(pings):  # every frame is on the wire
@@ -305,7 +306,7 @@ def test_node_connections_fail_every_pending_request_when_the_node_dies(own):
             assert all(isinstance(r, UnavailableError) for r in results), results
             victim.proc.wait(10)  # its listening socket is gone only once it has exited
             with pytest.raises(UnavailableError, match="cannot connect"):
-                await transport.ping(address)  # the dead connection was dropped; reconnecting fails fast
+                await ping(transport, address)  # the dead connection was dropped; reconnecting fails fast
         finally:
             await transport.close()
 

@@ -188,13 +188,16 @@ def test_a_client_credential_never_reaches_a_member_only_op(node, transport, op)
 # from kvpool/security/roles.py against seen
 
 NODE_OPS = [op for op in wire.Op if op < 32 and op != Op.AUTH]  # AUTH is the handshake itself
+# What a client may send only under the leader's seal over exactly that copy (kvpool/security/placement_seal.py):
+# what stores data, admitted by storenode/serving/ops.py NodeOps.admit_write.
+SEALED_OPS = frozenset({Op.WRITE, Op.ALLOCATE})
 CALLERS = ["client", "client with the leader's seal", "member"]
 
 
 def expected_answer(op: Op, caller: str) -> str:
     if op in roles.MEMBER_OPS:
         return "served" if caller == "member" else "refused"
-    if op in roles.SEALED_OPS:
+    if op in SEALED_OPS:
         return "refused" if caller == "client" else "served"
     return "served"
 

@@ -16,6 +16,7 @@ from kvpool.errors import Code
 from kvpool.net.netutil import wait_until
 
 FAST_ELECTION = ["--election-ttl", "2"]
+RPC_BY_OP = {int(op): name for name, op in control.OP_BY_RPC.items()}  # a reply's op -> the RPC it answers
 FRAME_TIMEOUT = 3.0  # long enough that a client's put on two busy cores ends well inside it
 
 
@@ -145,7 +146,7 @@ def test_pipelined_calls_take_effect_in_arrival_order(port_cluster):
         while len(replies) < 52:
             op, req_id, status, body = read_reply(sock)
             assert status == Code.OK
-            replies[req_id] = control.MESSAGES[control.RPC_BY_OP[op]][1].FromString(body)
+            replies[req_id] = control.MESSAGES[RPC_BY_OP[op]][1].FromString(body)
     assert replies[1].status == pb.OK and replies[1].removed == 1
     assert replies[2].status == pb.OK and replies[2].exists is False
     assert {replies[10 + i].object.key for i in range(50)} == {f"order/p{i}" for i in range(50)}

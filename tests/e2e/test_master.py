@@ -204,15 +204,12 @@ def test_put_lifecycle_and_typed_errors(master, node):
 
 def test_batch_rpcs_answer_per_item(master, node):
     stub = master.stub
-    started = stub.BatchPutStart(pb.BatchPutStartRequest(items=[
-        pb.PutStartRequest(key="b/1", size=100), pb.PutStartRequest(key="", size=100),
-        pb.PutStartRequest(key="b/2", size=0), pb.PutStartRequest(key="b/3", size=CAPACITY * 2)]))
-    assert [i.status for i in started.items] == [pb.OK, pb.INVALID_KEY, pb.OK, pb.TOO_LARGE]
-    assert started.items[2].object.replicas == []  # size 0: nothing to store
+    started = stub.BatchPutStart(pb.BatchPutStartRequest(keys=["b/1", "b/2"], sizes=[100, 0], checksums=[0, 0]))
+    assert not started.refused and all(started.generations)
 
     ended = stub.BatchPutEnd(pb.BatchPutEndRequest(items=[
-        pb.PutEndRequest(key="b/1", generation=started.items[0].object.generation),
-        pb.PutEndRequest(key="b/2", generation=started.items[2].object.generation),
+        pb.PutEndRequest(key="b/1", generation=started.generations[0]),
+        pb.PutEndRequest(key="b/2", generation=started.generations[1]),
         pb.PutEndRequest(key="b/3", generation=1)]))
     assert [i.status for i in ended.items] == [pb.OK, pb.OK, pb.PUT_EXPIRED]
 
@@ -224,10 +221,10 @@ def test_batch_rpcs_answer_per_item(master, node):
     assert exists.status == pb.OK and list(exists.exists) == [True, False, True]
     assert stub.BatchExists(pb.BatchExistsRequest(keys=["b/1", ""])).status == pb.INVALID_KEY
 
-    pending = stub.BatchPutStart(pb.BatchPutStartRequest(items=[pb.PutStartRequest(key="b/4", size=10)]))
+    pending = stub.BatchPutStart(pb.BatchPutStartRequest(keys=["b/4"], sizes=[10], checksums=[0]))
     revoked = stub.BatchPutRevoke(pb.BatchPutRevokeRequest(items=[
-        pb.PutRevokeRequest(key="b/4", generation=pending.items[0].object.generation),
-        pb.PutRevokeRequest(key="b/4", generation=pending.items[0].object.generation)]))
+        pb.PutRevokeRequest(key="b/4", generation=pending.generations[0]),
+        pb.PutRevokeRequest(key="b/4", generation=pending.generations[0])]))
     assert [i.status for i in revoked.items] == [pb.OK, pb.PUT_EXPIRED]
 
     assert stub.RemoveByPrefix(pb.RemoveByPrefixRequest(prefix="b/")).removed == 2
@@ -236,21 +233,20 @@ def test_batch_rpcs_answer_per_item(master, node):
     assert stats.hits == 2 and stats.misses == 1
 
 
-def test_columnar_batch_puts_answer_in_columns_after_the_items(master, node):
+def test_columnar_batch_puts_answer_in_columns(master, node):
     stub = master.stub
     common = pb.PutStartRequest(replicas=1, options=pb.PutOptions(ttl_seconds=600))
     started = stub.BatchPutStart(pb.BatchPutStartRequest(
-        items=[pb.PutStartRequest(key="c/0", size=10)], common=common,
-        keys=["c/1", "", "c/2", "c/3"], sizes=[100, 100, 0, CAPACITY * 2], checksums=[1, 2, 3, 4]))
-    assert [i.status for i in started.items] == [pb.OK]
+        common=common, keys=["c/0", "c/1", "", "c/2", "c/3"], sizes=[10, 100, 100, 0, CAPACITY * 2],
+        checksums=[0, 1, 2, 3, 4]))
     generations = list(started.generations)
-    assert generations[0] and generations[2] and generations[1] == generations[3] == 0
-    assert len(set(generations[i] for i in (0, 2)) | {started.items[0].object.generation}) == 3
-    assert list(started.refused) == [1, 3]
+    assert generations[0] and generations[1] and generations[3] and generations[2] == generations[4] == 0
+    assert len({generations[i] for i in (0, 1, 3)}) == 3
+    assert list(started.refused) == [2, 4]
     assert [e.status for e in started.errors] == [pb.INVALID_KEY, pb.TOO_LARGE]
-    placed = started.placements[started.placement[0]]  # where c/1 goes: the one node, this term
-    assert [r.node_id for r in placed.replicas] == ["n1"] and placed.term == started.items[0].object.term > 0
-    assert not started.placements[started.placement[2]].replicas  # an empty value needs no copy
+    placed = started.placements[started.placement[1]]  # where c/1 goes: the one node, this term
+    assert [r.node_id for r in placed.replicas] == ["n1"] and placed.term > 0
+    assert not started.placements[started.placement[3]].replicas  # an empty value needs no copy
     compressed = stub.BatchPutStart(pb.BatchPutStartRequest(
         common=common, keys=["c/4"], sizes=[10], checksums=[5], compressed=[True], raw_sizes=[40]))
     assert compressed.generations[0] and not compressed.refused
@@ -259,9 +255,8 @@ def test_columnar_batch_puts_answer_in_columns_after_the_items(master, node):
     assert [e.status for e in uneven.errors] == [pb.INVALID_ARGUMENT] * 2
 
     ended = stub.BatchPutEnd(pb.BatchPutEndRequest(
-        items=[pb.PutEndRequest(key="c/0", generation=started.items[0].object.generation)],
-        keys=["c/1", "c/2", "c/3", ""],
-        generations=[generations[0], generations[2], 1, 1]))
+        items=[pb.PutEndRequest(key="c/0", generation=generations[0])], keys=["c/1", "c/2", "c/3", ""],
+        generations=[generations[1], generations[3], 1, 1]))
     assert [i.status for i in ended.items] == [pb.OK, pb.OK, pb.OK, pb.PUT_EXPIRED, pb.INVALID_KEY]
     assert stub.BatchPutEnd(pb.BatchPutEndRequest(keys=["c/4"], generations=[])).items[0].status == \
         pb.INVALID_ARGUMENT

@@ -9,6 +9,7 @@ import stat
 import pytest
 from storenode_harness import (call, closed_by_node, member_credential, free, get, hold, inventory, put, read_frame, read_reply,
                                report, start_node, write_frame, write_status)
+from storenode_harness import ping as ping_node
 
 from kvpool.protocol import wire
 from kvpool.protocol.checksum import checksum
@@ -369,7 +370,7 @@ def test_a_client_turned_away_gets_a_typed_error_naming_the_limit(etcd, tmp_path
         async def ping():
             transport = TcpLink(credential=client_credential())
             try:
-                await transport.ping(f"{node.host}:{node.port}")
+                await ping_node(transport, f"{node.host}:{node.port}")
             finally:
                 await transport.close()
 

@@ -29,7 +29,7 @@ from kvpool.launch.local_cluster import LocalCluster  # noqa: E402
 from kvpool.net.netutil import wait_until  # noqa: E402
 from kvpool.net.ucx_common import SAFE_TLS, settings  # noqa: E402
 from kvpool.protocol.wire import WriteFlag  # noqa: E402
-from storenode_harness import member_credential  # noqa: E402
+from storenode_harness import member_credential, tier_names  # noqa: E402
 
 MiB = 1 << 20
 TLS_SETTINGS = ["tcp", "posix,cma,self"]
@@ -92,7 +92,7 @@ async def holdings(address: str) -> dict:
     """key -> tiers holding it, from the node's INVENTORY (over TCP)."""
     tcp = TcpLink(credential=member_credential())
     try:
-        return {entry.key: entry.tier_names for entry in await tcp.inventory(address)}
+        return {entry.key: tier_names(entry) for entry in await tcp.inventory(address)}
     finally:
         await tcp.close()
 

@@ -7,10 +7,12 @@ import pytest
 
 from kvpool.storenode.storage.allocator import ExtentAllocator
 
+from allocator_state import allocated_extents, free_extents, largest_free
+
 
 def check_invariants(alloc: ExtentAllocator) -> None:
-    used = alloc.allocated_extents()
-    free = alloc.free_extents()
+    used = allocated_extents(alloc)
+    free = free_extents(alloc)
     # Allocated and free extents tile [0, capacity) exactly: no overlap, no gap.
     tiles = sorted(used + free)
     cursor = 0
@@ -24,7 +26,7 @@ def check_invariants(alloc: ExtentAllocator) -> None:
         assert a + alen < b
     assert alloc.used == sum(length for _, length in used)
     assert alloc.free_bytes == alloc.capacity - alloc.used
-    assert alloc.largest_free == max((length for _, length in free), default=0)
+    assert largest_free(alloc) == max((length for _, length in free), default=0)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -41,7 +43,7 @@ def test_random_alloc_free_keeps_invariants_and_coalesces(seed):
             offset = alloc.allocate(length)
             if offset is None:
                 # Best fit only fails when really no free extent is big enough.
-                assert alloc.largest_free < alloc.aligned(length)
+                assert largest_free(alloc) < alloc.aligned(length)
                 continue
             assert offset % 64 == 0
             assert offset + length <= alloc.capacity
@@ -50,7 +52,7 @@ def test_random_alloc_free_keeps_invariants_and_coalesces(seed):
     for offset in rng.sample(list(live), len(live)):
         alloc.free(offset)
     check_invariants(alloc)
-    assert alloc.free_extents() == [(0, alloc.capacity)]
+    assert free_extents(alloc) == [(0, alloc.capacity)]
     assert alloc.used == 0
 
 
@@ -59,10 +61,10 @@ def test_exhaustion_returns_none_then_recovers():
     offsets = [alloc.allocate(64) for _ in range(10)]
     assert sorted(offsets) == [64 * i for i in range(10)]
     assert alloc.allocate(1) is None
-    assert alloc.free_bytes == 0 and alloc.largest_free == 0
+    assert alloc.free_bytes == 0 and largest_free(alloc) == 0
     alloc.free(offsets[3])
     alloc.free(offsets[4])
-    assert alloc.largest_free == 128
+    assert largest_free(alloc) == 128
     assert alloc.allocate(129) is None  # 192 aligned bytes do not fit in the 128-byte hole
     assert alloc.allocate(100) == offsets[3]
 
@@ -107,10 +109,10 @@ def test_reset_forgets_allocations():
     alloc.allocate(100)
     alloc.reset()
     assert alloc.used == 0
-    assert alloc.free_extents() == [(0, 4096)]
+    assert free_extents(alloc) == [(0, 4096)]
 
 
 def test_zero_capacity_allocates_nothing():
     alloc = ExtentAllocator(0)
     assert alloc.allocate(1) is None
-    assert alloc.largest_free == 0
+    assert largest_free(alloc) == 0

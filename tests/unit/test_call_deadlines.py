@@ -143,7 +143,7 @@ def test_flush_reports_what_happened_to_a_put_whose_answer_was_lost(table, hang,
         master = _Leader(table, pb.StatusResponse(status=pb.PUT_EXPIRED, message="no pending put"), hang)
         forgotten = []
         commits = Commits(master, forgotten.append)
-        await commits.end("k", 7, pb.PutEndRequest(key="k", generation=7), overwrite=False)
+        await commits.end("PutEnd", pb.PutEndRequest(key="k", generation=7), ["k"], [7], overwrite=False)
         [answered] = master.posted
         answered(UnavailableError("connection lost"))  # the answer went with the connection
         try:

@@ -17,6 +17,7 @@ from kvpool.storenode.storage.ssd import SsdSegment
 from kvpool.storenode.storage.store import ObjectStore
 from kvpool.storenode.storage.tiers import StorageTier
 from kvpool.protocol.wire import WriteFlag
+from allocator_state import free_extents
 from small_store import Clock, make_store  # noqa: F401 (a fixture)
 
 
@@ -348,14 +349,14 @@ def test_allocator_claim_carves_a_given_extent():
 
     alloc = ExtentAllocator(64 * 1024, alignment=4096)
     assert alloc.claim(8192, 5000) == 8192
-    assert alloc.free_extents() == [(0, 8192), (16384, 64 * 1024 - 16384)]
+    assert free_extents(alloc) == [(0, 8192), (16384, 64 * 1024 - 16384)]
     with pytest.raises(ValueError):
         alloc.claim(12288, 4096)  # overlaps the claimed extent
     with pytest.raises(ValueError):
         alloc.claim(100, 10)  # unaligned
     assert alloc.claim(0, 8192) == 8192
     assert alloc.free(8192) == 8192 and alloc.free(0) == 8192
-    assert alloc.free_extents() == [(0, 64 * 1024)]
+    assert free_extents(alloc) == [(0, 64 * 1024)]
 
 
 # -- the INVENTORY reply, kept as columns (storenode/storage/inventory_columns.py), against the records themselves:

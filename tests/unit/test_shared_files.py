@@ -98,10 +98,6 @@ def test_records_stop_quietly_at_the_first_torn_or_damaged_frame():
     assert len(parse_records(b"")) == 0 and parse_records(b"").valid_bytes == 0
 
 
-def test_shared_is_a_tier_name_of_an_inventory_entry():
-    assert Entry("k", 1, 1, 1, tiers=SHARED_BIT).tier_names == ["shared"]
-
-
 # -- writing and reading -----------------------------------------------------------------------------------
 
 def test_objects_written_read_back_whole(shared):

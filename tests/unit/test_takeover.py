@@ -104,18 +104,20 @@ def test_change_tracking_dict_marks_every_write_and_delete_once():
     d = ChangeTrackingDict()
     d["a"] = 1
     d["b"] = 2
+    d["c"] = 3
+    assert d.take_appeared_and_gone() == (["a", "b", "c"], [])
+    assert d.take_appeared_and_gone() == ([], []) and not d.has_changes
     del d["a"]
     d.pop("b")
     assert d.pop("missing", None) is None
-    assert sorted(d.take_changed()) == ["a", "b"]
-    assert d.take_changed() == [] and not d.has_changes
+    d["c"] = 4  # replaced: neither appeared nor gone, but a change
+    d.pop("c")
+    d["c"] = 5  # gone and back: neither
+    assert d.has_changes and d.take_appeared_and_gone() == ([], ["a", "b"])
     d.tracking = False
     d["quiet"] = 1
     d.tracking = True
     assert not d.has_changes
-    for key in "xyz":
-        d[key] = 0
-    assert len(d.take_changed(limit=2)) == 2 and len(d.take_changed()) == 1
 
 
 def test_table_changes_are_tracked_only_once_asked_for():
@@ -123,14 +125,14 @@ def test_table_changes_are_tracked_only_once_asked_for():
     table.upsert_node(node("n1"))
     v = table.put_start("quiet", 10, 1)
     table.put_end("quiet", v.generation)
-    assert table.take_changed_keys() == []  # nobody follows the table: nothing is kept
+    assert not table.has_changes  # nobody follows the table: nothing is kept
     table.track_changes()
     v = table.put_start("k", 10, 1)
-    assert table.take_changed_keys() == []  # a pending put is not a change
+    assert not table.has_changes  # a pending put is not a change
     table.put_end("k", v.generation)
-    assert table.take_changed_keys() == ["k"]
+    assert table.take_appeared_and_gone() == (["k"], [])
     table.remove("k")
-    assert table.take_changed_keys() == ["k"]
+    assert table.take_appeared_and_gone() == ([], ["k"])
 
 
 def test_bulk_adoption_of_inventory_columns_matches_adoption_entry_by_entry():

@@ -11,7 +11,6 @@ def test_scope_is_golden():
     scope = scope_of("team-a")
     assert scope.key("blk/1") == "\x01team-a\x01blk/1"
     assert scope.prefix_bytes == b"\x01team-a\x01"
-    assert scope.user_key("\x01team-a\x01blk/1") == "blk/1"
     assert tenants.tenant_of(b"\x01team-a\x01blk/1") == "team-a"
     assert tenants.tenant_of(b"blk/1") == ""
 
