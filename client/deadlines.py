@@ -12,7 +12,8 @@ DeadlineExceededError; a put whose end had left for the master raises PutOutcome
 import time
 
 from kvpool.errors import (
-    BatchError, DeadlineExceededError, InvalidArgumentError, NotLeaderError, PutOutcomeUnknownError, UnavailableError,
+    BatchError, DeadlineExceededError, InvalidArgumentError, KvpoolError, NotLeaderError, PutOutcomeUnknownError,
+    UnavailableError,
 )
 
 DEFAULT_TIMEOUT = 5.0  # seconds a call may take, end to end, unless the client or the call says otherwise
@@ -77,3 +78,21 @@ class CallDeadline:
                                           f"its {self.seconds:g}s deadline: the value may or may not be stored "
                                           f"({detail})")
         return DeadlineExceededError(f"{self.what} did not finish within its {self.seconds:g}s deadline ({detail})")
+
+
+async def node_in_time(io, seconds: float, items: list, single, many, no_answer) -> list:
+    """Per item of one node's `items`, its outcome: `single(item)`'s for a lone item (the transport's single
+    transfer, no batch to track; a KvpoolError it raises is the item's outcome), else `many(items)`'s list; and
+    `no_answer()` for every item when the node does not answer within `seconds` (they try elsewhere or fail:
+    a silent node must not hold a call longer). The reads' and the writes' step alike (reads.py, writes.py)."""
+    try:
+        # A timeout context, unlike wait_for, runs the transfer in this task: no extra task per call.
+        async with io.timeout(seconds):
+            if len(items) == 1:
+                try:
+                    return [await single(items[0])]
+                except KvpoolError as exc:
+                    return [exc]
+            return await many(items)
+    except TimeoutError:
+        return [no_answer() for _ in items]

@@ -27,6 +27,7 @@ from kvpool.protocol.keys import validate_key
 from kvpool.protocol.parts import Parts
 
 from kvpool.client import compression, convert
+from kvpool.client.deadlines import node_in_time
 from kvpool.client.assembly import Core
 from kvpool.client.transport import ReadItem
 from kvpool.client.values import fresh_bytes_view
@@ -185,19 +186,12 @@ async def _read_in_time(core: Core, address: str, items: list) -> list:
     """Per item the checksum of what arrived, or its error; a node that does not answer in time fails
     every item (they try their next replica)."""
     transport = core.transport
-    one = items[0] if len(items) == 1 else None
-    nbytes = len(one.buf) if one is not None else sum(len(item.buf) for item in items)
-    try:
-        # A timeout context, unlike wait_for, runs the read in this task: no extra task per get.
-        async with core.io.timeout(core.read_deadline(nbytes)):
-            if one is not None:  # one transfer: the transport's single read, no batch to track
-                try:
-                    return [await transport.read_into(address, one.key, one.generation, one.buf)]
-                except KvpoolError as exc:
-                    return [exc]
-            return await transport.read_many(address, items)
-    except TimeoutError:
-        return [UnavailableError(f"node {address} did not answer a read in time") for _ in items]
+    nbytes = len(items[0].buf) if len(items) == 1 else sum(len(item.buf) for item in items)
+    return await node_in_time(
+        core.io, core.read_deadline(nbytes), items,
+        lambda one: transport.read_into(address, one.key, one.generation, one.buf),
+        lambda many: transport.read_many(address, many),
+        lambda: UnavailableError(f"node {address} did not answer a read in time"))
 
 
 def _raw_size(info) -> int:

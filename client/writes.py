@@ -30,6 +30,7 @@ from kvpool.errors import BatchError, InvalidArgumentError, KvpoolError, Unavail
 from kvpool.protocol.keys import validate_key
 
 from kvpool.client import compression, convert, put_options
+from kvpool.client.deadlines import node_in_time
 from kvpool.client.convert import Started
 from kvpool.client.replica_order import drop_replicas, nearest_first
 from kvpool.client.transport import WriteItem
@@ -242,21 +243,13 @@ async def _write_in_time(core: Core, address: str, items) -> list:
     """Per item None, or the error its write to one node failed with; a node that does not answer within
     the client's write deadline fails every item (a silent node must not hold a put for longer)."""
     transport = core.transport
-    one = items[0] if len(items) == 1 else None
-    nbytes = len(one.data) if one is not None else sum(len(item.data) for item in items)
-    try:
-        # A timeout context, unlike wait_for, runs the write in this task: no extra task per put.
-        async with core.io.timeout(core.write_deadline(nbytes)):
-            if one is not None:  # one transfer: the transport's single write, no batch to track
-                try:
-                    await transport.write(address, one.key, one.generation, one.data, one.checksum, one.options,
-                                          term=one.term)
-                except KvpoolError as exc:
-                    return [exc]
-                return [None]
-            return await transport.write_many(address, items)
-    except TimeoutError:
-        return [_no_answer(core, address)] * len(items)
+    nbytes = len(items[0].data) if len(items) == 1 else sum(len(item.data) for item in items)
+    return await node_in_time(
+        core.io, core.write_deadline(nbytes), items,
+        lambda one: transport.write(address, one.key, one.generation, one.data, one.checksum, one.options,
+                                    term=one.term),
+        lambda many: transport.write_many(address, many),
+        lambda: _no_answer(core, address))
 
 
 def _no_answer(core: Core, address: str) -> UnavailableError:
