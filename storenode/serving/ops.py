@@ -35,6 +35,11 @@ _COMPRESSED = int(wire.WriteFlag.COMPRESSED)
 OP_NAMES = {op.value: op.name.lower() for op in wire.Op}  # metric label of each op
 
 
+def op_name(op: int) -> str:
+    """The op's name as errors say it (e.g. WRITE), or its number when it names none."""
+    return OP_NAMES.get(op, str(op)).upper()
+
+
 class Request(NamedTuple):
     """One data-protocol request: its header's fields (kvpool/protocol/wire.py REQUEST) and its key."""
 
@@ -54,7 +59,7 @@ class Request(NamedTuple):
     @property
     def name(self) -> str:
         """The op's name as errors say it (e.g. WRITE)."""
-        return OP_NAMES.get(self.op, str(self.op)).upper()
+        return op_name(self.op)
 
 
 class StoredOptions(NamedTuple):
@@ -93,7 +98,7 @@ class NodeOps:
         """The member-only operations, for a request `op` from a peer that proved `role`;
         ForbiddenError unless that is the member role (kvpool/security/roles.py MEMBER_OPS)."""
         if role is not Role.MEMBER:
-            raise ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} may be sent by a master only")
+            raise ForbiddenError(f"{op_name(op)} may be sent by a master only")
         return self._members
 
     @staticmethod
@@ -118,10 +123,10 @@ class NodeOps:
         if self.lapsed(caller):
             return ForbiddenError("wrong tenant token (rotated or deleted)")
         if key and not scope.holds_bytes(key):
-            return ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()} names a key outside this credential's "
+            return ForbiddenError(f"{op_name(op)} names a key outside this credential's "
                                   "key space")
         if caller.role is Role.TENANT and op in TENANT_REFUSED_OPS:
-            return ForbiddenError(f"{OP_NAMES.get(op, str(op)).upper()}: shared memory is not offered to a "
+            return ForbiddenError(f"{op_name(op)}: shared memory is not offered to a "
                                   "tenant (its mapping holds every tenant's bytes); use TCP")
         return None
 
