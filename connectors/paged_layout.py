@@ -39,15 +39,28 @@ def block_bytes(layer_caches: Sequence, kv_first: bool = True) -> int:
 def _as_bytes(cache, kv_first: bool, layer: int):
     """The cache as uint8, shaped (2, num_blocks, block bytes) (kv_first) or (num_blocks, block bytes), in the
     order its bytes lie in memory: an engine may allocate heads before tokens and show them permuted (vLLM's
-    HND stride order); what must hold is that each block (of K, of V) is one contiguous range."""
+    HND stride order), and may space blocks wider than their content (a hybrid model's state pages share
+    memory with attention pages of another size); what must hold is that each block (of K, of V) is one
+    contiguous range."""
+    torch = _torch()
     leading = 2 if kv_first else 1
-    if not cache.is_contiguous():
-        order = sorted(range(cache.dim()), key=lambda dim: -cache.stride(dim))
-        if order[:leading] != list(range(leading)) or not cache.permute(order).is_contiguous():
+    if cache.dim() > leading and not cache.is_contiguous():
+        inner = sorted(range(leading, cache.dim()), key=lambda dim: -cache.stride(dim))
+        outer = sorted(range(leading), key=lambda dim: -cache.stride(dim))
+        if outer != list(range(leading)):
             raise InvalidArgumentError(f"layer {layer}: a block is not one contiguous range in this layout")
-        cache = cache.permute(order)
-    flat = cache.reshape(-1).view(_torch().uint8)
-    return flat.view(2, cache.shape[1], -1) if kv_first else flat.view(cache.shape[0], -1)
+        cache = cache.permute(outer + inner)
+    block = cache[(0,) * leading] if cache.dim() > leading else None
+    if block is not None and not block.is_contiguous():
+        raise InvalidArgumentError(f"layer {layer}: a block is not one contiguous range in this layout")
+    size = cache.element_size()
+    width = (block.nelement() if block is not None else 1) * size
+    flat = cache.view(cache.shape[:leading] + (-1,)) if cache.dim() > leading else cache.unsqueeze(-1)
+    raw = flat.view(torch.uint8)  # the last dimension is contiguous: a dtype view of it is exact
+    strides = tuple(raw.stride(dim) for dim in range(leading))
+    if any(stride < width for stride in strides[leading - 1:]) or (kv_first and strides[0] < cache.shape[1] * width):
+        raise InvalidArgumentError(f"layer {layer}: blocks overlap in this layout")
+    return raw.as_strided(tuple(cache.shape[:leading]) + (width,), strides + (1,))
 
 
 def gather_blocks(layer_caches: Sequence, block_ids: Sequence[int], kv_first: bool = True,

@@ -15,6 +15,8 @@ COUNTS = {
     "blocks_saved": "blocks written to kvpool (blocks it already held are not counted)",
     "bytes_saved": "bytes written to kvpool",
     "blocks_save_failed": "blocks a save could not write (a later cache miss, not a failed request)",
+    "blocks_save_shed": "blocks not saved because the pool refused puts (no space, past their deadline) or the "
+                        "save buffer was full",
     "save_seconds": "time spent saving",
 }
 
@@ -33,8 +35,10 @@ def is_empty(counts: dict) -> bool:
 
 def summarize(counts: dict) -> dict[str, int | float]:
     """One interval's counts as logged: every count (0 when absent), times in seconds rounded to the
-    millisecond, and the average time a load took (the latency a request waiting for its blocks saw)."""
+    millisecond, the average time a load took (the latency a request waiting for its blocks saw), and the
+    blocks loaded per KV cache group of a hybrid model (blocks_loaded_g<N>)."""
     summary = {name: counts.get(name, 0) for name in COUNTS}
+    summary.update({name: value for name, value in sorted(counts.items()) if name.startswith("blocks_loaded_g")})
     for name in ("load_seconds", "save_seconds"):
         summary[name] = round(summary[name], 3)
     loads = counts.get("loads", 0)

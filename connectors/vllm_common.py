@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 from .block_keys import BlockNamespace
+from .kv_groups import KVGroup, from_vllm
 from .transfer_stats import add_counts
 
 
@@ -18,20 +19,33 @@ class ConnectorSettings:
     save_decode: bool       # save blocks filled with generated tokens too
     transfer_async: bool    # "transfer": "async" (default) or "sync"
     block_size: int         # tokens per block
-    world: int              # ranks that each hold a shard of every block (tensor x pipeline parallel)
+    save_buffer: int        # bytes of blocks staged for saving at most ("save_buffer_mb"); more are shed
     extra: dict             # kv_connector_extra_config, for the client's settings
 
     @classmethod
     def from_vllm(cls, vllm_config) -> "ConnectorSettings":
         transfer = vllm_config.kv_transfer_config
         extra = transfer.kv_connector_extra_config or {}
-        parallel = vllm_config.parallel_config
         return cls(saves=transfer.is_kv_producer, loads=transfer.is_kv_consumer,
                    hold=float(extra.get("hold_seconds", 30)),
                    save_decode=str(extra.get("save_decode_blocks", True)).lower() not in ("false", "0", "no"),
                    transfer_async=transfer_mode(extra) == "async",
                    block_size=vllm_config.cache_config.block_size,
-                   world=parallel.tensor_parallel_size * parallel.pipeline_parallel_size, extra=extra)
+                   save_buffer=save_buffer_bytes(extra), extra=extra)
+
+
+SAVE_BUFFER_MB = 256  # default: a few steps' worth of completed blocks of a large model
+
+
+def save_buffer_bytes(extra: dict) -> int:
+    try:
+        megabytes = float(extra.get("save_buffer_mb", SAVE_BUFFER_MB))
+    except (TypeError, ValueError):
+        megabytes = -1
+    if not megabytes > 0:
+        raise ValueError(f'kv_connector_extra_config "save_buffer_mb" must be a positive number of MiB, not '
+                         f'{extra.get("save_buffer_mb")!r}')
+    return int(megabytes * (1 << 20))
 
 
 def transfer_mode(extra: dict) -> str:
@@ -41,33 +55,70 @@ def transfer_mode(extra: dict) -> str:
     return mode
 
 
-def namespace_for(vllm_config, kv_cache_config, rank: int) -> BlockNamespace:
-    """Everything that shapes a block's bytes, so that only an engine with the same model, dtype, cache layout,
-    block size and sharding ever loads a block another one saved."""
+@dataclass(frozen=True)
+class KVShard:
+    """Which KV a rank holds, among the distinct ones of the engine: ranks that hold the same KV (MLA's latent
+    on every tensor-parallel rank, KV heads replicated when there are more ranks than heads) share one shard,
+    stored once, written by the first rank holding it and read by all."""
+    index: int      # this rank's shard (pipeline stage x distinct tensor-parallel KV)
+    count: int      # distinct shards in the engine
+    writer: bool    # this rank writes its shard
+
+    @classmethod
+    def of(cls, tp_rank: int, tp_size: int, pp_rank: int, pp_size: int, heads_per_rank: int, total_heads: int,
+           replicated: bool) -> "KVShard":
+        distinct = 1 if replicated else max(1, min(tp_size, total_heads // max(heads_per_rank, 1)))
+        tp_shard = tp_rank * distinct // tp_size
+        return cls(pp_rank * distinct + tp_shard, pp_size * distinct, tp_rank == -(-tp_shard * tp_size // distinct))
+
+
+def shard_of(vllm_config, groups: list[KVGroup], tp_rank: int, pp_rank: int) -> KVShard:
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise ValueError(f"KVPoolConnector supports models with one KV cache group, this one has {len(groups)}")
+    replicated = bool(getattr(model, "use_mla", False))
+    return KVShard.of(tp_rank, parallel.tensor_parallel_size, pp_rank, parallel.pipeline_parallel_size,
+                      model.get_num_kv_heads(parallel), model.get_total_num_kv_heads(), replicated)
+
+
+def hybrid_groups(settings: ConnectorSettings, vllm_config, kv_cache_config) -> list[KVGroup]:
+    """The model's KV cache groups, or a refusal naming what the connector cannot do with them."""
+    groups = from_vllm(kv_cache_config, vllm_config.cache_config.block_size)
+    if len(groups) > 1 and settings.loads and not settings.transfer_async:
+        # vLLM takes failed loads of a model with several groups per request, and only for asynchronous loads.
+        raise ValueError(f'KVPoolConnector: "transfer": "sync" cannot load a model with {len(groups)} KV cache '
+                         f'groups (vLLM recomputes a failed load of a hybrid model only when it was asynchronous); '
+                         f'use "transfer": "async" (the default)')
+    return groups
+
+
+def namespace_for(vllm_config, kv_cache_config, shard: KVShard, group: KVGroup) -> BlockNamespace:
+    """Everything that shapes a block's bytes, so that only an engine with the same model, dtype, cache layout,
+    block size and sharding ever loads a block another one saved: one namespace per KV cache group (a model
+    with one group keeps the plain layout name) and per distinct KV shard (rank R of W counts shards, not
+    processes: every rank holding the same KV names the same namespace)."""
+    model, parallel = vllm_config.model_config, vllm_config.parallel_config
     extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
     name = extra.get("model_id") or model.served_model_name or model.model
     if isinstance(name, (list, tuple)):
         name = name[0]
-    spec = groups[0].kv_cache_spec
+    spec = kv_cache_config.kv_cache_groups[group.index].kv_cache_spec
     cache_dtype = vllm_config.cache_config.cache_dtype
     dtype = str(model.dtype).removeprefix("torch.") if cache_dtype == "auto" else cache_dtype
     layout = f"vllm-{kv_cache_config.kv_cache_layout or 'default'}-page{spec.page_size_bytes}"
-    world = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+    if len(kv_cache_config.kv_cache_groups) > 1:
+        layout += f"-{group.tag()}"
     heads = f"{model.get_num_kv_heads(parallel)}of{model.get_total_num_kv_heads()}"
-    return BlockNamespace(str(name).strip("/").replace("/", "_"), dtype, layout, spec.block_size, heads, rank,
-                          world)
+    return BlockNamespace(str(name).strip("/").replace("/", "_"), dtype, layout, group.block_size, heads,
+                          shard.index, shard.count)
 
 
 @dataclass
 class BlockTransfer:
-    """Blocks of one request to move: their prefix hashes and where they sit in the paged caches."""
+    """Blocks of one request and KV cache group to move: their prefix hashes and where they sit in the paged
+    caches."""
     request_id: str
     hashes: list[str]
     block_ids: list[int]
+    group: int = 0
 
 
 @dataclass

@@ -52,11 +52,11 @@ def pause_before_loading(rendezvous: Path) -> None:
     rendezvous/go (the engine runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
     from kvpool.connectors.vllm_worker import KVPoolWorker
 
-    real = KVPoolWorker._load
+    real = KVPoolWorker._timed_load
 
     def paused(self, load):
-        KVPoolWorker._load = real
-        (rendezvous / "paused").write_text(json.dumps(self._store.keys(load.hashes)))
+        KVPoolWorker._timed_load = real
+        (rendezvous / "paused").write_text(json.dumps(self._stores[load.group].keys(load.hashes)))
         deadline = time.monotonic() + PAUSE
         while not (rendezvous / "go").exists():
             if time.monotonic() > deadline:
@@ -64,7 +64,7 @@ def pause_before_loading(rendezvous: Path) -> None:
             time.sleep(0.05)
         return real(self, load)
 
-    KVPoolWorker._load = paused
+    KVPoolWorker._timed_load = paused
 
 
 def main() -> int:
