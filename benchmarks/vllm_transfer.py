@@ -65,15 +65,14 @@ def run_engine(role: str, model: str, master: str, blocks: int, requests: int) -
     from kvpool.connectors.vllm_worker import KVPoolWorker
 
     loads = []
-    real_load = KVPoolWorker._load
+    real_load = KVPoolWorker._timed_load
 
     def timed_load(self, load):
-        start = time.perf_counter()
-        loaded = real_load(self, load)
-        loads.append({"blocks": loaded, "ms": (time.perf_counter() - start) * 1e3})
-        return loaded
+        loaded, seconds = real_load(self, load)
+        loads.append({"blocks": loaded, "ms": seconds * 1e3})
+        return loaded, seconds
 
-    KVPoolWorker._load = timed_load
+    KVPoolWorker._timed_load = timed_load
     table = prompts(blocks, requests)
     transfer = "sync" if role == "save" else role
     config = KVTransferConfig(kv_connector="KVPoolConnector", kv_connector_module_path="kvpool.connectors.vllm",

@@ -8,7 +8,8 @@ ring bounds the memory pending saves take; a save that does not fit is shed, not
 every staged save at once (one existence check and one batch put for many requests and steps) on its own
 thread and client, so loads, on theirs, never queue behind saves.
 
-Back-pressure: when puts are refused for space (NoSpaceError, a tenant's quota) or run past their deadline,
+Back-pressure: when puts are refused for space (NoSpaceError, a tenant's quota), evicted before they end (a
+pool whose every block is held has nothing else to give up), or are not answered within their deadline,
 new saves are shed for a while (0.25 s, doubling while the pool keeps refusing, up to 8 s), counted as
 blocks_save_shed, instead of queueing behind a pool that cannot take them: the engine's step never waits for
 a saturated pool, and what it sheds is a later cache miss, not a failed request.
@@ -21,7 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvpool.errors import BatchError, DeadlineExceededError, KeyExistsError, KvpoolError, NoSpaceError
+from kvpool.errors import (BatchError, KeyExistsError, KeyNotFoundError, KvpoolError, NoSpaceError,
+                           UnavailableError)
 
 from . import stream_order
 from .paged_layout import gather_blocks
@@ -29,7 +31,9 @@ from .paged_layout import gather_blocks
 log = logging.getLogger(__name__)
 
 BACKOFF_FIRST, BACKOFF_MOST = 0.25, 8.0  # seconds of shedding after a refusal, doubling while refusals go on
-PUSHBACK = (NoSpaceError, DeadlineExceededError)
+# The pool pushing back: no room (refused, or a block evicted before its put ended), or a node or the master
+# not answering within the deadline.
+PUSHBACK = (NoSpaceError, UnavailableError, KeyNotFoundError)
 
 
 @dataclass
@@ -72,9 +76,9 @@ class StagingRing:
             start = 0
         else:
             head, tail = self._taken[0][0], self._taken[-1][1]
-            if tail >= head:  # free: [tail, capacity) and [0, head)
+            if self._taken[-1][0] >= head:  # not wrapped: free are [tail, capacity) and [0, head)
                 start = tail if tail + nbytes <= self.capacity else (0 if nbytes <= head else None)
-            else:  # free: [tail, head)
+            else:  # wrapped (the newest range starts before the oldest): free is [tail, head)
                 start = tail if tail + nbytes <= head else None
         if start is not None:
             self._taken.append((start, start + nbytes))
@@ -183,6 +187,13 @@ class SaveQueue:
             self._write(self._take())
 
     def _write(self, batch: list[_Staged]) -> None:
+        try:
+            self._write_batch(batch)
+        except Exception:  # never leave the engine's saves waiting on a writer that is gone
+            log.exception("kvpool: writing %d saves failed", len(batch))
+            self._finish(batch, None, dict.fromkeys(range(sum(len(s.keys) for s in batch)), RuntimeError()))
+
+    def _write_batch(self, batch: list[_Staged]) -> None:
         """Write every staged save of `batch` kvpool does not hold yet, in one batch; record each outcome."""
         for staged in batch:
             stream_order.follow(staged.ready)
@@ -198,17 +209,24 @@ class SaveQueue:
                     self._client.batch_put_from([keys[i] for i in todo], self._ring.buffer,
                                                 offsets=[offsets[i] for i in todo], sizes=[sizes[i] for i in todo])
                 except BatchError as exc:
-                    for position, error in exc.errors.items():
-                        if not isinstance(error, KeyExistsError):  # same hash, same bytes: stored by another
-                            failed[todo[position]] = error
+                    failed.update(self._failures(keys, exc))
+                try:  # the puts' ends: a pool with no room evicts what was just written before its end
+                    self._client.flush()
+                except BatchError as exc:
+                    failed.update(self._failures(keys, exc))
                 for i in todo:
                     written[i] = i not in failed
         except KvpoolError as exc:
             failed = {i: exc for i in range(len(keys))}
             written = [False] * len(keys)
+        self._finish(batch, written, failed)
+
+    def _finish(self, batch: list[_Staged], written, failed: dict[int, BaseException]) -> None:
+        """Record each staged save's outcome (written[i]: key i was written; failed: index -> error), free its
+        room in the ring, and shed for a while if the pool pushed back."""
         if failed:
-            log.warning("kvpool: %d of %d blocks not saved: %s", len(failed), len(keys),
-                        next(iter(failed.values())))
+            count = sum(len(staged.keys) for staged in batch)
+            log.warning("kvpool: %d of %d blocks not saved: %s", len(failed), count, next(iter(failed.values())))
         now = time.perf_counter()
         with self._lock:
             self._push_back(any(isinstance(error, PUSHBACK) for error in failed.values()))
@@ -218,10 +236,18 @@ class SaveQueue:
                 indices = range(at, at + len(staged.keys))
                 at += len(staged.keys)
                 lost = any(i in failed for i in indices)
-                self._done.append(Saved(staged.tag, len(indices), None if lost else sum(written[i] for i in indices),
-                                        0, now - staged.began))
+                done = None if lost else sum(bool(written and written[i]) for i in indices)
+                self._done.append(Saved(staged.tag, len(indices), done, 0, now - staged.began))
             self._writing -= len(batch)
             self._lock.notify_all()
+
+    @staticmethod
+    def _failures(keys: list[str], exc: BatchError) -> dict[int, BaseException]:
+        """Index in `keys` -> error, of a batch's failed keys (a block someone else stored first, same hash and
+        same bytes, is not a failure)."""
+        where = {key: i for i, key in enumerate(keys)}
+        return {where[key]: error for key, error in exc.errors.items()
+                if key in where and not isinstance(error, KeyExistsError)}
 
     def _push_back(self, refused: bool) -> None:
         """Shed new saves for a while after the pool refused some (under the lock)."""

@@ -7,6 +7,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from .block_keys import BlockNamespace
 from .kv_groups import KVGroup, from_vllm
+from .kv_shards import KVShard
 from .transfer_stats import add_counts
 
 
@@ -53,23 +54,6 @@ def transfer_mode(extra: dict) -> str:
     if mode not in ("async", "sync"):
         raise ValueError(f'kv_connector_extra_config "transfer" must be "async" or "sync", not {mode!r}')
     return mode
-
-
-@dataclass(frozen=True)
-class KVShard:
-    """Which KV a rank holds, among the distinct ones of the engine: ranks that hold the same KV (MLA's latent
-    on every tensor-parallel rank, KV heads replicated when there are more ranks than heads) share one shard,
-    stored once, written by the first rank holding it and read by all."""
-    index: int      # this rank's shard (pipeline stage x distinct tensor-parallel KV)
-    count: int      # distinct shards in the engine
-    writer: bool    # this rank writes its shard
-
-    @classmethod
-    def of(cls, tp_rank: int, tp_size: int, pp_rank: int, pp_size: int, heads_per_rank: int, total_heads: int,
-           replicated: bool) -> "KVShard":
-        distinct = 1 if replicated else max(1, min(tp_size, total_heads // max(heads_per_rank, 1)))
-        tp_shard = tp_rank * distinct // tp_size
-        return cls(pp_rank * distinct + tp_shard, pp_size * distinct, tp_rank == -(-tp_shard * tp_size // distinct))
 
 
 def shard_of(vllm_config, groups: list[KVGroup], tp_rank: int, pp_rank: int) -> KVShard:

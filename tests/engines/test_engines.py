@@ -154,6 +154,43 @@ def test_vllm_loads_give_identical_tokens_and_survive_a_node_killed_before_loadi
     assert stats["bytes_saved"] == 11 * per_block and stats["blocks_save_failed"] == 0
 
 
+# Per model: KV cache groups, and blocks each group loads for the prompt (in_vllm_hybrid.py: 5 blocks of 128 for
+# gemma3, 2 of 384 for qwen3next): a window of 128 tokens needs the last block, a state the last one's state.
+HYBRID = {"gemma3": {"g0": 1, "g1": 1, "g2": 5}, "qwen3next": {"g0": 1, "g1": 2}}
+
+
+@pytest.mark.timeout(BUILD_AND_RUN)
+@pytest.mark.parametrize("model", sorted(HYBRID))
+def test_vllm_hybrid_model_saved_by_one_engine_and_loaded_by_another(cluster, tmp_path, model):
+    """A hybrid model (sliding window + full attention; linear-attention state + full attention) with vLLM's
+    hybrid KV cache manager on: one engine saves a prompt, every group of it; another loads each group's part
+    with one lookup, its greedy tokens equal to the first's; and a group's stored blocks replaced by junk change
+    the tokens (that group's loaded KV is really used)."""
+    python = ensure("vllm")
+
+    def engine(role: str) -> dict:
+        run = subprocess.run([str(python), "tests/engines/in_vllm_hybrid.py", "--master", cluster.master_address,
+                              "--model", model, "--role", role, "--workdir", str(tmp_path)], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
+        return json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
+
+    saved, loaded = engine("save"), engine("load")
+    loads = HYBRID[model]
+    assert saved["groups"] == loaded["groups"] == len(loads)  # the hybrid manager is on: several groups
+    assert saved["moved"].get("blocks_loaded", 0) == 0 and saved["stored_per_group"] == (
+        [5, 5, 5] if model == "gemma3" else [1, 2])  # a state group keeps the state at the prompt's last boundary
+    assert loaded["tokens"] == saved["tokens"] and loaded["lookups"] == 1
+    assert {k.removeprefix("blocks_loaded_"): v for k, v in loaded["moved"].items()
+            if k.startswith("blocks_loaded_g")} == loads
+    assert loaded["moved"]["blocks_failed"] == 0 and loaded["moved"]["blocks_loaded"] == sum(loads.values())
+    partial = {group for group in loads if loads[group] < max(loads.values())}
+    assert {f"g{n}" for n in loaded["corrupted"]} == partial
+    for group, damaged in loaded["corrupted"].items():
+        assert damaged["tokens_changed"] and damaged["blocks_loaded"] == loads[f"g{group}"], (group, damaged)
+    assert loaded["restored_identical"] and loaded["restored_moved"]["blocks_loaded"] == sum(loads.values())
+
+
 def replica_addresses(cluster, keys: list[str]) -> list[str]:
     """The node holding each key (one replica each)."""
     from kvpool import Client
