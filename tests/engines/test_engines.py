@@ -7,6 +7,7 @@ prefill/decode example end to end against a cluster of this module.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,25 @@ def test_vllm_hybrid_model_saved_by_one_engine_and_loaded_by_another(cluster, tm
     for group, damaged in loaded["corrupted"].items():
         assert damaged["tokens_changed"] and damaged["blocks_loaded"] == loads[f"g{group}"], (group, damaged)
     assert loaded["restored_identical"] and loaded["restored_moved"]["blocks_loaded"] == sum(loads.values())
+
+
+@pytest.mark.timeout(BUILD_AND_RUN)
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="tensor parallelism 2 binds a worker to each of two cores")
+@pytest.mark.parametrize("kv_heads, shards", [(1, 1), (2, 2)])
+def test_vllm_tensor_parallel_ranks_store_one_copy_of_replicated_kv(cluster, kv_heads, shards):
+    """vLLM at tensor parallelism 2: one KV head, replicated on both ranks (as MLA's latent is on every rank), is
+    stored once, written by rank 0 and loaded by both; two heads, one per rank, are two shards. One lookup per
+    request either way, and the loaded run's greedy tokens equal the computed run's."""
+    python = ensure("vllm")
+    run = subprocess.run([str(python), "tests/engines/in_vllm_tp.py", "--master", cluster.master_address,
+                          "--kv-heads", str(kv_heads)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-2000:]
+    result = json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
+    assert len(result["stored"]) == shards and set(result["stored"].values()) == {result["blocks"]} == {4}
+    assert all(f"rank{n}of{shards}/" in "".join(result["stored"]) for n in range(shards))
+    assert result["identical"] and result["lookups"] == 1 and result["blocks_failed"] == 0
+    assert result["blocks_loaded"] == 2 * result["blocks"]  # both ranks loaded every block
 
 
 def replica_addresses(cluster, keys: list[str]) -> list[str]:
