@@ -142,11 +142,11 @@ def run_saturated(model: str, master: str, seed: int) -> dict:
             "blocks_save_failed": metrics.get("blocks_save_failed", 0)}
 
 
-def fill_and_hold(master: str, megabytes: int) -> int:
+def fill_and_hold(cluster, megabytes: int) -> int:
     """Put more than the pool holds, each object held as it lands: no byte of it may be evicted for a while."""
     from kvpool import Client
     from kvpool.errors import KvpoolError
-    with Client(master) as client:
+    with Client(cluster.master_address, token=cluster.client_token) as client:
         for n in range(megabytes):
             client.put(f"fill/{n}", b"f" * (1 << 20))
             client.batch_exists([f"fill/{n}"], hold=300)
@@ -157,11 +157,13 @@ def fill_and_hold(master: str, megabytes: int) -> int:
         return sum(client.batch_exists([f"fill/{n}" for n in range(megabytes)]))
 
 
-def engine_process(python: str, kind: str, model: Path, master: str, seed: int, tree: str | None) -> dict:
+def engine_process(python: str, kind: str, model: Path, cluster, seed: int, tree: str | None) -> dict:
+    """One engine in its own process, a client of `cluster` (each cluster has its own token)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([python, __file__, "--engine", kind, "--model", str(model), "--master", master, "--seed",
-                        str(seed), "--out", out.name] + (["--tree", tree] if tree else []),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        subprocess.run([python, __file__, "--engine", kind, "--model", str(model), "--master", cluster.master_address,
+                        "--seed", str(seed), "--out", out.name] + (["--tree", tree] if tree else []),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                       env={**os.environ, "KVPOOL_TOKEN_FILE": str(cluster.client_token_file)})
         return json.loads(Path(out.name).read_text())
 
 
@@ -203,14 +205,14 @@ def main(argv=None) -> int:
                        check=True)
         with LocalCluster(nodes=2, dram_per_node="1536MiB", data_dir=work / "room") as room, \
                 LocalCluster(nodes=2, dram_per_node="192MiB", data_dir=work / "full") as full:
-            result["saturated"]["held_objects"] = fill_and_hold(full.master_address, 448)
+            result["saturated"]["held_objects"] = fill_and_hold(full, 448)
             for n in range(args.rounds):
                 for label, tree in (("after", None), ("before", args.before)) if args.before else (("after", None),):
                     result["ttft"][label].append(engine_process(python, "ttft", work / "model",
-                                                                room.master_address, n, tree))
+                                                                room, n, tree))
                 for label, cluster in (("room", room), ("saturated", full)):
                     result["saturated"][label].append(engine_process(python, "saturated", work / "model",
-                                                                     cluster.master_address, 100 + n, None))
+                                                                     cluster, 100 + n, None))
     for label, rounds in result["ttft"].items():
         result["ttft"][f"{label}_p50"] = {key: median_of(rounds, key) for key in ("ttft_alone_ms",
                                                                                   "ttft_behind_saves_ms")}

@@ -21,7 +21,10 @@ dtype, "sglang-mha-<host layout>" (plus -ppRofN / -cpRofN under pipeline / conte
 head group of the finer split is its own K and V under its rank of tp_lcm_size, so engines of different TP sizes
 share pages. With MLA the latent cache of every layer, the same on every rank, is one object "<hash>/kv" under
 rank 0 of 1, shared by all ranks. Both interfaces store the same objects, so either reads what the other wrote.
-SGLang's v2 interface (hybrid models' Mamba / SWA side pools) is not implemented.
+Hybrid models (SGLang's v2 interface): the host pool group's KV anchor is stored as above, and each side pool
+registered by name (Mamba / linear-attention state, SWA KV) page by page as one object "<hash>/<pool>" beside
+it (sglang_pools.py); batch_exists_v2 answers the longest prefix every pool can serve by its hit policy
+(every page, or the trailing pages a state or window needs), in one lookup.
 
 kvpool checksums every value end to end; a kvpool error on a read is a miss to SGLang (logged once at warning),
 never a page of wrong bytes. Bad arguments (a key that is not a string, buffers of the wrong size, host indices
@@ -31,7 +34,7 @@ off the pool) raise kvpool's typed errors.
 import logging
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, PoolName, PoolTransferResult
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
@@ -42,6 +45,7 @@ from kvpool.protocol.keys import validate_key
 
 from .block_keys import BlockNamespace
 from .client_settings import client_settings
+from .sglang_pools import SidePool, restorable_ends, side_pool
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +95,16 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._object_sizes: list[int] = []
         self._page_bytes = 0
         self._logged: set = set()
+        self.side_pools: dict[str, SidePool] = {}  # hybrid models' pools beside the KV one, by name
         self.client = Client(**client_settings(extra, "in --hicache-storage-backend-extra-config"))
 
     # -- the host memory pool
 
     def register_mem_pool_host(self, mem_pool_host) -> None:
         config = self.storage_config
+        anchor = getattr(mem_pool_host, "anchor_entry", None)  # a hybrid model's HostPoolGroup: its KV pool
+        if anchor is not None:
+            mem_pool_host = anchor.host_pool
         pool_class, layouts = ((MLATokenToKVPoolHost, MLA_LAYOUTS) if config.is_mla_model
                                else (MHATokenToKVPoolHost, MHA_LAYOUTS))
         kv_buffer = getattr(mem_pool_host, "kv_buffer", None)
@@ -215,8 +223,9 @@ class KvpoolHiCacheStorage(HiCacheStorage):
 
     # -- moving pages
 
-    def _put(self, keys: list, parts: list, pages: int) -> list[bool]:
-        """Store every object; per page, whether all of its objects are stored (by this call or before)."""
+    def _put(self, keys: list, parts: list, pages: int, per: int | None = None) -> list[bool]:
+        """Store every object (`per` of them a page: default, a KV page's); per page, whether all of its
+        objects are stored (by this call or before)."""
         if not keys:
             return []
         failed: set = set()
@@ -230,10 +239,10 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         except KvpoolError as exc:
             self._failed("put", exc)
             return [False] * pages
-        per = len(self._objects)
+        per = per or len(self._objects)
         return [not failed.intersection(keys[page * per:(page + 1) * per]) for page in range(pages)]
 
-    def _get(self, keys: list, parts: list, pages: int) -> list[bool]:
+    def _get(self, keys: list, parts: list, pages: int, per: int | None = None) -> list[bool]:
         """Read every object into its parts; per page, whether all of its objects were read."""
         try:
             sizes = self.client.batch_get_into_parts(keys, parts)
@@ -243,7 +252,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         except KvpoolError as exc:
             self._failed("get", exc)
             return [False] * pages
-        per = len(self._objects)
+        per = per or len(self._objects)
         return [all(size is not None for size in sizes[page * per:(page + 1) * per]) for page in range(pages)]
 
     def _stored_prefix(self, keys, hold: float) -> int:
@@ -277,6 +286,64 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         names = [name for key in keys for name in self._page_keys(key)]
         parts = [p for page in self._pool_parts(host_indices, len(keys)) for p in page]
         return move(names, parts, len(keys))
+
+    # -- HiCacheStorage: hybrid models' pools (v2)
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        if host_pool_name != PoolName.KV:  # the KV pool is the anchor, stored as v1 stores it
+            self._require_pool()
+            self.side_pools[str(host_pool_name)] = side_pool(host_pool_name, host_pool, self.namespaces[0])
+
+    def _side(self, name) -> SidePool:
+        pool = self.side_pools.get(str(name))
+        if pool is None:
+            raise InvalidArgumentError(f"pool {name} was never registered (register_mem_host_pool_v2)")
+        return pool
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None) -> PoolTransferResult:
+        """The longest prefix of `keys` the KV pool and every pool transfer's pool can serve, each by its hit
+        policy, from one lookup (holding what it found for hold_seconds)."""
+        self._require_pool()
+        keys, transfers = list(keys), list(pool_transfers or [])
+        kv_names = [name for key in keys for name in self._page_keys(key)]
+        side_names = [self._side(t.name).key(key) for t in transfers for key in keys]
+        try:
+            found = self.client.batch_exists(kv_names + side_names, hold=self.hold_seconds) if keys else []
+        except KvpoolError as exc:
+            self._failed("exists", exc)
+            return PoolTransferResult(0, {}, [])
+        per = len(self._objects)
+        kv_present = [all(found[page * per:(page + 1) * per]) for page in range(len(keys))]
+        restorable = set(restorable_ends("all_pages", kv_present, 0))
+        hits = {PoolName.KV: max(restorable, default=0)}
+        at = len(kv_names)
+        for transfer in transfers:
+            present, at = found[at:at + len(keys)], at + len(keys)
+            ends = restorable_ends(str(transfer.hit_policy.value), present, len(transfer.keys or ()))
+            hits[transfer.name] = max(ends, default=0)
+            restorable &= set(ends)
+        ends = sorted(restorable)
+        return PoolTransferResult(ends[-1] if ends else 0, {k: v for k, v in hits.items() if v}, ends)
+
+    def batch_get_v2(self, transfers, extra_info=None) -> dict:
+        return self._pools_moved(transfers, self._get, self.batch_get_v1)
+
+    def batch_set_v2(self, transfers, extra_info=None) -> dict:
+        return self._pools_moved(transfers, self._put, self.batch_set_v1)
+
+    def _pools_moved(self, transfers, move, kv_move) -> dict:
+        """Each transfer's pages moved between kvpool and its pool's slots: pool name -> a flag per page."""
+        results = {}
+        for transfer in transfers:
+            keys = list(transfer.keys or ())
+            if transfer.name == PoolName.KV:
+                results[transfer.name] = kv_move(keys, transfer.host_indices)
+                continue
+            pool = self._side(transfer.name)
+            parts = pool.page_parts(transfer.host_indices, len(keys)) if keys else []
+            results[transfer.name] = move([pool.key(key) for key in keys], parts, len(keys), per=1)
+        return results
 
     # -- HiCacheStorage: flat pages
 

@@ -20,7 +20,11 @@ if importlib.util.find_spec("torchvision") is None:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
+from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageConfig, PoolHitPolicy, PoolName,  # noqa: E402
+                                                  PoolTransfer)
+from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
@@ -278,3 +282,70 @@ def test_found_through_etcd_cleared_and_closed(attach, cluster):
     assert backend.batch_get_v1(keys, pool.alloc(2 * PAGE)) == [False, False]
     assert backend.get(keys[0]) is None
     assert not backend.clear()
+
+
+def mamba_host(seed: int | None = None) -> MambaPoolHost:
+    """A Mamba state pool (2 layers: an SSM state of 4 x 8 x 8 float32 and a conv state of 24 x 3 bf16 a slot)."""
+    slots = 16
+    info = MambaStateBufferInfo(temporal=torch.zeros(2, slots, 4, 8, 8),
+                                conv=(torch.zeros(2, slots, 24, 3, dtype=torch.bfloat16),))
+    host = MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, layout="page_first")
+    if seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+        for buffer in [host.temporal_buffer, *host.conv_buffer]:
+            buffer.copy_(torch.randn(buffer.shape, generator=generator).to(buffer.dtype))
+    return host
+
+
+def hybrid(attach, kv_pool, state_pool):
+    """A backend attached to a hybrid model's pools as SGLang's hybrid cache controller attaches it: the host
+    pool group first, then every pool by name."""
+    group = HostPoolGroup([PoolEntry(PoolName.KV, kv_pool, None, lambda layer: layer, is_primary_index_anchor=True),
+                           PoolEntry(PoolName.MAMBA, state_pool, None, lambda layer: layer)])
+    backend = attach(storage_config("hybrid-mamba"), group)
+    backend.register_mem_host_pool_v2(kv_pool, PoolName.KV)
+    backend.register_mem_host_pool_v2(state_pool, PoolName.MAMBA)
+    backend.on_host_pools_registered()
+    return backend
+
+
+def state_of(host, slot: int) -> list[torch.Tensor]:
+    return [host.temporal_buffer[slot].clone(), *(buffer[slot].clone() for buffer in host.conv_buffer)]
+
+
+def trailing_state(keys, host_indices=None) -> PoolTransfer:
+    return PoolTransfer(PoolName.MAMBA, host_indices=host_indices, keys=keys, hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+
+def test_a_hybrid_models_state_pool_is_stored_beside_its_kv_and_bounds_the_hit(attach):
+    kv_writer, state_writer = mha_host("page_first", seed=4), mamba_host(seed=5)
+    writer = hybrid(attach, kv_writer, state_writer)
+    kv_reader, state_reader = mha_host("page_first"), mamba_host()
+    reader = hybrid(attach, kv_reader, state_reader)
+    keys = hashes("hybrid", 4)
+    pages = kv_writer.alloc(4 * PAGE)
+    slots = state_writer.alloc(2)  # states kept at two page boundaries: after pages 2 and 4
+    written = writer.batch_set_v2([PoolTransfer(PoolName.KV, host_indices=pages, keys=keys),
+                                   trailing_state([keys[1], keys[3]], slots)])
+    assert written == {PoolName.KV: [True] * 4, PoolName.MAMBA: [True, True]}
+
+    # Every KV page is there, a state only after pages 2 and 4: a hit may end there and nowhere else.
+    hit = reader.batch_exists_v2(keys + ["not-stored"], [trailing_state([keys[3]])])
+    assert (hit.kv_hit_pages, hit.restorable_prefix_pages) == (4, [2, 4])
+    assert hit.extra_pool_hit_pages == {PoolName.KV: 4, PoolName.MAMBA: 4}
+    assert reader.batch_exists_v2(keys[:3], [trailing_state([keys[2]])]).kv_hit_pages == 2
+
+    landing_pages, landing_slot = kv_reader.alloc(4 * PAGE), state_reader.alloc(2)[1:]
+    got = reader.batch_get_v2([PoolTransfer(PoolName.KV, host_indices=landing_pages, keys=keys),
+                               trailing_state([keys[3]], landing_slot)])
+    assert got == {PoolName.KV: [True] * 4, PoolName.MAMBA: [True]}
+    for source, target in zip(starts(pages), starts(landing_pages)):
+        assert torch.equal(page(kv_reader, target), page(kv_writer, source))
+    for stored, loaded in zip(state_of(state_writer, int(slots[1])), state_of(state_reader, int(landing_slot[0]))):
+        assert torch.equal(stored, loaded)
+    # A state never stored is a miss for that page alone; a slot outside the pool is refused, never read.
+    assert reader.batch_get_v2([trailing_state(["not-stored"], landing_slot)]) == {PoolName.MAMBA: [False]}
+    with pytest.raises(InvalidArgumentError, match="outside the pool"):
+        reader.batch_get_v2([trailing_state([keys[3]], torch.tensor([state_reader.size + 5]))])
+    with pytest.raises(InvalidArgumentError, match="never registered"):
+        reader.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=landing_slot, keys=[keys[3]])])
