@@ -56,6 +56,7 @@ def make_engine(model: str, master: str):
 
 
 def greedy():
+    """Fresh each time: LLM.generate makes the parameters it is given report only final outputs."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
     return SamplingParams(temperature=0, ignore_eos=True, detokenize=False, max_tokens=NEW_TOKENS,
@@ -105,7 +106,7 @@ def run_ttft(model: str, master: str, seed: int) -> dict:
 
     def ttft(request: str, prompt: list[int], finished: dict) -> tuple[float, dict]:
         began = time.perf_counter()
-        engine.add_request(request, TokensPrompt(prompt_token_ids=prompt), params)
+        engine.add_request(request, TokensPrompt(prompt_token_ids=prompt), greedy())
         step_until(engine, lambda f: request + ":first" in f, finished)
         first = time.perf_counter() - began
         step_until(engine, lambda f: all(r in f for r in [request] + pending), finished)
@@ -117,7 +118,7 @@ def run_ttft(model: str, master: str, seed: int) -> dict:
     finished: dict = {}
     pending = [f"saving{i}" for i in range(SAVING_PROMPTS)]
     for request, prompt in zip(pending, some_prompts(rng, SAVING_PROMPTS, STORED_BLOCKS)):
-        engine.add_request(request, TokensPrompt(prompt_token_ids=prompt), params)
+        engine.add_request(request, TokensPrompt(prompt_token_ids=prompt), greedy())
     # Their prefill is done (first tokens out): the step that completed their blocks handed them to be saved.
     step_until(engine, lambda f: all(r + ":first" in f for r in pending), finished)
     behind, behind_moved = ttft("behind_saves", stored[2], finished)
@@ -133,7 +134,7 @@ def run_saturated(model: str, master: str, seed: int) -> dict:
     [out] = llm.generate([TokensPrompt(prompt_token_ids=some_prompts(rng, 1, 1)[0])], params, use_tqdm=False)
     steps, finished = [], {}
     for n, prompt in enumerate(some_prompts(rng, SATURATED_PROMPTS, SATURATED_BLOCKS)):
-        engine.add_request(f"p{n}", TokensPrompt(prompt_token_ids=prompt), params)
+        engine.add_request(f"p{n}", TokensPrompt(prompt_token_ids=prompt), greedy())
         steps += step_until(engine, lambda f: f"p{n}" in f, finished)
     metrics = {m.name.removeprefix("vllm:kvpool_"): m.value for m in llm.get_metrics()
                if m.name.startswith("vllm:kvpool_")}
@@ -205,15 +206,15 @@ def main(argv=None) -> int:
                        check=True)
         with LocalCluster(nodes=2, dram_per_node="1536MiB", data_dir=work / "room") as room, \
                 LocalCluster(nodes=2, dram_per_node="192MiB", data_dir=work / "full") as full:
-            result["saturated"]["held_objects"] = fill_and_hold(full, 448)
             for n in range(args.rounds):
                 for label, tree in (("after", None), ("before", args.before)) if args.before else (("after", None),):
                     result["ttft"][label].append(engine_process(python, "ttft", work / "model",
                                                                 room, n, tree))
+                result["saturated"]["held_objects"] = fill_and_hold(full, 448)  # holds last 300 s at most
                 for label, cluster in (("room", room), ("saturated", full)):
                     result["saturated"][label].append(engine_process(python, "saturated", work / "model",
                                                                      cluster, 100 + n, None))
-    for label, rounds in result["ttft"].items():
+    for label, rounds in list(result["ttft"].items()):
         result["ttft"][f"{label}_p50"] = {key: median_of(rounds, key) for key in ("ttft_alone_ms",
                                                                                   "ttft_behind_saves_ms")}
     if args.before:
