@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -414,12 +415,16 @@ def leading_master_stats(addresses: list, credential=None, tls=None):
 def wait_for_signal() -> int:
     """Block until SIGINT or SIGTERM; returns the signal number."""
     received = []
+    arrived = threading.Event()
 
     def handler(signum, _frame):
         received.append(signum)
+        arrived.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
-    while not received:
-        signal.pause()
+    # Not signal.pause(): a signal landing between the check and the pause would leave it waiting forever (the
+    # handler runs only once the pause returns). A wait with a timeout rechecks within a second whatever happens.
+    while not arrived.wait(1.0):
+        pass
     return received[0]
