@@ -45,7 +45,7 @@ from kvpool.protocol.keys import validate_key
 
 from .block_keys import BlockNamespace
 from .client_settings import client_settings
-from .sglang_pools import SidePool, restorable_ends, side_pool
+from .sglang_pools import SidePool, check_host_indices, restorable_ends, side_pool
 
 logger = logging.getLogger(__name__)
 
@@ -137,12 +137,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         """For each page at host_indices: each object's parts, as views of the host pool's buffer."""
         host = self.mem_pool_host
         page_size = host.page_size
-        if not isinstance(host_indices, torch.Tensor) or host_indices.dim() != 1 \
-                or host_indices.dtype.is_floating_point or host_indices.dtype == torch.bool:
-            raise InvalidArgumentError("host_indices must be a 1-D integer tensor")
-        if host_indices.numel() != pages * page_size:
-            raise InvalidArgumentError(f"{pages} pages need {pages * page_size} host indices, "
-                                       f"got {host_indices.numel()}")
+        check_host_indices(host_indices, pages, page_size)
         starts = host_indices[::page_size].tolist()
         if any(start % page_size or not 0 <= start <= host.size - page_size for start in starts):
             raise InvalidArgumentError(f"host indices must start whole pages of the {host.size}-token host pool")

@@ -31,13 +31,7 @@ class SidePool:
 
     def page_parts(self, host_indices, pages: int) -> list[list[memoryview]]:
         """Each page's parts at host_indices, as views of the pool's own buffers."""
-        page_size = self.host.page_size or 1
-        if not isinstance(host_indices, torch.Tensor) or host_indices.dim() != 1 \
-                or host_indices.dtype.is_floating_point or host_indices.dtype == torch.bool:
-            raise InvalidArgumentError("host_indices must be a 1-D integer tensor")
-        if host_indices.numel() != pages * page_size:
-            raise InvalidArgumentError(f"{pages} pages of pool {self.name} need {pages * page_size} host indices, "
-                                       f"got {host_indices.numel()}")
+        check_host_indices(host_indices, pages, self.host.page_size or 1)
         pointers, sizes = self.host.get_page_buffer_meta(host_indices)
         if not pages or len(pointers) % pages:
             raise InvalidArgumentError(f"pool {self.name}: {len(pointers)} buffers for {pages} pages")
@@ -50,6 +44,15 @@ class SidePool:
             if start <= address and address + size <= start + len(view):
                 return view[address - start:address - start + size]
         raise InvalidArgumentError(f"pool {self.name}: a page lies outside the pool's buffers")
+
+
+def check_host_indices(host_indices, pages: int, page_size: int) -> None:
+    """Host indices as SGLang passes them for `pages` pages: a 1-D integer tensor of pages x page_size."""
+    if not isinstance(host_indices, torch.Tensor) or host_indices.dim() != 1 \
+            or host_indices.dtype.is_floating_point or host_indices.dtype == torch.bool:
+        raise InvalidArgumentError("host_indices must be a 1-D integer tensor")
+    if host_indices.numel() != pages * page_size:
+        raise InvalidArgumentError(f"{pages} pages need {pages * page_size} host indices, got {host_indices.numel()}")
 
 
 def side_pool(name, host_pool, kv_namespace: BlockNamespace) -> SidePool:

@@ -56,7 +56,8 @@ def transfer_mode(extra: dict) -> str:
     return mode
 
 
-def shard_of(vllm_config, groups: list[KVGroup], tp_rank: int, pp_rank: int) -> KVShard:
+def shard_of(vllm_config, tp_rank: int, pp_rank: int) -> KVShard:
+    """The KV shard a rank holds (kv_shards.py), from the model's heads and the engine's parallelism."""
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
     replicated = bool(getattr(model, "use_mla", False))
     return KVShard.of(tp_rank, parallel.tensor_parallel_size, pp_rank, parallel.pipeline_parallel_size,

@@ -58,12 +58,11 @@ class KVPoolScheduler:
         self._groups = hybrid_groups(settings, vllm_config, kv_cache_config)
         # Every distinct KV shard's blocks of every group, looked up in one round trip: a prefix counts only
         # when every rank can load it.
-        shards = shard_of(vllm_config, self._groups, 0, 0).count
+        shards = shard_of(vllm_config, 0, 0).count
         self._namespaces = [[namespace_for(vllm_config, kv_cache_config, KVShard(index, shards, False), group)
                              for group in self._groups] for index in range(shards)]
         self._requests: dict[str, _PromptState] = {}
         self._async_loads: list[BlockTransfer] = []  # for the next step's metadata
-        self.lookups = 0  # round trips to the master for lookups, since the start
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         settings = self._settings
@@ -87,7 +86,6 @@ class KVPoolScheduler:
         """The longest hit every shard has for every group, from one batch_exists of all their keys."""
         keys = [namespace.key(h) for shard in self._namespaces for namespace in shard for h in hashes]
         there = self._client.batch_exists(keys, hold=hold)
-        self.lookups += 1
         count, at, hits = len(hashes), 0, []
         for shard in self._namespaces:
             present = []

@@ -37,8 +37,7 @@ class KVPoolWorker:
         self._settings = settings
         self._kv_cache_config = kv_cache_config
         self._groups = hybrid_groups(settings, vllm_config, kv_cache_config)
-        self._shard = shard_of(vllm_config, self._groups, get_tensor_model_parallel_rank(),
-                               get_pp_group().rank_in_group)
+        self._shard = shard_of(vllm_config, get_tensor_model_parallel_rank(), get_pp_group().rank_in_group)
         self._namespaces = [namespace_for(vllm_config, kv_cache_config, self._shard, group) for group in self._groups]
         options = client_settings(settings.extra, "in kv_connector_extra_config")
         self._client = Client(**options)  # loads
