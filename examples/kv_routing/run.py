@@ -225,6 +225,24 @@ def reset(engines: dict[str, Engine], master: str | None, namespace: str | None)
             client.remove_prefix(namespace)
 
 
+def reset_until_heard(engines: dict[str, Engine], master: str | None, namespace: str | None, service) -> None:
+    """Reset, and again until the router has heard an event of each engine. A ZMQ subscriber gets only what is
+    published after its subscription reaches the publisher, which takes a moment after connect() returns (longer
+    on a loaded machine): a reset published before then is lost. Once one arrived, nothing later is missed."""
+    from kvpool.net.netutil import wait_until
+
+    deadline = time.monotonic() + 60
+    while True:
+        reset(engines, master, namespace)
+        try:
+            wait_until(lambda: all(f.batches for f in service.followers.values()), 5,
+                       what="the router to hear from both engines")
+            return
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
+
+
 def summarize(results: list[dict], reference: list[dict] | None) -> dict:
     ttft = sorted(r["ttft_ms"] for r in results)
     prompt = sum(r["prompt_tokens"] for r in results)
@@ -242,7 +260,6 @@ def drive(args, python: str, work: Path) -> dict:
     from kvpool.connectors.block_keys import BlockNamespace
     from kvpool.connectors.router import RoundRobin
     from kvpool.connectors.routing_service import RoutingService
-    from kvpool.net.netutil import wait_until
 
     if not Path(args.trace).is_file():
         raise SystemExit(f"no trace at {args.trace}: --trace names one (JSON lines with timestamp and hash_ids, as in "
@@ -271,11 +288,7 @@ def drive(args, python: str, work: Path) -> dict:
                     service = RoutingService({n: e.events for n, e in engines.items()}, space,
                                              master=master if with_kvpool else None).start()
                     try:
-                        reset(engines, master, namespace)
-                        # The reset is each engine's first event since the service subscribed: once it arrived,
-                        # nothing the engines publish is missed (a ZMQ subscriber gets only what follows).
-                        wait_until(lambda: all(f.batches for f in service.followers.values()), 30,
-                                   what="the router to hear from both engines")
+                        reset_until_heard(engines, master, namespace, service)
                         router = service if policy == "kv_aware" else RoundRobin(list(engines))
                         say(f"-- {name}")
                         started = time.monotonic()
