@@ -167,6 +167,12 @@ class AsyncClient:
         keys = list(keys)
         return _batch_results(keys, await self._read(keys, None, timeout), bytes_of)
 
+    async def size(self, key: str, *, timeout: float | None = None) -> int:
+        """The size get would return for `key`, from the master (nothing is read); KeyNotFoundError when
+        it does not exist."""
+        async with self._core.bounded(timeout, f"size of {key!r}"):
+            return await reads.size(self._core, key)
+
     # -- zero-copy forms: caller buffers, one buffer with offsets, and values made of parts
 
     async def put_from(self, key: str, buffer, overwrite: bool = False, **options) -> None:

@@ -146,6 +146,17 @@ async def read(core: Core, keys: list, dests: list | None) -> list:
     return results
 
 
+async def size(core: Core, key: str) -> int:
+    """The size callers see of `key`'s current version: asked of the master, never of the cache (a cached
+    placement may name a version since removed)."""
+    [stored] = core.stored_keys([key])
+    validate_key(stored)
+    [info] = convert.placements(await core.master.call(*convert.lookup_call([stored])), [stored])
+    if isinstance(info, BaseException):
+        raise info
+    return _raw_size(info)
+
+
 async def _lookup(core: Core, keys: list, indices: list, infos: list, results: list) -> None:
     """Ask the master where keys[indices] live: fills infos (and the cache), or results with the error."""
     if not indices:

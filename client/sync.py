@@ -118,6 +118,7 @@ class Client:
     put = _forwarded(writes.put, AsyncClient.put)
     get = _blocking(AsyncClient.get)
     get_into = _blocking(AsyncClient.get_into)
+    size = _blocking(AsyncClient.size)
     batch_put = _forwarded(writes.batch_put, AsyncClient.batch_put)
     batch_get = _blocking(AsyncClient.batch_get)
     batch_get_into = _blocking(AsyncClient.batch_get_into)
