@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +38,12 @@ ENGINES = {
 }
 
 
+# engines whose own Mooncake Store backends are tested on kvpool: their venvs get the module mooncake.store from
+# compat/mooncake_store (kvpool's), installed after kvpool
+MOONCAKE_SHIM = REPO / "compat" / "mooncake_store"
+WITH_MOONCAKE_SHIM = ("lmcache", "sglang")
+
+
 def venv_dir(engine: str) -> Path:
     return REPO / f".venv-{engine}"
 
@@ -44,7 +51,9 @@ def venv_dir(engine: str) -> Path:
 def recipe(engine: str) -> str:
     requirements = (REQUIREMENTS / f"{engine}.txt").read_text()
     return json.dumps({"engine": ENGINES[engine], "requirements": requirements, "torch": TORCH,
-                       "pyproject": (REPO / "pyproject.toml").read_text()}, sort_keys=True)
+                       "pyproject": (REPO / "pyproject.toml").read_text(),
+                       "mooncake_shim": (MOONCAKE_SHIM / "pyproject.toml").read_text()
+                       if engine in WITH_MOONCAKE_SHIM else None}, sort_keys=True)
 
 
 def ensure(engine: str, quiet: bool = True) -> Path:
@@ -72,6 +81,10 @@ def ensure(engine: str, quiet: bool = True) -> Path:
     for step in ([TORCH], ["--no-deps", *ENGINES[engine]], [TORCH, "-r", str(REQUIREMENTS / f"{engine}.txt")],
                  [*last, TORCH, "-e", f"{REPO}[test]"]):
         subprocess.run(pip + step, check=True, stdout=sys.stderr if quiet else None)
+    if engine in WITH_MOONCAKE_SHIM:
+        with tempfile.TemporaryDirectory() as scratch:  # setuptools builds in the tree it is given: a copy
+            shim = shutil.copytree(MOONCAKE_SHIM, Path(scratch) / "mooncake_store")
+            subprocess.run(pip + ["--no-deps", str(shim)], check=True, stdout=sys.stderr if quiet else None)
     stamp.write_text(digest)
     return python
 

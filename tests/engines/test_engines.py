@@ -43,6 +43,16 @@ def test_sglang_hicache_storage_through_sglang_own_pools():
 
 
 @pytest.mark.timeout(BUILD_AND_RUN)
+def test_lmcache_own_mooncakestore_backend_runs_unchanged_on_kvpool():
+    run_inside("lmcache", "tests/engines/in_lmcache_mooncake.py")
+
+
+@pytest.mark.timeout(BUILD_AND_RUN)
+def test_sglang_own_mooncake_backend_runs_unchanged_on_kvpool():
+    run_inside("sglang", "tests/engines/in_sglang_mooncake.py")
+
+
+@pytest.mark.timeout(BUILD_AND_RUN)
 def test_vllm_prefill_decode_disaggregation_and_prefix_reuse(cluster):
     """Three vLLM processes (baseline, prefill, decode): decode loads what prefill stored, including the
     system prompt another request computed, computes a prompt whose stored blocks are junk, loads a
