@@ -50,8 +50,3 @@ def code_of(exc: BaseException) -> int:
         log.warning("kvpool: %s (Mooncake code %d)", exc, code)
     return code
 
-
-def batch_codes(keys: list, exc: errors.BatchError, success) -> list:
-    """Per key of a batch that raised BatchError: `success(i)` for those that did not fail, else its code."""
-    failed = exc.errors
-    return [code_of(failed[key]) if key in failed else success(i) for i, key in enumerate(keys)]

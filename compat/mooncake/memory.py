@@ -54,11 +54,6 @@ class RegisteredMemory:
         raise UnregisteredMemory(f"{size} bytes at {address:#x} are not inside a registered buffer: call "
                                  "register_buffer(address, size) for the memory first")
 
-    def views(self, addresses, sizes) -> list[memoryview]:
-        if len(addresses) != len(sizes):
-            raise UnregisteredMemory(f"{len(addresses)} addresses but {len(sizes)} sizes")
-        return [self.view(address, size) for address, size in zip(addresses, sizes)]
-
     def clear(self) -> None:
         with self._lock:
             self._starts.clear()

@@ -131,3 +131,14 @@ def test_tenants_keeps_a_reserved_tenants_hits_under_another_tenants_flood(tmp_p
         assert flood["within_quota"] and flood["flooded_bytes"] >= 10 * (8 << 20), flood
         assert run[name]["b"]["wrong_blocks"] == 0
     assert run["flood_with_reserve"]["a"]["evicted_pressure"] + run["flood_with_reserve"]["a"]["evicted_quota"] > 0
+
+
+def test_mooncake_shim_runs_the_same_round_through_the_shim_and_the_client():
+    report = _run("mooncake_shim.py", "--rounds", "1", "--no-mooncake", "--small-count", "16", "--large-count", "4",
+                  "--batches", "1", "--latency-samples", "20", "--segment-mib", "512")
+    ops = {"put_64KiB", "get_64KiB", "put_4MiB", "get_4MiB", "batch_put_from_64x1MiB", "batch_get_into_64x1MiB",
+           "get_64KiB_p50_us"}
+    assert set(report["median"]) == {"client", "shim"} and set(report["ratio_median"]) == {"shim_vs_client"}
+    for side in ("client", "shim"):
+        assert set(report["median"][side]) == ops and all(v > 0 for v in report["median"][side].values())
+    assert all(ratio > 0 for ratio in report["ratio_median"]["shim_vs_client"].values())
