@@ -359,6 +359,7 @@ def test_compressed_values_round_trip_through_every_get(cluster):
         assert entry["size"] == info.size  # the node holds the compressed bytes
 
         assert client.get("lz4/tokens") == TOKENS
+        assert client.size("lz4/tokens") == len(TOKENS)  # the value's size, not the stored bytes
         dest = np.zeros(len(TOKENS) + 64, dtype=np.uint8)
         assert client.get_into("lz4/tokens", dest) == len(TOKENS)
         assert dest[:len(TOKENS)].tobytes() == TOKENS and not dest[len(TOKENS):].any()
@@ -380,6 +381,8 @@ def test_compressed_values_round_trip_through_every_get(cluster):
         assert caught.value.results[0] == len(values[0]) and caught.value.results[1] is caught.value.errors[keys[1]]
     with Client(cluster.address) as fresh:  # no cached placement: the master's metadata says compressed
         assert fresh.get("lz4/tokens") == TOKENS
+        with Client(cluster.address) as other:
+            client_size_of_removed(fresh, other)
         assert fresh.batch_get(keys[:2]) == values[:2]
         fresh.remove_prefix("lz4/")
 
@@ -533,3 +536,12 @@ def test_a_batch_past_the_masters_limit_is_refused_whole_and_typed(own_cluster):
         assert client.batch_exists([f"cap/{i}" for i in range(10)]) == [True] * 10
         assert not client.exists("cap/x0")  # nothing of the refused batch was started
         assert client.stats().pending_puts == 0
+
+
+def client_size_of_removed(client, other) -> None:
+    """size asks the master, never the cache: a key another client removed since this one read it has no size."""
+    client.put("lz4/size", b"12345")
+    assert client.get("lz4/size") == b"12345" and client.size("lz4/size") == 5  # its placement cached now
+    other.remove("lz4/size")
+    with pytest.raises(KeyNotFoundError):
+        client.size("lz4/size")
