@@ -10,10 +10,11 @@ Run from the repository root: .venv-sglang/bin/python -m pytest -q -p no:cachepr
 import torch  # noqa: I001  (in_sglang puts the torchvision stand-in on the path before SGLang is imported)
 import pytest
 
-from in_sglang import hashes, mha_host, mla_host, page, starts  # noqa: E402
+from in_sglang import hashes, mamba_host, mha_host, mla_host, page, starts, state_of, trailing_state  # noqa: E402
 
 import mooncake.store  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
+from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.storage.mooncake_store import test_mooncake_store as sglang_own  # noqa: E402
 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore  # noqa: E402
@@ -83,3 +84,42 @@ def test_pages_of_real_host_pools_come_back_into_other_slots(mooncake_env, layou
     assert reader.batch_get_v1(["never-stored"], missing) == [False]
     writer.clear()  # SGLang's clear(): Mooncake's remove_all
     assert reader.batch_exists(keys) == 0
+
+
+def test_a_hybrid_models_state_pool_goes_through_the_mooncake_backends_v2_calls(mooncake_env):
+    """Mamba state beside the KV pages (SGLang's v2 interface of its mooncake backend): stored, looked up by the
+    hit policy, loaded byte-exact into another pool's slot."""
+    extra = {"master_server_address": mooncake_env.master_address, "protocol": "tcp", "global_segment_size": 0}
+
+    def backend(kv_pool, state_pool):
+        """Attached as SGLang's hybrid cache controller attaches it: built on the group's anchor (the KV pool),
+        which registers first, then every pool of the group by name."""
+        group = HostPoolGroup([PoolEntry(PoolName.KV, kv_pool, None, lambda layer: layer,
+                                         is_primary_index_anchor=True),
+                               PoolEntry(PoolName.MAMBA, state_pool, None, lambda layer: layer)])
+        anchor = group.anchor_entry.host_pool
+        made = StorageBackendFactory.create_backend("mooncake", config("mc-hybrid", **extra), anchor)
+        made.register_mem_pool_host(anchor)
+        for entry in group.entries:
+            made.register_mem_host_pool_v2(entry.host_pool, entry.name)
+        made.on_host_pools_registered()
+        return made
+
+    kv_writer, state_writer = mha_host("page_first", seed=11), mamba_host(seed=12)
+    kv_reader, state_reader = mha_host("page_first"), mamba_host()
+    writer, reader = backend(kv_writer, state_writer), backend(kv_reader, state_reader)
+    keys = hashes("mc-hybrid", 4)
+    pages, slots = kv_writer.alloc(4 * 8), state_writer.alloc(2)
+    # This backend moves the KV pages through its v1 calls and the side pools through v2 (SGLang's controller
+    # calls both); a state is kept after pages 2 and 4.
+    assert writer.batch_set_v1(keys, pages) == [True] * 4
+    assert writer.batch_set_v2([trailing_state([keys[1], keys[3]], slots)]) == {PoolName.MAMBA: [True, True]}
+    hit = reader.batch_exists_v2(keys + ["not-stored"], [trailing_state([keys[3]])])
+    assert (hit.kv_hit_pages, hit.restorable_prefix_pages) == (4, [2, 4])
+    landing_pages, landing_slot = kv_reader.alloc(4 * 8), state_reader.alloc(2)[1:]
+    assert reader.batch_get_v1(keys, landing_pages) == [True] * 4
+    assert reader.batch_get_v2([trailing_state([keys[3]], landing_slot)]) == {PoolName.MAMBA: [True]}
+    for source, target in zip(starts(pages), starts(landing_pages)):
+        assert torch.equal(page(kv_reader, target), page(kv_writer, source))
+    for stored, loaded in zip(state_of(state_writer, int(slots[1])), state_of(state_reader, int(landing_slot[0]))):
+        assert torch.equal(stored, loaded)

@@ -14,3 +14,6 @@ try:
 except ImportError as exc:  # this package without kvpool beside it
     raise ImportError(f"mooncake.store here is kvpool's and needs kvpool installed beside it "
                       f"(pip install <kvpool checkout>): {exc}") from exc
+
+__all__ = ["BufferHandle", "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ReplicateConfig", "SoftPinAction",
+           "bind_to_numa_node"]
