@@ -4,7 +4,6 @@ free; its data lives under `data_dir`, so a server started again over the same d
 It takes one access key (made here, or given) as its admin identity and creates the bucket at start.
 """
 
-import asyncio
 import os
 import secrets
 import shutil
@@ -84,7 +83,7 @@ class S3Server:
         if self.proc.poll() is not None:
             raise RuntimeError(f"weed mini exited with {self.proc.returncode}; see {self.log_path}")
         try:  # a signed listing of the bucket: the gateway answers, takes the key and has made the bucket
-            asyncio.run(_first_page(Bucket(self.settings(), timeout=2.0)))
+            next(Bucket(self.settings(), timeout=2.0).list(), None)
         except (UnavailableError, KeyNotFoundError):
             return False
         return True
@@ -131,8 +130,3 @@ def _free_ports(count: int) -> list[int]:
                 probe.close()
         chosen.append(port)
     return chosen
-
-
-async def _first_page(bucket: Bucket) -> None:
-    async for _ in bucket.list():
-        return

@@ -1,21 +1,21 @@
-"""One S3 bucket (and prefix) through obstore, every call within a deadline and failing as kvpool's typed errors:
-a missing object is KeyNotFoundError; a store that is down, slow, throttling (503 SlowDown) past the deadline
-or refusing the credentials is UnavailableError naming what failed. Nothing here retries on its own beyond
-obstore's bounded retries inside the same deadline: a caller's put or get of what the nodes hold never waits
-on the store.
+"""One S3 bucket (and prefix) through obstore: blocking calls (callers run them in threads, as the shared tier's
+file calls are run), each ending within the bucket's timeout, and failing as kvpool's typed errors: a missing
+object is KeyNotFoundError; a store that is down, slow or throttling (503 SlowDown) past the timeout, or that
+refuses the credentials, is UnavailableError naming what failed. obstore retries a failed request (with backoff)
+only while the same timeout lasts: a caller's put or get of what the nodes hold never waits on the store.
 
-obstore (the Rust object_store crate) was chosen over aiobotocore and boto3 by measuring them against the same
-SeaweedFS gateway: 2 to 3 times their GET throughput for 32 KiB and 1 MiB objects, the same for 32 MiB.
+obstore (the Rust object_store crate) was chosen over aiobotocore and boto3 by measuring the three against the
+same SeaweedFS gateway, alternated, three rounds: 2 to 3 times their GET throughput for 32 KiB and 1 MiB objects,
+and as fast for 32 MiB (benchmarks/README.md, "The object tier's client library").
 """
 
-import asyncio
 import datetime
-from typing import AsyncIterator
+from typing import Iterator
 
 from ..errors import KeyNotFoundError, UnavailableError
 from .settings import ObjectStoreSettings
 
-DEFAULT_TIMEOUT = 10.0  # seconds a call to the store may take, end to end, unless it is given its own
+DEFAULT_TIMEOUT = 10.0  # seconds a call to the store may take, retries included
 LIST_PAGE = 1000  # names per page of a listing (S3's most)
 
 
@@ -27,77 +27,66 @@ class Bucket:
 
         self.settings = settings
         self.timeout = timeout
-        options = {"timeout": datetime.timedelta(seconds=timeout), "connect_timeout": datetime.timedelta(seconds=min(
-            timeout, 3.0)), "allow_http": bool(settings.endpoint and settings.endpoint.startswith("http://"))}
-        retry = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=timeout),
+        # A request may take half the timeout, and a retry starts only within the first half: a call ends by it.
+        half = datetime.timedelta(seconds=timeout / 2)
+        options = {"timeout": half, "connect_timeout": min(half, datetime.timedelta(seconds=3)),
+                   "allow_http": bool(settings.endpoint and settings.endpoint.startswith("http://"))}
+        retry = {"max_retries": 3, "retry_timeout": half,
                  "backoff": {"init_backoff": datetime.timedelta(milliseconds=50),
                              "max_backoff": datetime.timedelta(seconds=1), "base": 2}}
         self._store = obstore.store.S3Store(settings.bucket, prefix=settings.prefix.rstrip("/") or None,
                                             client_options=options, retry_config=retry, **settings.store_config())
 
-    async def _bounded(self, what: str, name: str, call, timeout: float | None):
+    def _call(self, what: str, name: str, function, *args, **kwargs):
         import obstore.exceptions
 
-        seconds = self.timeout if timeout is None else timeout
         try:
-            return await asyncio.wait_for(call, seconds)
+            return function(self._store, *args, **kwargs)
         except (obstore.exceptions.NotFoundError, FileNotFoundError):  # obstore raises the latter for a 404
             raise KeyNotFoundError(f"{name!r} not found in {self.settings.url}") from None
-        except asyncio.TimeoutError:
-            raise UnavailableError(f"the object store ({self.settings.url}) did not answer a {what} of {name!r} "
-                                   f"within {seconds:.1f} s") from None
-        except (obstore.exceptions.BaseError, OSError) as exc:
+        except (obstore.exceptions.BaseError, OSError, TimeoutError) as exc:
             raise UnavailableError(f"the object store ({self.settings.url}) failed a {what} of {name!r}: "
                                    f"{_first_line(exc)}") from None
 
-    async def put(self, name: str, data, *, timeout: float | None = None) -> None:
+    def put(self, name: str, data) -> None:
         """Store `data` (bytes, a buffer, or a list of buffers sent in order) as `name`, replacing any."""
         import obstore
 
         body = data if not isinstance(data, list) else _joined(data)
-        await self._bounded("PUT", name, obstore.put_async(self._store, name, body), timeout)
+        self._call("PUT", name, obstore.put, name, body)
 
-    async def get(self, name: str, *, timeout: float | None = None) -> memoryview:
+    def get(self, name: str) -> memoryview:
         import obstore
 
-        async def fetch():
-            result = await obstore.get_async(self._store, name)
-            return await result.bytes_async()
+        return memoryview(self._call("GET", name, lambda store, n: obstore.get(store, n).bytes(), name))
 
-        return memoryview(await self._bounded("GET", name, fetch(), timeout))
-
-    async def get_ranges(self, name: str, starts: list[int], ends: list[int], *,
-                         timeout: float | None = None) -> list[memoryview]:
-        """Byte ranges [start, end) of one object, fetched in parallel (nearby ranges in one request)."""
+    def get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[memoryview]:
+        """Byte ranges [start, end) of one object, fetched in parallel (ranges near each other in one request)."""
         import obstore
 
-        got = await self._bounded("ranged GET", name, obstore.get_ranges_async(self._store, name, starts=starts,
-                                                                               ends=ends), timeout)
-        return [memoryview(part) for part in got]
+        return [memoryview(part) for part in self._call("ranged GET", name, obstore.get_ranges, name,
+                                                        starts=starts, ends=ends)]
 
-    async def size(self, name: str, *, timeout: float | None = None) -> int:
+    def size(self, name: str) -> int:
         import obstore
 
-        meta = await self._bounded("HEAD", name, obstore.head_async(self._store, name), timeout)
-        return int(meta["size"])
+        return int(self._call("HEAD", name, obstore.head, name)["size"])
 
-    async def delete(self, name: str, *, timeout: float | None = None) -> None:
+    def delete(self, name: str) -> None:
         """Remove `name`; removing one that is not there is not an error (as S3's DELETE)."""
         import obstore
 
-        await self._bounded("DELETE", name, obstore.delete_async(self._store, name), timeout)
+        self._call("DELETE", name, obstore.delete, name)
 
-    async def list(self, prefix: str = "", *, offset: str | None = None,
-                   timeout: float | None = None) -> AsyncIterator[list[tuple[str, int]]]:
-        """Pages of (name, size) under `prefix`, in name order, after `offset` when given; each page within
-        the deadline."""
+    def list(self, prefix: str = "", *, offset: str | None = None) -> Iterator[list[tuple[str, int]]]:
+        """Pages of (name, size) under `prefix`, in name order, after `offset` when given; each page a call."""
         import obstore
 
-        stream = obstore.list(self._store, prefix or None, offset=offset, chunk_size=LIST_PAGE)
+        stream = self._call("LIST", prefix, obstore.list, prefix or None, offset=offset, chunk_size=LIST_PAGE)
         while True:
             try:
-                page = await self._bounded("LIST", prefix, stream.__anext__(), timeout)
-            except StopAsyncIteration:
+                page = self._call("LIST", prefix, lambda store: next(stream))
+            except StopIteration:
                 return
             yield [(meta["path"], int(meta["size"])) for meta in page]
 
