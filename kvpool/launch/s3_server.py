@@ -92,11 +92,12 @@ class S3Server:
         """Settings for a client of this server, objects under `prefix`."""
         return settings_for(f"s3://{self.bucket}/{prefix}", self.environment)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds (weed waits on its clients' open connections)."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(20)
+                self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

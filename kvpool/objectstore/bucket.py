@@ -65,7 +65,7 @@ class Bucket:
         import obstore
 
         return [memoryview(part) for part in self._call("ranged GET", name, obstore.get_ranges, name,
-                                                        starts=starts, ends=ends)]
+                                                        starts=starts, ends=ends, coalesce=0)]
 
     def size(self, name: str) -> int:
         import obstore

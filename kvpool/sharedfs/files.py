@@ -32,16 +32,49 @@ _MANIFEST_APPEND = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 _HEAD_READ = HEADER_SIZE + MAX_KEY_BYTES  # enough for any header and key in one read
 
 
-class SharedDir:
-    """One process's view of `<root>/<cluster>/`. `writer` names this process's manifest
-    (manifests/<writer>.log), which no other live process may share (e.g. "node-1-<instance>")."""
+class DeepTier:
+    """What every deep tier's store (this directory, a bucket: kvpool/objectstore/tier.py) has beside its batch
+    calls: the one-object forms, a reader's view, closing as a context manager."""
 
-    def __init__(self, root: str, cluster: str, writer: str | None):
+    @staticmethod
+    def check_names(tier: str, cluster: str, writer: str | None) -> None:
         for what, name in (("cluster", cluster), ("writer", writer)):
             if name is None and what == "writer":
                 continue
             if not name or name.startswith(".") or "/" in name or "\x00" in name:
-                raise InvalidArgumentError(f"shared {what} name {name!r} must be one plain file name")
+                raise InvalidArgumentError(f"{tier} {what} name {name!r} must be one plain file name")
+
+    @classmethod
+    def reader(cls, root, cluster: str):
+        """A view that only reads (a client's): it creates nothing and writes no manifest."""
+        return cls(root, cluster, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def write(self, obj: SharedObject, payload) -> int:
+        """write_many of one object; its error (NoSpaceError, UnavailableError) raised as itself."""
+        try:
+            return self.write_many([(obj, payload)])[0]
+        except BatchError as exc:
+            raise exc.results[0] from None
+
+    def remove(self, key: bytes, generation: int) -> bool:
+        try:
+            return self.remove_many([(key, generation)])[0]
+        except BatchError as exc:
+            raise exc.results[0] from None
+
+
+class SharedDir(DeepTier):
+    """One process's view of `<root>/<cluster>/`. `writer` names this process's manifest
+    (manifests/<writer>.log), which no other live process may share (e.g. "node-1-<instance>")."""
+
+    def __init__(self, root: str, cluster: str, writer: str | None):
+        self.check_names("shared", cluster, writer)
         self.base = os.path.join(root, cluster)
         self.objects_dir = os.path.join(self.base, OBJECTS_DIR)
         self.manifests_dir = os.path.join(self.base, MANIFESTS_DIR)
@@ -55,28 +88,10 @@ class SharedDir:
         self._manifest_fd: int | None = None
         self._manifest_size = 0
 
-    @classmethod
-    def reader(cls, root: str, cluster: str) -> "SharedDir":
-        """A view that only reads (a client's): it creates nothing and writes no manifest."""
-        return cls(root, cluster, None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
     def path(self, key: bytes, generation: int) -> str:
         return os.path.join(self.objects_dir, object_name(key, generation))
 
     # -- writing -------------------------------------------------------------------------------------------
-
-    def write(self, obj: SharedObject, payload) -> int:
-        """write_many of one object; its error (NoSpaceError, UnavailableError) raised as itself."""
-        try:
-            return self.write_many([(obj, payload)])[0]
-        except BatchError as exc:
-            raise exc.results[0] from None
 
     def write_many(self, items: list[tuple[SharedObject, object]]) -> list[int]:
         """Each object's file (bytes: header, key and payload, any buffer of obj.size bytes whose xxh3_64 is
@@ -108,7 +123,7 @@ class SharedDir:
                 self._append([pack_record(ADDED, obj) for obj in placed])
         except OSError as exc:
             raise _typed(exc, f"recording {len(placed)} shared objects") from exc
-        _raise_failures("write", [obj.key for obj, _, _ in prepared], results)
+        raise_failures("write", [obj.key for obj, _, _ in prepared], results)
         return results
 
     def _place_or_error(self, prepared: tuple[SharedObject, bytes, memoryview]) -> int | KvpoolError:
@@ -236,12 +251,6 @@ class SharedDir:
 
     # -- removing ------------------------------------------------------------------------------------------
 
-    def remove(self, key: bytes, generation: int) -> bool:
-        try:
-            return self.remove_many([(key, generation)])[0]
-        except BatchError as exc:
-            raise exc.results[0] from None
-
     def remove_many(self, items: list) -> list[bool]:
         """Each object's file gone (items: SharedObject or (key, generation)), its REMOVED record appended
         first; for each, whether a file was there. A file that cannot be unlinked: BatchError after the others,
@@ -269,7 +278,7 @@ class SharedDir:
                 results.append(False)
             except OSError as exc:
                 results.append(_typed(exc, f"removing {path}"))
-        _raise_failures("remove", [obj.key for obj in objects], results)
+        raise_failures("remove", [obj.key for obj in objects], results)
         return results
 
     # -- adoption ------------------------------------------------------------------------------------------
@@ -323,12 +332,12 @@ def _typed(exc: OSError, doing: str) -> KvpoolError:
     return error
 
 
-def _raise_failures(what: str, keys: list[bytes], results: list) -> None:
+def raise_failures(what: str, keys: list[bytes], results: list, tier: str = "shared") -> None:
     """BatchError if any of `results` (one per key) is an error: `errors` by key, `results` in order."""
     errors = {i: result for i, result in enumerate(results) if isinstance(result, KvpoolError)}
     if errors:
         first = next(iter(errors.values()))
-        raise BatchError(f"shared {what}: {len(errors)} of {len(keys)} failed; first: {first}",
+        raise BatchError(f"{tier} {what}: {len(errors)} of {len(keys)} failed; first: {first}",
                          {keys[i].decode("utf-8", "surrogateescape"): e for i, e in errors.items()}, results)
 
 
