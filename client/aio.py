@@ -66,6 +66,8 @@ class AsyncClient:
     objects there are read from their files by this client, each checked against its placement and
     checksum (a file that fails is read through a node instead). The file system's permissions decide who
     may read them (docs/tiers.md, "Shared tier"): give it only to clients trusted with every key of the pool.
+    object_store: the shared tier's bucket (a storage node's --object-store, s3://BUCKET/PREFIX, credentials
+    as the AWS tools read them), for the same direct reads; the bucket's policy decides who may read them.
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,
@@ -76,7 +78,8 @@ class AsyncClient:
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
                  write_timeout: float | None = None, timeout: float = DEFAULT_TIMEOUT,
                  shared_dir: str | None = None, device_pool_size: int | None = None,
-                 device_chunk_size: int | None = None, copy_engine=None, _core: Core | None = None):
+                 device_chunk_size: int | None = None, copy_engine=None, object_store: str | None = None,
+                 _core: Core | None = None):
         # _core: the parts to run on, made by the blocking Client (with its blocking io).
         self._core = _core or Core(address, etcd=etcd, cluster=cluster, replicas=replicas, cache_size=cache_size,
                                    rpc_timeout=rpc_timeout, connect_timeout=connect_timeout, transport=transport,
@@ -84,7 +87,7 @@ class AsyncClient:
                                    transports=transports, token=token, confirm_puts=confirm_puts, tls_ca=tls_ca,
                                    write_timeout=write_timeout, timeout=timeout, shared_dir=shared_dir,
                                    device_pool_size=device_pool_size, device_chunk_size=device_chunk_size,
-                                   copy_engine=copy_engine)
+                                   copy_engine=copy_engine, object_store=object_store)
 
     def bytes_by_transport(self) -> dict:
         """Value bytes moved so far per data transport ("shm", "ucx", "tcp"; "shared": read from the shared

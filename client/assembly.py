@@ -14,6 +14,9 @@ from kvpool.protocol.tenants import scope_of
 from kvpool.errors import BatchError, InvalidArgumentError, KvpoolError
 from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 from kvpool.security.tls import client_files
+from kvpool.objectstore.bucket import Bucket
+from kvpool.objectstore.settings import settings_for
+from kvpool.objectstore.tier import BucketTier
 from kvpool.sharedfs.files import SharedDir
 
 from kvpool.client import compression
@@ -47,7 +50,8 @@ class Core:
                  token: str | None = None, confirm_puts: bool = False, tls_ca: str | None = None,
                  write_timeout: float | None = None, timeout: float = DEFAULT_TIMEOUT,
                  shared_dir: str | None = None, device_pool_size: int | None = None,
-                 device_chunk_size: int | None = None, copy_engine=None, io: LoopIO = LOOP_IO):
+                 device_chunk_size: int | None = None, copy_engine=None, object_store: str | None = None,
+                 io: LoopIO = LOOP_IO):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidArgumentError(f"replicas must be a positive integer, got {replicas!r}")
         self.compress_above = compression.check_threshold(compress_above)
@@ -74,11 +78,9 @@ class Core:
         self.cache = PlacementCache(cache_size)
         # Device memory (CUDA) in any call that takes a buffer: the staging pipeline, its pool made on first use.
         self.devices = DeviceTransfers(io, self.transport, device_pool_size, device_chunk_size, copy_engine)
-        # The shared tier's directory, mounted here too: its objects are read from their files, no node between.
-        if shared_dir and self.prefix:
-            raise InvalidArgumentError("a tenant reads shared objects through the nodes: the shared directory "
-                                       "holds every tenant's files (leave out shared_dir)")
-        self.shared = SharedDir.reader(shared_dir, cluster) if shared_dir else None
+        # The shared tier's store, reachable from here too (its directory mounted, or its bucket): its objects
+        # are read from there, no node between.
+        self.shared = _shared_reader(shared_dir, object_store, cluster, self.prefix)
         self.shared_bytes = 0  # value bytes read from the shared tier's files by this client
         self.commits = Commits(self.master, self.cache.invalidate, confirm_puts)
         self.replicas = replicas  # copies written per put unless it says otherwise
@@ -134,3 +136,20 @@ class Core:
             pass  # logged as each answer came
         await self.transport.close()
         await self.master.close()
+
+
+def _shared_reader(shared_dir: str | None, object_store: str | None, cluster: str, prefix: str):
+    """A reader's view of the shared tier's directory or bucket, or None."""
+    if not shared_dir and not object_store:
+        return None
+    if shared_dir and object_store:
+        raise InvalidArgumentError("give shared_dir or object_store, not both: the shared tier is one of them")
+    if prefix:
+        raise InvalidArgumentError("a tenant reads shared objects through the nodes: the shared tier holds every "
+                                   "tenant's objects (leave out shared_dir and object_store)")
+    if shared_dir:
+        return SharedDir.reader(shared_dir, cluster)
+    try:
+        return BucketTier.reader(Bucket(settings_for(object_store)), cluster)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None

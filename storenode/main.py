@@ -22,7 +22,10 @@ from kvpool.errors import KvpoolError, UnavailableError
 from kvpool.runtime.health import HTTP_CONNECTIONS, Health, serve_http
 from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server
 from kvpool.protocol.units import parse_size
-from kvpool.sharedfs.files import SharedDir
+from kvpool.objectstore.bucket import Bucket
+from kvpool.objectstore.settings import settings_for
+from kvpool.objectstore.tier import BucketTier
+from kvpool.sharedfs.files import DeepTier, SharedDir
 
 from kvpool.storenode.storage import policy
 from kvpool.storenode.storage.dram import DramSegment, remove_stale_segments, segment_name
@@ -43,6 +46,8 @@ log = logging.getLogger("kvpool.storenode")
 # Node ids and cluster names become etcd key segments and /dev/shm file names.
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
+
+OBJECT_STORE_CAPACITY = 1 << 40  # a bucket's share of the shared tier unless --shared-capacity says otherwise
 
 def _name(text: str) -> str:
     if not _NAME.match(text):
@@ -110,9 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-dir", default=None, metavar="PATH",
                    help="a directory every node mounts (NFS, CephFS, a FUSE mount): the shared tier, below the "
                         "node's last tier and kept when every node is gone")
+    p.add_argument("--object-store", default=None, metavar="s3://BUCKET/PREFIX",
+                   help="an S3-compatible bucket as the shared tier instead of a directory (endpoint, region and "
+                        "credentials as the AWS tools read them: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID "
+                        "/ AWS_SECRET_ACCESS_KEY or the shared credentials file)")
     p.add_argument("--shared-capacity", type=_size, default=0, metavar="SIZE",
                    help="bytes the leader keeps the shared tier within (0: the free space of its file system "
-                        "when the node starts)")
+                        f"when the node starts; of a bucket, {OBJECT_STORE_CAPACITY >> 40} TiB)")
     # A narrow band: giving up victims costs a step each (eviction_order.py), so relieving a tier
     # far below its high watermark would only throw away cached objects.
     p.add_argument("--high-watermark", type=_fraction, default=0.95,
@@ -191,12 +200,18 @@ def main(argv=None) -> int:
     return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/sockets/socket_output.py, not sock_sendfile
 
 
-def _open_shared(args, node_id: str, instance: str) -> tuple[SharedDir | None, int]:
-    """The shared tier's directory this node mounts (--shared-dir), or None, and the capacity it registers;
-    OSError if it cannot be used."""
+def _open_shared(args, node_id: str, instance: str) -> tuple[DeepTier | None, int]:
+    """The shared tier's store: the directory this node mounts (--shared-dir) or the bucket (--object-store), or
+    None; and the capacity it registers. OSError or ValueError if it cannot be used."""
+    writer = f"{node_id}-{instance}"
+    if args.shared_dir and args.object_store:
+        raise ValueError("give --shared-dir or --object-store, not both: the shared tier is one of them")
+    if args.object_store:
+        bucket = Bucket(settings_for(args.object_store))
+        return BucketTier(bucket, args.cluster, writer), args.shared_capacity or OBJECT_STORE_CAPACITY
     if not args.shared_dir:
         return None, 0
-    directory = SharedDir(args.shared_dir, args.cluster, f"{node_id}-{instance}")
+    directory = SharedDir(args.shared_dir, args.cluster, writer)
     return directory, args.shared_capacity or shutil.disk_usage(args.shared_dir).free
 
 
@@ -227,8 +242,8 @@ async def _serve(args) -> int:
 
     try:
         shared_dir, shared_capacity = _open_shared(args, node_id, instance)
-    except OSError as exc:
-        log.error("cannot use --shared-dir %s: %s", args.shared_dir, exc)
+    except (OSError, ValueError) as exc:
+        log.error("cannot use the shared tier %s: %s", args.shared_dir or args.object_store, exc)
         return 1
     try:
         dram, ssd = _open_tiers(args, node_id, instance)
@@ -279,7 +294,7 @@ async def _serve(args) -> int:
             metrics_http = await serve_http(args.metrics_port, args.host, metrics.registry, health)
         tiers = {tier.name: TierRecord(tier.segment.capacity, tier.segment.path) for tier in store.tiers}
         if shared is not None:  # the cluster's tier: the leader keeps it within the capacity given here
-            tiers[SHARED_TIER] = TierRecord(shared.capacity, args.shared_dir)
+            tiers[SHARED_TIER] = TierRecord(shared.capacity, args.shared_dir or args.object_store)
         record = NodeRecord(node_id=node_id, instance=instance, host=args.advertise_host or args.host,
                             data_port=port, tiers=tiers, metrics_port=args.metrics_port, pid=os.getpid(),
                             zone=args.zone, transports=[*server.offers, transports.TCP],

@@ -97,7 +97,8 @@ class LocalCluster:
                  put_timeout: float | None = None, metrics: bool = False, host: str = "127.0.0.1",
                  ssd_per_node: str = "0", node_args: list | None = None, master_args: list | None = None,
                  masters: int = 1, etcd_members: int = 1, secret: str | None = None, tls: bool = False,
-                 shared_dir: str | os.PathLike | None = None, shared_capacity: str | None = None):
+                 shared_dir: str | os.PathLike | None = None, shared_capacity: str | None = None,
+                 object_store: str | None = None):
         """node_args / master_args: extra command-line options for every storage node / every master.
         masters: how many masters run; the first one started leads at first, the others stand by.
         etcd_members: size of the etcd cluster (components talk to its first member).
@@ -108,7 +109,10 @@ class LocalCluster:
         runs, so the clients it makes and the engines it starts belong to the cluster.
         tls: every component serves TLS with a CA and certificate made in DATA_DIR/tls (kvpool/security/tls.py);
         a process without $KVPOOL_TLS_CA is given that CA the same way.
-        shared_dir: every node mounts it as the shared tier (--shared-dir), within `shared_capacity` (a size)."""
+        shared_dir: every node mounts it as the shared tier (--shared-dir), within `shared_capacity` (a size).
+        object_store: the shared tier in a bucket instead (--object-store s3://BUCKET/PREFIX), or "local": an S3
+        server run here over DATA_DIR/objects (kvpool/launch/s3_server.py), its address and key given to this
+        process's environment (as the token is) while the cluster runs."""
         if masters < 1:
             raise ValueError(f"masters must be at least 1, got {masters}")
         self.master_count = masters
@@ -122,6 +126,9 @@ class LocalCluster:
         self.ssd_per_node = ssd_per_node
         self.shared_dir = Path(shared_dir).resolve() if shared_dir else None
         self.shared_capacity = shared_capacity
+        self.object_store = object_store
+        self.s3_server = None  # the local S3 server of object_store="local"
+        self._gave_env: list[str] = []
         self.node_args = list(node_args or [])
         self.master_args = list(master_args or [])
         self.master_port = master_port
@@ -263,6 +270,7 @@ class LocalCluster:
         if self.tls:
             self._make_tls()
         try:
+            self._start_object_store(timeout)
             self._start_etcd(timeout)
             if self.secret:  # members log in as one etcd user, clients (read only) as another
                 self._enable_etcd_auth()
@@ -278,6 +286,18 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _start_object_store(self, timeout: float) -> None:
+        if self.object_store != "local":
+            return
+        from .s3_server import local_store
+
+        self.s3_server = local_store(self.data_dir).start(timeout)
+        self.object_store = f"s3://{self.s3_server.bucket}/"
+        for name, value in self.s3_server.environment.items():
+            if name not in os.environ:
+                os.environ[name] = value
+                self._gave_env.append(name)
 
     def _start_etcd(self, timeout: float) -> None:
         if self.etcd_members > 1:
@@ -335,6 +355,8 @@ class LocalCluster:
         return self._child(node_id, argv, host)
 
     def _shared_args(self) -> list[str]:
+        if self.object_store:
+            return ["--object-store", self.object_store, *self._given("--shared-capacity", self.shared_capacity)]
         if self.shared_dir is None:
             return []
         self.shared_dir.mkdir(parents=True, exist_ok=True)  # (a node takes only a directory that exists: a mount)
@@ -373,6 +395,12 @@ class LocalCluster:
             remove_stale_segments(self.cluster, node.name)
         for server in {id(s): s for s in [*self.etcd_servers, self.etcd] if s is not None}.values():
             server.stop()  # self.etcd too: a caller may have replaced it with a restarted member
+        if self.s3_server is not None:
+            self.s3_server.stop()
+            self.object_store = "local"  # started again, it starts its server again
+        for name in self._gave_env:
+            os.environ.pop(name, None)
+        self._gave_env = []
         if self._gave_token and os.environ.get("KVPOOL_TOKEN_FILE") == str(self.client_token_file):
             del os.environ["KVPOOL_TOKEN_FILE"]
             self._gave_token = False

@@ -131,3 +131,20 @@ def _free_ports(count: int) -> list[int]:
                 probe.close()
         chosen.append(port)
     return chosen
+
+
+def local_store(data_dir: str | os.PathLike) -> S3Server:
+    """The S3 server `kvpool up --object-store local` runs: its data in DATA_DIR/objects and its key kept in
+    DATA_DIR/objects.key (0600), so a cluster started again over the same data dir finds what it kept."""
+    from ..security import auth
+
+    data_dir = Path(data_dir)
+    key_file = data_dir / "objects.key"
+    if key_file.exists():
+        access_key, secret_key = key_file.read_text().split()
+    else:
+        access_key, secret_key = "kvpool-" + secrets.token_hex(4), secrets.token_hex(20)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        auth.write_private(key_file, f"{access_key} {secret_key}\n")
+    return S3Server(data_dir / "objects", access_key=access_key, secret_key=secret_key,
+                    log_path=data_dir / "logs" / "s3-server.log")

@@ -91,6 +91,9 @@ class SharedDir(DeepTier):
     def path(self, key: bytes, generation: int) -> str:
         return os.path.join(self.objects_dir, object_name(key, generation))
 
+    def exists(self, key: bytes, generation: int) -> bool:
+        return os.path.exists(self.path(key, generation))
+
     # -- writing -------------------------------------------------------------------------------------------
 
     def write_many(self, items: list[tuple[SharedObject, object]]) -> list[int]:

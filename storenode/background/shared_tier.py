@@ -10,13 +10,12 @@ and reads the manifests through one node when it takes over (SHARED_SCAN). File 
 
 import asyncio
 import logging
-import os
 import time
 from collections import OrderedDict
 
 from kvpool.errors import BatchError, KeyNotFoundError, KvpoolError, StaleReplicaError
 from kvpool.protocol import wire
-from kvpool.sharedfs.files import SharedDir
+from kvpool.sharedfs.files import DeepTier
 from kvpool.sharedfs.layout import SharedObject
 
 from kvpool.storenode.storage import quota
@@ -32,7 +31,7 @@ STAGED_BATCH = 32  # shared objects whose reads this node counts towards a promo
 
 
 class SharedTier:
-    def __init__(self, directory: SharedDir, store: ObjectStore, capacity: int):
+    def __init__(self, directory: DeepTier, store: ObjectStore, capacity: int):
         self.dir = directory
         self.store = store
         self.capacity = capacity  # --shared-capacity: registered for the leader, which keeps the tier within it
@@ -216,7 +215,7 @@ class SharedTier:
     async def unlink(self, key: bytes, generation: int) -> bool:
         """FREE_SHARED: the file of (key, generation) goes (a reader that has it open reads it whole). Every node
         mounting the tier is told: those that find it gone already answer so without a manifest record."""
-        if not await self._run(os.path.exists, self.dir.path(key, generation)):
+        if not await self._run(self.dir.exists, key, generation):
             return False
         removed = await self._run(self.dir.remove, key, generation)
         self.unlinked += removed

@@ -1,9 +1,10 @@
-"""The shared tier against real processes: etcd, a master and storage nodes given one --shared-dir.
+"""The shared tier against real processes: etcd, a master and storage nodes given one --shared-dir, or one
+--object-store bucket on a real S3 server (SeaweedFS's gateway): every test runs on both.
 
-Objects go DRAM -> SSD -> the shared directory as the nodes' tiers fill, and come back byte-exact
-through a node (the file checked before a byte leaves) and read directly by a client that mounts the
-directory; a damaged file is never served; a whole new cluster started over the directory serves every
-object it holds; at its capacity the leader's evictions leave concurrent readers no wrong bytes.
+Objects go DRAM -> SSD -> the shared tier as the nodes' tiers fill, and come back byte-exact through a node (the
+object checked before a byte leaves) and read directly by a client that reaches the directory or the bucket; a
+damaged object is never served; a whole new cluster started over the directory or bucket serves every object it
+holds; at its capacity the leader's evictions leave concurrent readers no wrong bytes.
 """
 
 import hashlib
@@ -16,7 +17,9 @@ import pytest
 from kvpool import Client
 from kvpool.errors import ChecksumMismatchError, KeyNotFoundError, KvpoolError
 from kvpool.launch.local_cluster import LocalCluster
+from kvpool.launch.s3_server import S3Server
 from kvpool.net.netutil import wait_until
+from kvpool.objectstore.bucket import Bucket
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.sharedfs.layout import HEADER_SIZE, parse_header
 
@@ -28,21 +31,63 @@ def value_of(key: str, size: int = SIZE) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def shared_files(shared_dir) -> dict:
-    """key -> (generation, path) of every object file in the shared directory (read from their headers)."""
-    found = {}
-    for root, _dirs, names in os.walk(os.path.join(shared_dir, "default", "objects")):
-        for name in names:
-            if name.startswith("."):
-                continue
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                head = f.read(HEADER_SIZE + 1024)
-            obj = parse_header(head)
-            key = obj.key.decode()
-            if key not in found or found[key][0] < obj.generation:
-                found[key] = (obj.generation, path)
-    return found
+class SharedFiles:
+    """The shared tier as a directory: its objects by key, and what a test does to them."""
+
+    def __init__(self, root):
+        self.root = root
+        self.cluster_options = {"shared_dir": root}
+        self.client_options = {"shared_dir": str(root)}
+
+    def objects(self) -> dict:
+        """key -> (generation, path) of every object file (read from their headers)."""
+        found = {}
+        for root, _dirs, names in os.walk(os.path.join(self.root, "default", "objects")):
+            for name in names:
+                if name.startswith("."):
+                    continue
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    _newest(found, parse_header(f.read(HEADER_SIZE + 1024)), path)
+        return found
+
+    def rewrite(self, name, change) -> None:
+        with open(name, "rb") as f:
+            data = f.read()
+        with open(name, "wb") as f:
+            f.write(change(data))
+
+    def total_bytes(self) -> int:
+        return sum(os.path.getsize(name) for _, name in self.objects().values())
+
+
+class SharedBucket:
+    """The shared tier as a bucket's prefix: the same, through the S3 API."""
+
+    def __init__(self, server, prefix: str):
+        self.bucket = Bucket(server.settings(prefix))
+        self.cluster_options = {"object_store": f"s3://{server.bucket}/{prefix}"}
+        self.client_options = {"object_store": f"s3://{server.bucket}/{prefix}"}
+
+    def objects(self) -> dict:
+        found = {}
+        for page in self.bucket.list("default/objects/"):
+            for name, _size in page:
+                [head] = self.bucket.get_ranges(name, [0], [HEADER_SIZE + 1024])
+                _newest(found, parse_header(head), name)
+        return found
+
+    def rewrite(self, name, change) -> None:
+        self.bucket.put(name, change(bytes(self.bucket.get(name))))
+
+    def total_bytes(self) -> int:
+        return sum(size for page in self.bucket.list("default/objects/") for _, size in page)
+
+
+def _newest(found: dict, obj, name) -> None:
+    key = obj.key.decode()
+    if key not in found or found[key][0] < obj.generation:
+        found[key] = (obj.generation, name)
 
 
 def shared_objects(cluster) -> int:
@@ -66,8 +111,25 @@ def fill(cluster, client, count: int, prefix: str = "k") -> list[str]:
     return keys
 
 
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    with S3Server(tmp_path_factory.mktemp("s3") / "data") as running:
+        yield running
+
+
+@pytest.fixture(params=["directory", "bucket"])
+def tier(request, tmp_path):
+    if request.param == "directory":
+        return SharedFiles(tmp_path / "shared")
+    server = request.getfixturevalue("s3_server")
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for name, value in server.environment.items():  # as the nodes and the clients read them
+        monkeypatch.setenv(name, value)
+    return SharedBucket(server, f"{request.node.name}/")
+
+
 @pytest.fixture
-def shared_cluster(tmp_path):
+def shared_cluster(tmp_path, tier):
     started = []
 
     def start(name: str = "a", nodes: int = 2, **options):
@@ -77,7 +139,7 @@ def shared_cluster(tmp_path):
         # in place are lost, not moved: storenode/background/shared_tier.py)
         options.setdefault("node_args", ["--high-watermark", "0.8", "--low-watermark", "0.6"])
         running = LocalCluster(nodes=nodes, data_dir=tmp_path / f"cluster-{name}", lease_ttl=2, put_timeout=3,
-                               shared_dir=tmp_path / "shared", **options).start()
+                               **tier.cluster_options, **options).start()
         started.append(running)
         return running
 
@@ -86,12 +148,12 @@ def shared_cluster(tmp_path):
         running.stop()
 
 
-def test_objects_demoted_to_the_shared_tier_read_back_through_a_node_and_directly(shared_cluster, tmp_path):
+def test_objects_demoted_to_the_shared_tier_read_back_through_a_node_and_directly(shared_cluster, tier):
     cluster = shared_cluster()
     with Client(cluster.master_address) as client:
         keys = fill(cluster, client, 160)  # 40 MiB: twice the nodes' DRAM and SSD
         wait_until(lambda: shared_objects(cluster) >= 40, 30, what="objects in the shared tier")
-        on_disk = shared_files(tmp_path / "shared")
+        on_disk = tier.objects()
         assert len(on_disk) >= 40
         for key in keys:  # every object: in a node's DRAM or SSD, or in the shared tier through a node
             assert client.get(key) == value_of(key), key
@@ -100,7 +162,7 @@ def test_objects_demoted_to_the_shared_tier_read_back_through_a_node_and_directl
         hot = next(key for key in keys if key in on_disk)
         assert client.get(hot) == value_of(hot)
         wait_until(lambda: shared_promotions(cluster) >= 1, 10, what="a shared object read twice to be promoted")
-    with Client(cluster.master_address, shared_dir=str(tmp_path / "shared")) as direct:
+    with Client(cluster.master_address, **tier.client_options) as direct:
         for key in on_disk:
             if key in keys:
                 try:
@@ -110,22 +172,16 @@ def test_objects_demoted_to_the_shared_tier_read_back_through_a_node_and_directl
         assert direct.bytes_by_transport().get("shared", 0) >= 20 * SIZE
 
 
-def test_a_damaged_or_torn_file_is_never_served(shared_cluster, tmp_path):
+def test_a_damaged_or_torn_file_is_never_served(shared_cluster, tier):
     cluster = shared_cluster()
-    shared_dir = tmp_path / "shared"
     with Client(cluster.master_address) as client:
         fill(cluster, client, 160)
-        wait_until(lambda: len(shared_files(shared_dir)) >= 10, 30, what="objects in the shared tier")
-        files = sorted(shared_files(shared_dir).items())
+        wait_until(lambda: len(tier.objects()) >= 10, 30, what="objects in the shared tier")
+        files = sorted(tier.objects().items())
         flipped, torn = files[0], files[1]
-        with open(flipped[1][1], "r+b") as f:  # one payload byte flipped
-            f.seek(-1000, os.SEEK_END)
-            byte = f.read(1)
-            f.seek(-1000, os.SEEK_END)
-            f.write(bytes([byte[0] ^ 0x40]))
-        with open(torn[1][1], "r+b") as f:  # cut short, as a copy torn by a crash would be
-            f.truncate(HEADER_SIZE + 100)
-        with Client(cluster.master_address, shared_dir=str(shared_dir)) as direct:
+        tier.rewrite(flipped[1][1], lambda data: data[:-1000] + bytes([data[-1000] ^ 0x40]) + data[-999:])
+        tier.rewrite(torn[1][1], lambda data: data[:HEADER_SIZE + 100])  # cut short, as a torn copy would be
+        with Client(cluster.master_address, **tier.client_options) as direct:
             for key, _ in (flipped, torn):
                 for reader in (client, direct):
                     with pytest.raises((ChecksumMismatchError, KeyNotFoundError)):
@@ -134,21 +190,20 @@ def test_a_damaged_or_torn_file_is_never_served(shared_cluster, tmp_path):
             assert direct.get(untouched) == value_of(untouched)
 
 
-def test_a_new_cluster_over_the_same_directory_serves_every_shared_object(shared_cluster, tmp_path):
+def test_a_new_cluster_over_the_same_directory_serves_every_shared_object(shared_cluster, tier):
     first = shared_cluster("first")
-    shared_dir = tmp_path / "shared"
     with Client(first.master_address) as client:
         keys = fill(first, client, 160)
         wait_until(lambda: shared_objects(first) >= 40, 30, what="objects in the shared tier")
         client.remove(keys[-1])  # the newest, still in DRAM: gone, wherever it was
-        overwritten = next(k for k in keys if k in shared_files(shared_dir))
+        overwritten = next(k for k in keys if k in tier.objects())
         client.put(overwritten, value_of(overwritten + "-v2"), overwrite=True)
-    held = {key: gen for key, (gen, _) in shared_files(shared_dir).items()}
+    held = {key: gen for key, (gen, _) in tier.objects().items()}
     for child in (*first.nodes, *first.masters):  # every node and master killed at once
         child.kill()
     first.stop()
     started = time.monotonic()
-    second = shared_cluster("second")  # new etcd, master and nodes; only the directory is the same
+    second = shared_cluster("second")  # new etcd, master and nodes; only the directory (bucket) is the same
     with Client(second.master_address) as client:
         served = 0
         for key in held:
@@ -165,13 +220,12 @@ def test_a_new_cluster_over_the_same_directory_serves_every_shared_object(shared
     print(f"\nshared objects adopted by a new cluster: {served} in {adopted_in:.2f}s (start and reads included)")
 
 
-def test_eviction_at_capacity_leaves_concurrent_readers_no_wrong_bytes(shared_cluster, tmp_path):
+def test_eviction_at_capacity_leaves_concurrent_readers_no_wrong_bytes(shared_cluster, tier):
     cluster = shared_cluster(ssd_per_node="0", shared_capacity="6MiB")
-    shared_dir = tmp_path / "shared"
     stop, wrong, read = threading.Event(), [], [0]
 
     def reader(keys: list[str], direct: bool) -> None:
-        options = {"shared_dir": str(shared_dir)} if direct else {}
+        options = tier.client_options if direct else {}
         with Client(cluster.master_address, **options) as c:
             while not stop.is_set():
                 for key in keys:
@@ -199,17 +253,16 @@ def test_eviction_at_capacity_leaves_concurrent_readers_no_wrong_bytes(shared_cl
     assert read[0] > 0
     stats = cluster.master_stats().shared
     assert stats.capacity == 6 * 1024 * 1024 and stats.servers == 2
-    wait_until(lambda: sum(os.path.getsize(p) for _, p in shared_files(shared_dir).values()) <= 7 * 1024 * 1024,
-               20, what="the evicted files to be unlinked")
+    wait_until(lambda: tier.total_bytes() <= 7 * 1024 * 1024, 20, what="the evicted objects to be removed")
 
 
-def test_a_put_to_the_shared_tier_lands_there_and_reads_back(shared_cluster, tmp_path):
+def test_a_put_to_the_shared_tier_lands_there_and_reads_back(shared_cluster, tier):
     cluster = shared_cluster(nodes=1)
     with Client(cluster.master_address) as client:
         keys = [f"through-{i}" for i in range(8)]
         client.batch_put(keys, [value_of(k) for k in keys], tier="shared")
         wait_until(lambda: shared_objects(cluster) == 8, 20, what="the puts to move on to the shared tier")
-        assert sorted(shared_files(tmp_path / "shared")) == sorted(keys)
+        assert sorted(tier.objects()) == sorted(keys)
         assert [client.get(k) for k in keys] == [value_of(k) for k in keys]
         with pytest.raises(KvpoolError, match="tier must be"):
             client.put("bad", b"x", tier="nfs")
