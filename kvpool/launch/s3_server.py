@@ -59,6 +59,8 @@ class S3Server:
     def start(self, timeout: float = 60.0) -> "S3Server":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(6)
+        if self.port:  # started again: on the port its clients know (its gRPC one, port + 1, was its own too)
+            ports[0] = self.port
         self.port = ports[0]
         flags = [f"-dir={self.data_dir}", f"-ip={HOST}", f"-ip.bind={HOST}", f"-bucket={self.bucket}",
                  f"-s3.port={ports[0]}", f"-s3.port.grpc={ports[0] + 1}", f"-master.port={ports[1]}",
