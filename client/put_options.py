@@ -8,7 +8,8 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.protocol.write_options import NO_OPTIONS, WriteOptions, lifetime_problem, placed_options
 
 DEFAULT_SOFT_PIN_SECONDS = 600.0
-TIERS = {None: pb.TIER_UNSPECIFIED, "dram": pb.DRAM, "ssd": pb.SSD, "shared": pb.SHARED}
+# "object": the shared tier by the name it has when it is a bucket (--object-store): the same tier
+TIERS = {None: pb.TIER_UNSPECIFIED, "dram": pb.DRAM, "ssd": pb.SSD, "shared": pb.SHARED, "object": pb.SHARED}
 PINS = {None: pb.PIN_NONE, "soft": pb.PIN_SOFT, "hard": pb.PIN_HARD}
 
 
@@ -51,7 +52,7 @@ def resolve(tier=None, pin=None, pin_ttl=None, ttl=None) -> PutChoices:
     if tier is None and pin is None and pin_ttl is None and ttl is None:
         return DEFAULT_CHOICES
     if not isinstance(tier, (str, type(None))) or tier not in TIERS:
-        raise InvalidArgumentError(f"tier must be None, 'dram', 'ssd' or 'shared', got {tier!r}")
+        raise InvalidArgumentError(f"tier must be None, 'dram', 'ssd', 'shared' or 'object', got {tier!r}")
     if not isinstance(pin, (str, type(None))) or pin not in PINS:
         raise InvalidArgumentError(f"pin must be None, 'soft' or 'hard', got {pin!r}")
     if pin_ttl is not None and pin != "soft":
@@ -61,7 +62,7 @@ def resolve(tier=None, pin=None, pin_ttl=None, ttl=None) -> PutChoices:
         pin_seconds = DEFAULT_SOFT_PIN_SECONDS if pin_ttl is None else _seconds("pin_ttl", pin_ttl)
     ttl_seconds = 0.0 if ttl is None else _seconds("ttl", ttl)
     request = pb.PutOptions(tier=TIERS[tier], pin=PINS[pin], pin_ttl_seconds=pin_seconds, ttl_seconds=ttl_seconds)
-    return PutChoices(request, tier == "ssd", pin == "hard", pin_seconds, ttl_seconds, tier == "shared")
+    return PutChoices(request, tier == "ssd", pin == "hard", pin_seconds, ttl_seconds, TIERS[tier] == pb.SHARED)
 
 
 def hold_seconds(hold) -> float:

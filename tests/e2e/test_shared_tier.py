@@ -260,7 +260,8 @@ def test_a_put_to_the_shared_tier_lands_there_and_reads_back(shared_cluster, tie
     cluster = shared_cluster(nodes=1)
     with Client(cluster.master_address) as client:
         keys = [f"through-{i}" for i in range(8)]
-        client.batch_put(keys, [value_of(k) for k in keys], tier="shared")
+        client.batch_put(keys[:4], [value_of(k) for k in keys[:4]], tier="shared")
+        client.batch_put(keys[4:], [value_of(k) for k in keys[4:]], tier="object")  # its name as a bucket
         wait_until(lambda: shared_objects(cluster) == 8, 20, what="the puts to move on to the shared tier")
         assert sorted(tier.objects()) == sorted(keys)
         assert [client.get(k) for k in keys] == [value_of(k) for k in keys]
