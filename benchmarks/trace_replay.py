@@ -16,10 +16,14 @@ calls (content checks and bookkeeping are left out).
     python benchmarks/trace_replay.py                     # 3000 requests, 32 KiB blocks, 256 MiB pool
     python benchmarks/trace_replay.py --block-bytes 256KiB --pool 2GiB --requests 1000
     python benchmarks/trace_replay.py --pool 64MiB --shared-dir /mnt/kv --shared-capacity 2GiB [--direct]
+    python benchmarks/trace_replay.py --pool 64MiB --object-store local --shared-capacity 2GiB --miss-cost 30
 
 With --shared-dir the cluster's nodes write what their DRAM gives up to that directory (the shared tier)
 and the ideal LRU has the pool and the shared capacity's slots; --direct has the client read shared
-objects from their files itself.
+objects from their files itself. --object-store puts that tier in a bucket instead (`local`: an S3 server
+started here). --miss-cost charges each block not loaded the time an engine takes to compute it, and reports the
+modelled time to first token per request: what a deeper tier is worth (more hits) against what it costs (slower
+loads), which requests/s alone cannot show (a miss costs the replay only a put).
 """
 
 import argparse
@@ -119,8 +123,12 @@ def _leading(flags) -> int:
         return len(flags)
 
 
-def replay(client, chains: list[list[int]], block_bytes: int, prefix: str, between=None) -> dict:
-    """between(): called after each request, outside the timed calls (e.g. another tenant's traffic)."""
+def replay(client, chains: list[list[int]], block_bytes: int, prefix: str, between=None,
+           miss_cost: float = 0.0) -> dict:
+    """between(): called after each request, outside the timed calls (e.g. another tenant's traffic).
+    miss_cost: seconds an engine takes to compute one block it could not load: with it, each request's modelled
+    time to first token (its lookup and load, then its missed blocks computed; the save follows the answer) is
+    reported, p50 and p90."""
     content = BlockContent(block_bytes)
     keys = {}
     for chain in chains:
@@ -133,6 +141,7 @@ def replay(client, chains: list[list[int]], block_bytes: int, prefix: str, betwe
     lookup_s = load_s = save_s = 0.0
     references = loaded = saved = wrong = lost = key_exists = failed_saves = 0
     perf = time.perf_counter
+    ttft = []  # per request, modelled: lookup + load + missed blocks x miss_cost
     started = perf()
     for request_keys, ids in work:
         if between is not None:
@@ -162,6 +171,7 @@ def replay(client, chains: list[list[int]], block_bytes: int, prefix: str, betwe
             wrong += arrived - sum(ok)
             lost += n - arrived
         loaded += good
+        ttft.append(perf() - t0 + (count - good) * miss_cost)
         if good == count:
             continue
         # Everything from the first block not loaded that is not stored: absent at lookup, or gone since.
@@ -192,7 +202,11 @@ def replay(client, chains: list[list[int]], block_bytes: int, prefix: str, betwe
             "seconds": {"lookup": round(lookup_s, 2), "load": round(load_s, 2), "save": round(save_s, 2),
                         "client": round(client_s, 2), "wall": round(wall_s, 2)},
             "wrong_blocks": wrong, "lost_hits": lost, "failed_saves": failed_saves,
-            "saves_refused_key_exists": key_exists}
+            "saves_refused_key_exists": key_exists,
+            **({"modelled_ttft_ms": {"miss_cost_ms": round(miss_cost * 1e3, 3),
+                                     "p50": round(float(np.percentile(ttft, 50)) * 1e3, 2),
+                                     "p90": round(float(np.percentile(ttft, 90)) * 1e3, 2),
+                                     "mean": round(float(np.mean(ttft)) * 1e3, 2)}} if miss_cost else {})}
 
 
 def dram_usage(client) -> dict:
@@ -229,7 +243,14 @@ def main() -> int:
     parser.add_argument("--tls", action="store_true", help="start the cluster with TLS on every plane")
     parser.add_argument("--shared-dir", type=Path, help="the shared tier of the cluster this starts (a directory)")
     parser.add_argument("--shared-capacity", type=parse_size, default="2GiB", help="its capacity (default 2GiB)")
+    parser.add_argument("--object-store", metavar="URL",
+                        help="the shared tier in a bucket instead (s3://BUCKET/PREFIX, or local: an S3 server run "
+                             "here), within --shared-capacity")
     parser.add_argument("--direct", action="store_true", help="the client reads the shared tier's files itself")
+    parser.add_argument("--miss-cost", type=float, default=0.0, metavar="MS",
+                        help="milliseconds an engine takes to compute one block it could not load (e.g. a 512-token "
+                             "block at the prefill rate of your model and GPU): reports modelled time to first "
+                             "token per request")
     parser.add_argument("--tenant", action="store_true",
                         help="replay as a tenant of the cluster this starts (the cost of confinement), not with the "
                              "client token")
@@ -239,11 +260,14 @@ def main() -> int:
     chains = load_trace(args.trace, args.requests)
     if not chains:
         parser.error(f"no requests in {args.trace}")
-    if (args.direct or args.shared_dir) and args.master:
-        parser.error("--shared-dir and --direct are for the cluster this starts: leave out --master")
-    if args.direct and not args.shared_dir:
-        parser.error("--direct needs --shared-dir")
-    capacity = args.pool + (args.shared_capacity if args.shared_dir else 0)
+    deep = bool(args.shared_dir or args.object_store)
+    if (args.direct or deep) and args.master:
+        parser.error("--shared-dir, --object-store and --direct are for the cluster this starts: leave out --master")
+    if args.shared_dir and args.object_store:
+        parser.error("give --shared-dir or --object-store, not both")
+    if args.direct and not deep:
+        parser.error("--direct needs --shared-dir or --object-store")
+    capacity = args.pool + (args.shared_capacity if deep else 0)
     ideal = ideal_lru(chains, capacity // args.block_bytes)
     node_args = []
     for option, value in (("--high-watermark", args.high_watermark), ("--low-watermark", args.low_watermark)):
@@ -251,19 +275,24 @@ def main() -> int:
             node_args += [option, str(value)]
     cluster = None
     if not args.master:
-        shared = {"shared_dir": args.shared_dir / f"replay-{os.getpid()}-{time.time_ns()}",
-                  "shared_capacity": str(args.shared_capacity)} if args.shared_dir else {}
+        shared = {"shared_dir": args.shared_dir / f"replay-{os.getpid()}-{time.time_ns()}"} if args.shared_dir else \
+            {"object_store": args.object_store} if args.object_store else {}
+        if shared:
+            shared["shared_capacity"] = str(args.shared_capacity)
         cluster = LocalCluster(nodes=args.nodes, dram_per_node=str(args.pool // args.nodes),
                                node_args=node_args, tls=args.tls, **shared).start()
         args.master = cluster.master_address
     token = cluster.add_tenant("replay") if args.tenant else None
     prefix = f"trace-replay/{os.getpid()}-{time.time_ns()}/"  # never meets blocks of an earlier run
     try:
-        direct = {"shared_dir": str(cluster.shared_dir)} if args.direct else {}
+        direct = {}
+        if args.direct:
+            direct = {"shared_dir": str(cluster.shared_dir)} if args.shared_dir else \
+                {"object_store": cluster.object_store}
         with Client(args.master, transports=args.transports, token=token, **direct) as client:
-            report = replay(client, chains, args.block_bytes, prefix)
+            report = replay(client, chains, args.block_bytes, prefix, miss_cost=args.miss_cost / 1e3)
             report["pool_after"] = dram_usage(client)
-            if args.shared_dir:
+            if deep:
                 shared_tier = client.stats().shared
                 report["shared_tier"] = {"capacity": shared_tier.capacity, "used": shared_tier.used,
                                          "objects": shared_tier.objects}
@@ -283,7 +312,8 @@ def main() -> int:
     report["settings"] = {"trace": args.trace.name, "block_bytes": format_size(args.block_bytes),
                           "pool": format_size(args.pool), "nodes": args.nodes, "transports": args.transports,
                           "own_cluster": cluster is not None, "node_args": node_args,
-                          "shared_capacity": format_size(args.shared_capacity) if args.shared_dir else None,
+                          "shared_capacity": format_size(args.shared_capacity) if deep else None,
+                          "deep_tier": "directory" if args.shared_dir else "bucket" if args.object_store else None,
                           "direct": args.direct}
     print(json.dumps(report), flush=True)
     return 0

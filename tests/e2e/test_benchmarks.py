@@ -46,6 +46,23 @@ def test_trace_replay_loads_every_stored_prefix_block_intact(tmp_path):
     assert report["reference"]["mooncake"]["requests_per_s"] == 299
 
 
+def test_trace_replay_over_the_object_tier_models_time_to_first_token(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    _conversation_trace(trace)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_replay.py"), "--trace", str(trace),
+                             "--requests", "50", "--block-bytes", "4KiB", "--pool", "256KiB", "--object-store", "local",
+                             "--shared-capacity", "8MiB", "--direct", "--miss-cost", "20"],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["settings"]["deep_tier"] == "bucket" and report["shared_tier"]["objects"] > 0
+    assert report["wrong_blocks"] == 0 and report["lost_hits"] == 0 and report["failed_saves"] == 0
+    ttft = report["modelled_ttft_ms"]
+    assert ttft["miss_cost_ms"] == 20 and 0 < ttft["p50"] <= ttft["p90"]
+    # a request with every block missed waits its blocks' compute: the longest chain here has 15 blocks
+    assert ttft["p90"] >= 20
+
+
 def _run(script: str, *args: str, timeout: float = 240) -> dict:
     """Run benchmarks/SCRIPT as a user does; its last line, a JSON object."""
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
