@@ -23,7 +23,10 @@ class Bucket:
     """Objects under `settings.prefix` of the bucket; names here are relative to that prefix."""
 
     def __init__(self, settings: ObjectStoreSettings, timeout: float = DEFAULT_TIMEOUT):
-        import obstore.store
+        try:
+            import obstore.store
+        except ImportError:
+            raise ValueError("the object store needs the obstore library: pip install 'kvpool[s3]'") from None
 
         self.settings = settings
         self.timeout = timeout
