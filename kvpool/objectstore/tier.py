@@ -16,6 +16,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ChecksumMismatchError, InvalidArgumentError, KeyNotFoundError, KvpoolError
+from ..protocol import inventory
 from ..protocol.checksum import checksum as checksum_of
 from ..sharedfs.layout import (ADDED, HEADER_SIZE, MANIFEST_SUFFIX, MANIFESTS_DIR, OBJECTS_DIR, REMOVED, Scan,
                                SharedObject, fold, object_name, pack_header, pack_record, parse_header,
@@ -25,6 +26,8 @@ from .bucket import Bucket
 
 TIER = "object tier"  # in error messages
 PARALLEL = 16  # objects of a batch (and ranges of one object) moved at once
+COMPACT_AFTER = 64  # manifest objects a writer's scan folds into its own when it finds more
+SNAPSHOT_RECORDS = 100_000  # records per manifest object a compaction writes (about 11 MB of 64-byte keys)
 RANGE_SIZE = 8 << 20  # an object larger than this is read by ranged GETs of this size, in parallel
 
 
@@ -183,7 +186,8 @@ class BucketTier(DeepTier):
 
     def scan(self, now_ms: int) -> Scan:
         """What every writer's manifest run says the tier holds, without reading an object: one listing of
-        manifests/ and one GET per manifest object, in parallel."""
+        manifests/ and one GET per manifest object, in parallel. A writer's view (a node's) that found more than
+        COMPACT_AFTER manifest objects folds them into a few of its own (compact), so the next scan reads few."""
         runs: dict[str, list[str]] = {}
         prefix = f"{self.base}{MANIFESTS_DIR}/"
         for page in self.bucket.list(prefix):
@@ -195,7 +199,24 @@ class BucketTier(DeepTier):
         bodies = dict(zip(names, self._threads.map(self._manifest_bytes, names)))
         manifests = [parse_records(b"".join(bodies[name] for name in sorted(runs[writer])))
                      for writer in sorted(runs)]
-        return fold(manifests, now_ms)
+        result = fold(manifests, now_ms)
+        if self.writer is not None and len(names) > COMPACT_AFTER:
+            self._compact(result, names, now_ms)
+        return result
+
+    def _compact(self, result: Scan, folded: list[str], now_ms: int) -> None:
+        """The live objects `result` found, as ADDED records of this writer (SNAPSHOT_RECORDS to a manifest
+        object), then the manifest objects they were folded from deleted. Safe beside writers that go on: what
+        they wrote after the listing is not deleted, and a removal anywhere still wins over these ADDED records.
+        A failure leaves both (the fold reads duplicates as one), never fewer."""
+        records = [pack_record(ADDED, SharedObject(entry.key.encode("utf-8", "surrogateescape"), entry.generation,
+                                                   entry.size, entry.checksum, entry.flags, entry.raw_size,
+                                                   now_ms + entry.ttl_ms if entry.ttl_ms else 0))
+                   for entry in inventory.decode(result.reply)]
+        for start in range(0, len(records), SNAPSHOT_RECORDS):
+            self._record(records[start:start + SNAPSHOT_RECORDS])
+        for _ in self._threads.map(self.bucket.delete, folded):
+            pass
 
     def _manifest_bytes(self, name: str) -> bytes:
         try:

@@ -136,3 +136,22 @@ def test_expired_objects_are_not_adopted_and_readers_write_nothing(bucket):
     with pytest.raises(InvalidArgumentError, match="plain file name"):
         BucketTier(bucket, "c/d", "w")
 
+
+
+def test_a_scan_past_many_manifests_folds_them_into_a_few(bucket, monkeypatch):
+    monkeypatch.setattr(tier_module, "COMPACT_AFTER", 8)
+    monkeypatch.setattr(tier_module, "SNAPSHOT_RECORDS", 5)
+    with BucketTier(bucket, "c", "writer-a") as a, BucketTier(bucket, "c", "writer-b") as b:
+        for i in range(12):  # 12 manifest objects of one record each, over two writers
+            (a if i % 2 else b).write(*item(f"key-{i:02d}".encode(), 1, b"v", expires_ms=10_000 if i == 3 else 0))
+        b.remove(b"key-00", 1)
+        before = scanned(a)
+        assert len(before) == 11 and b"key-00" not in before
+        manifests = [name for page in bucket.list("c/manifests/") for name, _ in page]
+        assert len(manifests) == 3  # a's 11 live objects, 5 to a manifest object; the 13 folded are gone
+        assert scanned(b) == before
+        b.write(*item(b"key-99", 1, b"v"))  # writers go on after a compaction: their records still count
+        a.remove(b"key-05", 1)
+        after = scanned(b)
+        assert b"key-99" in after and b"key-05" not in after and len(after) == 11
+        assert [o.key for o in a.scan(20_000).expired] == [b"key-03"]  # its expiry kept through the fold
