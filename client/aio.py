@@ -135,7 +135,8 @@ class AsyncClient:
                   min_replicas: int | None = None, timeout: float | None = None) -> None:
         """Store `value` under `key`.
 
-        tier: "dram" (default) or "ssd", where the node places it first. pin: "soft" (evicted only when
+        tier: "dram" (default) or "ssd", where the node places it first; "shared" (or "object", its name when
+        it is a bucket): on to the shared tier once stored. pin: "soft" (evicted only when
         nothing unpinned is left, for pin_ttl seconds, default 600) or "hard" (never evicted). ttl:
         seconds until it expires. compress: True/False, or None to follow compress_above.
         replicas: copies on distinct nodes (default: the client's). min_replicas: the put succeeds once
