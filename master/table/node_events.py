@@ -145,7 +145,10 @@ class NodeEvents:
                 if shared.node is None:  # no node mounting the tier is registered: as an eviction
                     self._apply_evicted(node, [(key, generation)])
                     continue
-                if not current:  # superseded or removed while it was written: its file goes
+                if not current:
+                    if self._pending.target_moved(node, key, generation, shared.replica):  # before its PutEnd
+                        continue
+                    # superseded or removed while it was written: its file goes
                     ledger.free_shared(key.encode(), generation, replaced=False)
                     continue
                 replicas = tuple(r for r in version.replicas if r.node_id not in (node.node_id, SHARED_NODE))

@@ -302,6 +302,19 @@ class PendingPuts:
         node.unreserve(generation)
         return True
 
+    def target_moved(self, node: NodeState, key: str, generation: int, shared: tuple) -> bool:
+        """`node` wrote (key, generation) on to the shared tier before PutEnd (a put(tier="shared") moves on
+        as soon as it is stored, and the client's PutEnd may come after the node's word): the put commits with
+        the shared copy in place of the node's. False if it is no pending put."""
+        pending = self._open.get(key)
+        if pending is None or pending.version.generation != generation:
+            return False
+        version = pending.version
+        kept = tuple(r for r in version.replicas if r.node_id not in (node.node_id, shared[0].node_id))
+        pending.version = version._replace(replicas=kept + shared)
+        node.unreserve(generation)
+        return True
+
     def revoke_on(self, node: NodeState) -> list[str]:
         """Revoke the puts with a target on `node`, which is gone (the client cannot finish writing to
         it); returns their keys. A put that needs fewer copies (min_replicas) than it has targets left

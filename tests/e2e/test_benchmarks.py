@@ -160,3 +160,12 @@ def test_mooncake_shim_runs_the_same_round_through_the_shim_and_the_client():
     for side in ("client", "shim"):
         assert set(report["median"][side]) == ops and all(v > 0 for v in report["median"][side].values())
     assert all(ratio > 0 for ratio in report["ratio_median"]["shim_vs_client"].values())
+
+
+def test_object_tier_measures_kvpool_against_its_client_library():
+    report = _run("object_tier.py", "--rounds", "1", "--scale", "0.05")
+    assert set(report["sizes"]) == {"32KiB", "1MiB", "32MiB"}
+    for size in report["sizes"].values():
+        assert set(size["median"]) == {"obstore", "kvpool"}
+        assert set(size["median"]["kvpool"]) == {"put", "get_through_node", "get_direct"}
+        assert all(ratio > 0 for ratio in size["ratio_median"].values())

@@ -51,6 +51,19 @@ def test_a_moved_copy_becomes_the_tiers_named_at_a_node_that_mounts_it():
     assert table.get("k").replicas[0].node_id == SHARED_NODE
 
 
+def test_a_put_moved_on_before_its_end_commits_with_the_shared_copy():
+    """put(tier="shared"): the node writes the object on to the tier as soon as it is stored, and its word can
+    reach the leader before the client's PutEnd. The put then ends with the tier's copy, not the node's."""
+    table = table_with(record("n1", 7001, shared_capacity=10 * MiB))
+    v = table.put_start("k", MiB, 1)
+    moved(table, "n1", "k", v.generation)
+    assert table.take_frees() == []  # the file is the put's: kept
+    table.put_end("k", v.generation)
+    assert table.get("k").replicas == (Replica(SHARED_NODE, "127.0.0.1:7001", SHARED),)
+    assert "k" not in table.nodes["n1"].keys and "k" in table.shared.keys
+    assert table.shared.keys.bytes == MiB
+
+
 def test_a_version_replaced_while_it_moved_has_its_file_freed():
     table = table_with(record("n1", 7001, shared_capacity=10 * MiB))
     old = put(table, "k")
