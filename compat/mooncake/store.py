@@ -61,7 +61,9 @@ def _codes_on_error(method):
     return call
 
 
-def _refuse_empty(key, size: int) -> None:
+def _refuse_empty(key, value) -> None:
+    """value: one buffer, or a list of the parts a value is made of."""
+    size = sum(map(len, value)) if isinstance(value, list) else len(value)
     if not isinstance(key, str) or not key or not size:  # as Mooncake: no empty key, no empty value
         raise ValueError(f"a put needs a key and a value of at least one byte (key {key!r}, {size} bytes)")
 
@@ -170,7 +172,7 @@ class MooncakeDistributedStore:
     # -- puts: 0, or a negative code; a key already stored keeps its value and answers 0 (upsert replaces it)
 
     def _put(self, key, value, config_: ReplicateConfig, overwrite: bool) -> int:
-        _refuse_empty(key, len(value) if not isinstance(value, list) else sum(map(len, value)))
+        _refuse_empty(key, value)
         options = config_.put_options()
         try:
             if isinstance(value, list):
@@ -188,7 +190,7 @@ class MooncakeDistributedStore:
         todo = []
         for i, (key, value) in enumerate(zip(keys, values)):
             try:
-                _refuse_empty(key, sum(map(len, value)) if isinstance(value, list) else len(value))
+                _refuse_empty(key, value)
                 todo.append(i)
             except ValueError as exc:
                 results[i] = codes.code_of(exc)

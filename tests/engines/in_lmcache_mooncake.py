@@ -20,20 +20,20 @@ from lmcache.v1.storage_backend.connector.mooncakestore_connector import Mooncak
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
+from in_lmcache import CHUNK, CHUNK_BYTES, HEAD_DIM, KV_HEADS, LAYERS, Engine
+
 from kvpool import Client
 
 MODEL = "tiny-llama-mc"
-LAYERS, CHUNK, KV_HEADS, HEAD_DIM = 4, 32, 4, 32
-CHUNK_BYTES = 2 * LAYERS * CHUNK * KV_HEADS * HEAD_DIM * 2  # K and V of every layer, bfloat16
-WAIT = 20.0
 
 
 def key(chunk_hash: int) -> CacheEngineKey:
     return CacheEngineKey(MODEL, 1, 0, chunk_hash, torch.bfloat16)
 
 
-class Worker:
-    """One LMCache worker whose remote storage is mooncakestore://, as a Mooncake user configures it."""
+class Worker(Engine):
+    """One LMCache worker whose remote storage is mooncakestore://, as a Mooncake user configures it (the rest is
+    in_lmcache.py's Engine: its chunks, batches and close)."""
 
     def __init__(self, master: str, save_chunk_meta: bool):
         self.config = LMCacheEngineConfig.from_defaults(
@@ -51,41 +51,6 @@ class Worker:
         self.thread.start()
         self.remote = RemoteBackend(self.config, self.metadata, self.loop, self.cpu, "cpu")
         self.held = []
-
-    @property
-    def connector(self):
-        return self.remote.connection.getWrappedConnector()
-
-    def chunk(self, seed: int, tokens: int = CHUNK):
-        obj = self.cpu.allocate(self.metadata.get_shapes(tokens), self.metadata.get_dtypes(), busy_loop=False)
-        obj.tensor.copy_(torch.randn(obj.tensor.shape, generator=torch.Generator().manual_seed(seed)))
-        self.held.append(obj)
-        return obj
-
-    def batched_put(self, keys, objs) -> None:
-        done = threading.Event()
-        finished = set()
-
-        def completed(k):
-            finished.add(k)
-            if len(finished) == len(keys):
-                done.set()
-
-        self.remote.batched_submit_put_task(keys, objs, on_complete_callback=completed)
-        assert done.wait(WAIT)
-
-    def batched_get(self, keys) -> list:
-        got = self.remote.batched_get_blocking(keys)
-        self.held.extend(g for g in got if g is not None)
-        return got
-
-    def close(self) -> None:
-        self.remote.close()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(WAIT)
-        for obj in self.held:
-            obj.ref_count_down()
-        self.cpu.memory_allocator.close()
 
 
 @pytest.fixture
