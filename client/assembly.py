@@ -80,7 +80,7 @@ class Core:
         self.devices = DeviceTransfers(io, self.transport, device_pool_size, device_chunk_size, copy_engine)
         # The shared tier's store, reachable from here too (its directory mounted, or its bucket): its objects
         # are read from there, no node between.
-        self.shared = _shared_reader(shared_dir, object_store, cluster, self.prefix)
+        self.shared = _shared_reader(shared_dir, object_store, cluster, self.prefix, token)
         self.shared_bytes = 0  # value bytes read from the shared tier's files by this client
         self.commits = Commits(self.master, self.cache.invalidate, confirm_puts)
         self.replicas = replicas  # copies written per put unless it says otherwise
@@ -138,8 +138,10 @@ class Core:
         await self.master.close()
 
 
-def _shared_reader(shared_dir: str | None, object_store: str | None, cluster: str, prefix: str):
-    """A reader's view of the shared tier's directory or bucket, or None."""
+def _shared_reader(shared_dir: str | None, object_store: str | None, cluster: str, prefix: str,
+                   token: str | None):
+    """A reader's view of the shared tier's directory or bucket, or None (`token`: the client's, which the key
+    of an encrypted bucket comes from)."""
     if not shared_dir and not object_store:
         return None
     if shared_dir and object_store:
@@ -150,6 +152,7 @@ def _shared_reader(shared_dir: str | None, object_store: str | None, cluster: st
     if shared_dir:
         return SharedDir.reader(shared_dir, cluster)
     try:
-        return BucketTier.reader(Bucket(settings_for(object_store)), cluster)
+        return BucketTier(Bucket(settings_for(object_store)), cluster, None,
+                          auth.read_token() if token is None else token)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from None

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--object-store", default=None, metavar="s3://BUCKET/PREFIX",
                    help="an S3-compatible bucket as the shared tier instead of a directory (endpoint, region and "
                         "credentials as the AWS tools read them: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID "
-                        "/ AWS_SECRET_ACCESS_KEY or the shared credentials file)")
+                        "/ AWS_SECRET_ACCESS_KEY or the shared credentials file); ?encryption=aes-gcm after it "
+                        "encrypts what is written there (a key from the cluster secret)")
     p.add_argument("--shared-capacity", type=_size, default=0, metavar="SIZE",
                    help="bytes the leader keeps the shared tier within (0: the free space of its file system "
                         f"when the node starts; of a bucket, {OBJECT_STORE_CAPACITY >> 40} TiB)")
@@ -208,7 +209,8 @@ def _open_shared(args, node_id: str, instance: str) -> tuple[DeepTier | None, in
         raise ValueError("give --shared-dir or --object-store, not both: the shared tier is one of them")
     if args.object_store:
         bucket = Bucket(settings_for(args.object_store))
-        return BucketTier(bucket, args.cluster, writer), args.shared_capacity or OBJECT_STORE_CAPACITY
+        tier = BucketTier(bucket, args.cluster, writer, args.secret)
+        return tier, args.shared_capacity or OBJECT_STORE_CAPACITY
     if not args.shared_dir:
         return None, 0
     directory = SharedDir(args.shared_dir, args.cluster, writer)

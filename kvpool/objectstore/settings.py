@@ -6,19 +6,22 @@ read as the AWS tools read them (environment first, then the shared credentials 
     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN
     AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials), AWS_CONFIG_FILE (~/.aws/config), AWS_PROFILE (default)
 
-No I/O beyond reading those files; a bad value is a ValueError naming it and what to give instead.
+The URL's one option, `?encryption=aes-gcm`, has every object written there encrypted and authenticated
+(kvpool/objectstore/sealing.py); readers then refuse any that is not. No I/O beyond reading those files; a bad
+value is a ValueError naming it and what to give instead.
 """
 
 import configparser
 import dataclasses
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 SCHEME = "s3://"
 DEFAULT_REGION = "us-east-1"
 # S3's bucket naming rules (the part kvpool checks: length and characters; AWS checks the rest)
 _BUCKET_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789.-")
+ENCRYPTION = "aes-gcm"  # the one value of ?encryption= (kvpool/objectstore/sealing.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,10 +33,11 @@ class ObjectStoreSettings:
     access_key_id: str | None
     secret_access_key: str | None = dataclasses.field(repr=False, default=None)
     session_token: str | None = dataclasses.field(repr=False, default=None)
+    encryption: str | None = None  # ENCRYPTION when what is written there is encrypted
 
     @property
     def url(self) -> str:
-        return f"{SCHEME}{self.bucket}/{self.prefix}"
+        return f"{SCHEME}{self.bucket}/{self.prefix}" + (f"?encryption={self.encryption}" if self.encryption else "")
 
     def store_config(self) -> dict:
         """obstore's S3Store keywords for these settings (credentials left out when none are given: obstore then
@@ -49,25 +53,30 @@ class ObjectStoreSettings:
         return config
 
 
-def parse_url(url: str) -> tuple[str, str]:
-    """(bucket, prefix) of s3://BUCKET[/PREFIX]."""
+def parse_url(url: str) -> tuple[str, str, str | None]:
+    """(bucket, prefix, encryption) of s3://BUCKET[/PREFIX][?encryption=aes-gcm]."""
     if not isinstance(url, str) or not url.startswith(SCHEME):
         raise ValueError(f"object store {url!r}: give s3://BUCKET/PREFIX (or `local` to `kvpool up`)")
     parts = urlsplit(url)
     bucket, prefix = parts.netloc, parts.path.strip("/")
-    if parts.query or parts.fragment:
-        raise ValueError(f"object store {url!r}: no query or fragment (s3://BUCKET/PREFIX)")
+    try:
+        options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    except ValueError:
+        options = {"": parts.query}
+    if parts.fragment or set(options) - {"encryption"} or options.get("encryption", ENCRYPTION) != ENCRYPTION:
+        raise ValueError(f"object store {url!r}: the one option is ?encryption={ENCRYPTION} "
+                         "(s3://BUCKET/PREFIX[?encryption=aes-gcm])")
     if not 3 <= len(bucket) <= 63 or not set(bucket) <= _BUCKET_CHARS or bucket[0] in ".-" or bucket[-1] in ".-":
         raise ValueError(f"object store {url!r}: {bucket!r} is not a bucket name (3 to 63 of a-z, 0-9, '.', '-')")
     if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
         raise ValueError(f"object store {url!r}: the prefix {prefix!r} has an empty, '.' or '..' part")
-    return bucket, prefix + "/" if prefix else ""
+    return bucket, prefix + "/" if prefix else "", options.get("encryption")
 
 
 def settings_for(url: str, environ: dict | None = None) -> ObjectStoreSettings:
     """The settings for `url`, reading the environment (default os.environ) and the AWS files it names."""
     env = os.environ if environ is None else environ
-    bucket, prefix = parse_url(url)
+    bucket, prefix, encryption = parse_url(url)
     profile = env.get("AWS_PROFILE") or "default"
     files = _profile(env, profile)
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or files.get("endpoint_url")
@@ -85,7 +94,7 @@ def settings_for(url: str, environ: dict | None = None) -> ObjectStoreSettings:
     if key and not secret:
         raise ValueError("an AWS access key id without its secret: set AWS_SECRET_ACCESS_KEY (or "
                          "aws_secret_access_key in the credentials file)")
-    return ObjectStoreSettings(bucket, prefix, endpoint, region, key, secret, token)
+    return ObjectStoreSettings(bucket, prefix, endpoint, region, key, secret, token, encryption)
 
 
 def _profile(env, profile: str) -> dict:

@@ -9,20 +9,26 @@ S3 has no append: a writer's manifest is a run of objects, each written whole by
 sequence order as one manifest. An object is put before its ADDED record, its REMOVED record before it is
 deleted, so a crash leaves at worst an object no record names (space, never a wrong answer). Every object read
 is checked against its header and checksum before a byte is used, and against the placement's size and checksum
-when read into a caller's buffer.
+when read into a caller's buffer. With `?encryption=aes-gcm` in the tier's URL, every object and manifest is
+sealed (AES-256-GCM, kvpool/objectstore/sealing.py) and one that is not, or fails its tag, is never used.
 """
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ChecksumMismatchError, InvalidArgumentError, KeyNotFoundError, KvpoolError
 from ..protocol import inventory
 from ..protocol.checksum import checksum as checksum_of
+from ..security import auth
 from ..sharedfs.layout import (ADDED, HEADER_SIZE, MANIFEST_SUFFIX, MANIFESTS_DIR, OBJECTS_DIR, REMOVED, Scan,
                                SharedObject, fold, object_name, pack_header, pack_record, parse_header,
                                parse_records)
 from ..sharedfs.files import DeepTier, raise_failures
 from .bucket import Bucket
+from .sealing import OVERHEAD, ObjectCipher, is_sealed
+
+log = logging.getLogger(__name__)
 
 TIER = "object tier"  # in error messages
 PARALLEL = 16  # objects of a batch (and ranges of one object) moved at once
@@ -34,11 +40,18 @@ RANGE_SIZE = 8 << 20  # an object larger than this is read by ranged GETs of thi
 class BucketTier(DeepTier):
     """One process's view of `<prefix>/<cluster>/` in the bucket. `writer` names this process's manifest run
     (manifests/<writer>/), which no other live process may share (e.g. "node-1-<instance>"); None: a reader's
-    view (a client's), which writes nothing."""
+    view (a client's), which writes nothing. `token`: the cluster secret or the client token, which the key of an
+    encrypted tier comes from (the bucket's settings say whether it is)."""
 
-    def __init__(self, bucket: Bucket, cluster: str, writer: str | None):
+    def __init__(self, bucket: Bucket, cluster: str, writer: str | None, token: str | None = None):
         self.check_names(TIER, cluster, writer)
         self.bucket = bucket
+        self._cipher = None
+        if bucket.settings.encryption:
+            if not token:
+                raise ValueError(f"{bucket.settings.url} is encrypted with a key from the cluster secret: give the "
+                                 "secret (nodes: --token-file) or the client token (clients: token=)")
+            self._cipher = ObjectCipher(auth.object_tier_key(token))
         self.base = f"{cluster}/"
         self.writer = writer
         self._sequence: int | None = None  # this writer's next manifest object, found at its first write
@@ -72,8 +85,9 @@ class BucketTier(DeepTier):
 
     def _put_or_error(self, prepared) -> int | KvpoolError:
         obj, header, view = prepared
+        name = self.path(obj.key, obj.generation)
         try:
-            self.bucket.put(self.path(obj.key, obj.generation), [header, view])
+            self.bucket.put(name, self._cipher.seal(name, [header, view]) if self._cipher else [header, view])
         except KvpoolError as exc:
             return exc
         return len(header) + view.nbytes
@@ -84,7 +98,8 @@ class BucketTier(DeepTier):
             if self._sequence is None:
                 self._sequence = self._next_sequence()
             name = f"{self.base}{MANIFESTS_DIR}/{self.writer}/{self._sequence:016x}{MANIFEST_SUFFIX}"
-            self.bucket.put(name, b"".join(records))
+            body = b"".join(records)
+            self.bucket.put(name, self._cipher.seal(name, body) if self._cipher else body)
             self._sequence += 1
 
     def _next_sequence(self) -> int:
@@ -109,7 +124,7 @@ class BucketTier(DeepTier):
         """The object and its payload, checked whole: KeyNotFoundError if there is none, ChecksumMismatchError
         naming it and what is wrong with it, UnavailableError if the store cannot be read."""
         name = self.path(key, generation)
-        data = self.bucket.get(name)
+        data = self._opened(name, self.bucket.get(name))
         obj = _checked_header(data, name, key, generation)
         start = HEADER_SIZE + len(key)
         if len(data) != start + obj.size:
@@ -131,13 +146,17 @@ class BucketTier(DeepTier):
         name = self.path(key, generation)
         start = HEADER_SIZE + len(key)
         total = start + size
-        if total <= RANGE_SIZE:
-            data = self.bucket.get(name)
+        if self._cipher is not None:  # opened whole: its tag covers every byte
+            stored = total + OVERHEAD
+            head = self._opened(name, self.bucket.get(name) if stored <= RANGE_SIZE else
+                                b"".join(self._ranges(name, stored)))
+            parts = [head[start:]]
+        elif total <= RANGE_SIZE:
+            data = self._opened(name, self.bucket.get(name))
             parts = [data[start:]]
             head = data
         else:
-            starts = list(range(0, total, RANGE_SIZE))
-            ranges = self.bucket.get_ranges(name, starts, [min(s + RANGE_SIZE, total) for s in starts])
+            ranges = self._ranges(name, total)
             head, parts = ranges[0], [ranges[0][start:], *ranges[1:]]
         obj = _checked_header(head, name, key, generation)
         if obj.size != size or obj.checksum != checksum:
@@ -151,6 +170,20 @@ class BucketTier(DeepTier):
             offset += len(part)
         if checksum_of(view) != checksum:
             raise ChecksumMismatchError(f"{name}: payload fails its checksum (damaged)")
+
+    def _ranges(self, name: str, total: int) -> list[memoryview]:
+        """The first `total` bytes of `name` by ranged GETs of RANGE_SIZE, in parallel."""
+        starts = list(range(0, total, RANGE_SIZE))
+        return self.bucket.get_ranges(name, starts, [min(start + RANGE_SIZE, total) for start in starts])
+
+    def _opened(self, name: str, data) -> memoryview:
+        """An object's plain bytes: opened when the tier is encrypted (ChecksumMismatchError if it cannot be), and
+        refused when it is not but the object is (the URL lacks ?encryption=aes-gcm)."""
+        if self._cipher is not None:
+            return memoryview(self._cipher.open(name, data))
+        if is_sealed(data):
+            raise ChecksumMismatchError(f"{name} is encrypted: give the tier's URL with ?encryption=aes-gcm")
+        return memoryview(data)
 
     def exists(self, key: bytes, generation: int) -> bool:
         try:
@@ -197,6 +230,8 @@ class BucketTier(DeepTier):
                     runs.setdefault(writer, []).append(name)
         names = [name for writer in sorted(runs) for name in sorted(runs[writer])]
         bodies = dict(zip(names, self._threads.map(self._manifest_bytes, names)))
+        names = [name for name in names if bodies[name] is not None]  # (one refused is never folded away)
+        bodies = {name: body or b"" for name, body in bodies.items()}
         manifests = [parse_records(b"".join(bodies[name] for name in sorted(runs[writer])))
                      for writer in sorted(runs)]
         result = fold(manifests, now_ms)
@@ -218,11 +253,16 @@ class BucketTier(DeepTier):
         for _ in self._threads.map(self.bucket.delete, folded):
             pass
 
-    def _manifest_bytes(self, name: str) -> bytes:
+    def _manifest_bytes(self, name: str) -> bytes | None:
+        """A manifest object's records; b"" if it went after the listing; None if it is refused (encrypted with
+        another key, or not encrypted when the tier is, or the other way round), said in the log."""
         try:
-            return bytes(self.bucket.get(name))
+            return bytes(self._opened(name, self.bucket.get(name)))
         except KeyNotFoundError:  # removed between the listing and the read
             return b""
+        except ChecksumMismatchError as exc:
+            log.warning("manifest object skipped: %s", exc)
+            return None
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)

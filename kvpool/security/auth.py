@@ -138,6 +138,16 @@ def client_token_of(token: str) -> str:
     return token if token.startswith((CLIENT_TOKEN_PREFIX, TENANT_TOKEN_PREFIX)) else client_token(token)
 
 
+def object_tier_key(token: str) -> bytes:
+    """The key of the object tier's encryption (kvpool/objectstore/sealing.py) from the cluster secret or the
+    client token (members and direct readers derive the same one); ValueError for a tenant's token: tenants
+    read the tier through the nodes."""
+    client = client_token_of(token)
+    if not client.startswith(CLIENT_TOKEN_PREFIX):
+        raise ValueError("a tenant's token cannot read the encrypted object tier: tenants read it through the nodes")
+    return _derive(bytes.fromhex(client[len(CLIENT_TOKEN_PREFIX):]), b"object tier")
+
+
 def bearer_matches(header: str | None, token: str) -> bool:
     """Whether an HTTP Authorization header presents `token` as its bearer token (compared in constant time)."""
     return hmac.compare_digest((header or "").encode(), f"Bearer {token}".encode())

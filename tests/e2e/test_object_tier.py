@@ -1,8 +1,9 @@
 """The deep tier's objects in a real S3 bucket (kvpool/objectstore/tier.py over SeaweedFS's gateway): written,
 read whole and into buffers (large ones by parallel ranged GETs), removed, and found again by a scan of the
 manifests alone; a damaged, truncated or misplaced object is never served; a writer restarted under its name
-never overwrites its earlier manifests."""
+never overwrites its earlier manifests; an encrypted tier writes nothing in the clear and uses nothing else."""
 
+import dataclasses
 import os
 
 import pytest
@@ -14,6 +15,7 @@ from kvpool.objectstore.bucket import Bucket
 from kvpool.objectstore.tier import BucketTier
 from kvpool.protocol import inventory
 from kvpool.protocol.checksum import checksum
+from kvpool.security import auth
 from kvpool.sharedfs.layout import HEADER_SIZE, SharedObject
 
 pytestmark = pytest.mark.quick
@@ -155,3 +157,42 @@ def test_a_scan_past_many_manifests_folds_them_into_a_few(bucket, monkeypatch):
         after = scanned(b)
         assert b"key-99" in after and b"key-05" not in after and len(after) == 11
         assert [o.key for o in a.scan(20_000).expired] == [b"key-03"]  # its expiry kept through the fold
+
+
+SECRET = "5e" * 32
+
+
+def test_an_encrypted_tier_seals_every_object_and_manifest_and_opens_only_its_own(server, request, monkeypatch):
+    prefix = f"{request.node.name}/"
+    sealed = Bucket(dataclasses.replace(server.settings(prefix), encryption="aes-gcm"))
+    plain = Bucket(server.settings(prefix))
+    monkeypatch.setattr(tier_module, "RANGE_SIZE", 1 << 20)
+    small, large = os.urandom(1000), os.urandom((3 << 20) + 5)
+    with BucketTier(sealed, "c", "w", SECRET) as tier:
+        tier.write_many([item(b"k/small", 1, small), item(b"k/large", 1, large)])
+        assert tier.read(b"k/small", 1)[1] == small
+        dest = bytearray(len(large))
+        tier.read_into(b"k/large", 1, len(large), checksum(large), dest)  # ranged GETs, opened whole
+        assert dest == large
+        stored = [bytes(plain.get(name)) for page in plain.list("c/") for name, _ in page]
+        assert len(stored) == 3 and all(data.startswith(b"KVPAEAD1") for data in stored)
+        assert not any(b"k/small" in data or small[:64] in data for data in stored)
+    # a reader with the client token opens them; one without the option, or with another secret, does not
+    with BucketTier(sealed, "c", None, auth.client_token(SECRET)) as reader:
+        assert reader.read(b"k/small", 1)[1] == small and scanned(reader) == {b"k/small": 1, b"k/large": 1}
+    with pytest.raises(ChecksumMismatchError, match="is encrypted"):
+        BucketTier.reader(plain, "c").read(b"k/small", 1)
+    with pytest.raises(ChecksumMismatchError, match="another key"):
+        BucketTier(sealed, "c", None, "6f" * 32).read(b"k/small", 1)
+    assert scanned(BucketTier(sealed, "c", None, "6f" * 32)) == {}  # its manifests skipped, said in the log
+    with pytest.raises(ValueError, match="cluster secret"):
+        BucketTier(sealed, "c", "w2")
+    # an object or manifest written in the clear beside them (by anyone with the bucket's key) is never used
+    with BucketTier(plain, "c", "intruder") as intruder:
+        intruder.write(*item(b"k/small", 2, b"planted"))
+    with BucketTier(sealed, "c", "w", SECRET) as tier:
+        with pytest.raises(ChecksumMismatchError, match="not encrypted"):
+            tier.read(b"k/small", 2)
+        monkeypatch.setattr(tier_module, "COMPACT_AFTER", 1)
+        assert scanned(tier) == {b"k/small": 1, b"k/large": 1}  # and a compaction leaves the skipped one be
+    assert [n for page in plain.list("c/manifests/intruder/") for n, _ in page]

@@ -1,5 +1,5 @@
 """The shared tier against real processes: etcd, a master and storage nodes given one --shared-dir, or one
---object-store bucket on a real S3 server (SeaweedFS's gateway): every test runs on both.
+--object-store bucket on a real S3 server (SeaweedFS's gateway), plain or encrypted: every test runs on each.
 
 Objects go DRAM -> SSD -> the shared tier as the nodes' tiers fill, and come back byte-exact through a node (the
 object checked before a byte leaves) and read directly by a client that reaches the directory or the bucket; a
@@ -20,6 +20,8 @@ from kvpool.launch.local_cluster import LocalCluster
 from kvpool.launch.s3_server import S3Server
 from kvpool.net.netutil import wait_until
 from kvpool.objectstore.bucket import Bucket
+from kvpool.objectstore.sealing import ObjectCipher
+from kvpool.security import auth
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.sharedfs.layout import HEADER_SIZE, parse_header
 
@@ -62,18 +64,28 @@ class SharedFiles:
 
 
 class SharedBucket:
-    """The shared tier as a bucket's prefix: the same, through the S3 API."""
+    """The shared tier as a bucket's prefix: the same, through the S3 API. `encrypted`: what the nodes write there
+    is sealed (?encryption=aes-gcm); the test opens it with the key the cluster's secret gives."""
 
-    def __init__(self, server, prefix: str):
+    def __init__(self, server, prefix: str, encrypted: bool = False):
         self.bucket = Bucket(server.settings(prefix))
-        self.cluster_options = {"object_store": f"s3://{server.bucket}/{prefix}"}
-        self.client_options = {"object_store": f"s3://{server.bucket}/{prefix}"}
+        url = f"s3://{server.bucket}/{prefix}" + ("?encryption=aes-gcm" if encrypted else "")
+        self.cluster_options = {"object_store": url}
+        self.client_options = {"object_store": url}
+        self.encrypted = encrypted
+        self.secret = None  # the cluster's, once one started (an encrypted tier's key comes from it)
 
     def objects(self) -> dict:
         found = {}
+        cipher = ObjectCipher(auth.object_tier_key(self.secret)) if self.encrypted else None
         for page in self.bucket.list("default/objects/"):
             for name, _size in page:
-                [head] = self.bucket.get_ranges(name, [0], [HEADER_SIZE + 1024])
+                if cipher is None:
+                    [head] = self.bucket.get_ranges(name, [0], [HEADER_SIZE + 1024])
+                else:  # sealed whole: nothing of it can be read without opening all of it, not even its key
+                    stored = bytes(self.bucket.get(name))
+                    head = cipher.open(name, stored)
+                    assert parse_header(head).key not in stored and head[-64:] not in stored
                 _newest(found, parse_header(head), name)
         return found
 
@@ -117,7 +129,7 @@ def s3_server(tmp_path_factory):
         yield running
 
 
-@pytest.fixture(params=["directory", "bucket"])
+@pytest.fixture(params=["directory", "bucket", "encrypted"])
 def tier(request, tmp_path):
     if request.param == "directory":
         return SharedFiles(tmp_path / "shared")
@@ -125,7 +137,7 @@ def tier(request, tmp_path):
     monkeypatch = request.getfixturevalue("monkeypatch")
     for name, value in server.environment.items():  # as the nodes and the clients read them
         monkeypatch.setenv(name, value)
-    return SharedBucket(server, f"{request.node.name}/")
+    return SharedBucket(server, f"{request.node.name}/", request.param == "encrypted")
 
 
 @pytest.fixture
@@ -141,6 +153,9 @@ def shared_cluster(tmp_path, tier):
         running = LocalCluster(nodes=nodes, data_dir=tmp_path / f"cluster-{name}", lease_ttl=2, put_timeout=3,
                                **tier.cluster_options, **options).start()
         started.append(running)
+        if getattr(tier, "encrypted", False):  # (every cluster here has this process's secret)
+            assert tier.secret in (None, running.secret)
+            tier.secret = running.secret
         return running
 
     yield start

@@ -6,20 +6,31 @@ from kvpool.objectstore.settings import parse_url, settings_for
 
 
 @pytest.mark.parametrize("url, expected", [
-    ("s3://kv-cache", ("kv-cache", "")),
-    ("s3://kv-cache/", ("kv-cache", "")),
-    ("s3://kv.cache-1/team/llama/", ("kv.cache-1", "team/llama/")),
-    ("s3://kvc/a", ("kvc", "a/")),
+    ("s3://kv-cache", ("kv-cache", "", None)),
+    ("s3://kv-cache/", ("kv-cache", "", None)),
+    ("s3://kv.cache-1/team/llama/", ("kv.cache-1", "team/llama/", None)),
+    ("s3://kvc/a", ("kvc", "a/", None)),
+    ("s3://kvc/a?encryption=aes-gcm", ("kvc", "a/", "aes-gcm")),
+    ("s3://kvc?encryption=aes-gcm", ("kvc", "", "aes-gcm")),
 ])
 def test_urls(url, expected):
     assert parse_url(url) == expected
 
 
 @pytest.mark.parametrize("url", ["kv-cache/x", "s3:/kv", "s3://", "s3://KV", "s3://ab", "s3://-kv", "s3://kv_x",
-                                 "s3://kvc/a//b", "s3://kvc/../b", "s3://kvc/a?x=1", "gs://kvc"])
+                                 "s3://kvc/a//b", "s3://kvc/../b", "s3://kvc/a?x=1", "gs://kvc",
+                                 "s3://kvc/a?encryption=aes", "s3://kvc/a?encryption=aes-gcm&x=1", "s3://kvc/a#f",
+                                 "s3://kvc/a?encryption", "s3://kvc/a?&&"])
 def test_bad_urls_name_the_form(url):
-    with pytest.raises(ValueError, match="s3://BUCKET|bucket name|prefix|query"):
+    with pytest.raises(ValueError, match="s3://BUCKET|bucket name|prefix|encryption=aes-gcm"):
         parse_url(url)
+
+
+def test_the_url_of_settings_keeps_the_encryption_option():
+    settings = settings_for("s3://kvc/a?encryption=aes-gcm", {"HOME": "/nonexistent"})
+    assert (settings.encryption, settings.url) == ("aes-gcm", "s3://kvc/a/?encryption=aes-gcm")
+    assert settings_for(settings.url, {"HOME": "/nonexistent"}) == settings
+    assert settings_for("s3://kvc/a", {"HOME": "/nonexistent"}).url == "s3://kvc/a/"
 
 
 def test_environment_first(tmp_path):
