@@ -33,6 +33,10 @@ def weed_binary() -> str:
     return found
 
 
+class ExitedError(RuntimeError):
+    """weed exited before it served."""
+
+
 class S3Server:
     """`weed mini` serving S3 on `endpoint` (http://127.0.0.1:PORT) with `bucket` created."""
 
@@ -57,9 +61,20 @@ class S3Server:
                 "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": "us-east-1"}
 
     def start(self, timeout: float = 60.0) -> "S3Server":
+        fixed = bool(self.port)  # started again: on the port its clients know
+        for attempt in range(1 if fixed else 3):
+            try:
+                return self._start(timeout)
+            except ExitedError:  # a port chosen free was taken before weed bound it: others are chosen
+                if fixed or attempt == 2:
+                    raise
+                self.port = 0
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> "S3Server":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(6)
-        if self.port:  # started again: on the port its clients know (its gRPC one, port + 1, was its own too)
+        if self.port:  # (its gRPC one, port + 1, was its own too)
             ports[0] = self.port
         self.port = ports[0]
         flags = [f"-dir={self.data_dir}", f"-ip={HOST}", f"-ip.bind={HOST}", f"-bucket={self.bucket}",
@@ -83,7 +98,7 @@ class S3Server:
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"weed mini exited with {self.proc.returncode}; see {self.log_path}")
+            raise ExitedError(f"weed mini exited with {self.proc.returncode}; see {self.log_path}")
         try:  # a signed listing of the bucket: the gateway answers, takes the key and has made the bucket
             next(Bucket(self.settings(), timeout=2.0).list(), None)
         except (UnavailableError, KeyNotFoundError):

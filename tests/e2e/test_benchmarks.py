@@ -169,3 +169,10 @@ def test_object_tier_measures_kvpool_against_its_client_library():
         assert set(size["median"]) == {"obstore", "kvpool"}
         assert set(size["median"]["kvpool"]) == {"put", "get_through_node", "get_direct"}
         assert all(ratio > 0 for ratio in size["ratio_median"].values())
+
+
+def test_shared_scan_adopts_a_bucket_run_of_batch_manifests_and_its_fold():
+    report = _run("shared_scan.py", "--object-store", "local", "--records", "5000", "--records-per-manifest", "32")
+    assert report["store"] == "bucket" and report["records"] == 5000 and report["manifest_objects"] == 158
+    assert 0 < report["live"] < 5000 - report["superseded"] - report["expired"]  # less what was removed
+    assert report["manifests_after_fold"] == 1 and report["after_fold_seconds"] > 0 and report["fold_seconds"] > 0
