@@ -68,6 +68,7 @@ class AsyncClient:
     may read them (docs/tiers.md, "Shared tier"): give it only to clients trusted with every key of the pool.
     object_store: the shared tier's bucket (a storage node's --object-store, s3://BUCKET/PREFIX, credentials
     as the AWS tools read them), for the same direct reads; the bucket's policy decides who may read them.
+    Both, where the nodes have the bucket beneath the directory: the directory is read first.
     """
 
     def __init__(self, address: str | None = None, *, etcd: str | None = None,

@@ -16,6 +16,7 @@ from kvpool.net.node_connections import DEFAULT_CONNECT_TIMEOUT
 from kvpool.security.tls import client_files
 from kvpool.objectstore.bucket import Bucket
 from kvpool.objectstore.settings import settings_for
+from kvpool.objectstore.stacked import StackedTier
 from kvpool.objectstore.tier import BucketTier
 from kvpool.sharedfs.files import SharedDir
 
@@ -144,15 +145,15 @@ def _shared_reader(shared_dir: str | None, object_store: str | None, cluster: st
     of an encrypted bucket comes from)."""
     if not shared_dir and not object_store:
         return None
-    if shared_dir and object_store:
-        raise InvalidArgumentError("give shared_dir or object_store, not both: the shared tier is one of them")
     if prefix:
         raise InvalidArgumentError("a tenant reads shared objects through the nodes: the shared tier holds every "
                                    "tenant's objects (leave out shared_dir and object_store)")
-    if shared_dir:
+    if not object_store:
         return SharedDir.reader(shared_dir, cluster)
     try:
-        return BucketTier(Bucket(settings_for(object_store)), cluster, None,
-                          auth.read_token() if token is None else token)
+        bucket = BucketTier(Bucket(settings_for(object_store)), cluster, None,
+                            auth.read_token() if token is None else token)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from None
+    # both: the directory, the bucket beneath it (kvpool/objectstore/stacked.py)
+    return StackedTier(SharedDir.reader(shared_dir, cluster), bucket, 0) if shared_dir else bucket

@@ -24,6 +24,7 @@ from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_
 from kvpool.protocol.units import parse_size
 from kvpool.objectstore.bucket import Bucket
 from kvpool.objectstore.settings import settings_for
+from kvpool.objectstore.stacked import StackedTier
 from kvpool.objectstore.tier import BucketTier
 from kvpool.sharedfs.files import DeepTier, SharedDir
 
@@ -116,13 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a directory every node mounts (NFS, CephFS, a FUSE mount): the shared tier, below the "
                         "node's last tier and kept when every node is gone")
     p.add_argument("--object-store", default=None, metavar="s3://BUCKET/PREFIX",
-                   help="an S3-compatible bucket as the shared tier instead of a directory (endpoint, region and "
+                   help="an S3-compatible bucket as the shared tier, or beneath --shared-dir (endpoint, region and "
                         "credentials as the AWS tools read them: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID "
                         "/ AWS_SECRET_ACCESS_KEY or the shared credentials file); ?encryption=aes-gcm after it "
                         "encrypts what is written there (a key from the cluster secret)")
     p.add_argument("--shared-capacity", type=_size, default=0, metavar="SIZE",
                    help="bytes the leader keeps the shared tier within (0: the free space of its file system "
                         f"when the node starts; of a bucket, {OBJECT_STORE_CAPACITY >> 40} TiB)")
+    p.add_argument("--shared-dir-share", type=_size, default=0, metavar="SIZE",
+                   help="with both --shared-dir and --object-store: bytes of its own files this node keeps in the "
+                        "directory before moving the oldest on to the bucket (0: a quarter of the directory's "
+                        "free space when the node starts)")
     # A narrow band: giving up victims costs a step each (eviction_order.py), so relieving a tier
     # far below its high watermark would only throw away cached objects.
     p.add_argument("--high-watermark", type=_fraction, default=0.95,
@@ -179,6 +184,9 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--ssd needs --data-dir (or --ssd-dir)")
     if args.promote_after < 1 or args.promote_window <= 0 or args.max_hold < 0:
         parser.error("--promote-after must be >= 1, --promote-window > 0 and --max-hold >= 0")
+    if args.shared_dir_share and not (args.shared_dir and args.object_store):
+        parser.error("--shared-dir-share is the directory's part of a shared tier over a bucket: give it with both "
+                     "--shared-dir and --object-store")
     if not args.frame_timeout > 0:  # also NaN
         parser.error("--frame-timeout must be positive")
     if not args.etcd_wait > 0:
@@ -205,11 +213,12 @@ def _open_shared(args, node_id: str, instance: str) -> tuple[DeepTier | None, in
     """The shared tier's store: the directory this node mounts (--shared-dir) or the bucket (--object-store), or
     None; and the capacity it registers. OSError or ValueError if it cannot be used."""
     writer = f"{node_id}-{instance}"
-    if args.shared_dir and args.object_store:
-        raise ValueError("give --shared-dir or --object-store, not both: the shared tier is one of them")
     if args.object_store:
         bucket = Bucket(settings_for(args.object_store))
         tier = BucketTier(bucket, args.cluster, writer, args.secret)
+        if args.shared_dir:  # the directory, the bucket beneath it
+            share = args.shared_dir_share or shutil.disk_usage(args.shared_dir).free // 4
+            tier = StackedTier(SharedDir(args.shared_dir, args.cluster, writer), tier, share)
         return tier, args.shared_capacity or OBJECT_STORE_CAPACITY
     if not args.shared_dir:
         return None, 0

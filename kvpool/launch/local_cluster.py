@@ -110,9 +110,10 @@ class LocalCluster:
         tls: every component serves TLS with a CA and certificate made in DATA_DIR/tls (kvpool/security/tls.py);
         a process without $KVPOOL_TLS_CA is given that CA the same way.
         shared_dir: every node mounts it as the shared tier (--shared-dir), within `shared_capacity` (a size).
-        object_store: the shared tier in a bucket instead (--object-store s3://BUCKET/PREFIX), or "local": an S3
-        server run here over DATA_DIR/objects (kvpool/launch/s3_server.py), its address and key given to this
-        process's environment (as the token is) while the cluster runs; "local?encryption=aes-gcm" encrypts."""
+        object_store: the shared tier in a bucket (--object-store s3://BUCKET/PREFIX; with shared_dir, beneath it),
+        or "local": an S3 server run here over DATA_DIR/objects (kvpool/launch/s3_server.py), its address and key
+        given to this process's environment (as the token is) while the cluster runs; "local?encryption=aes-gcm"
+        encrypts."""
         if masters < 1:
             raise ValueError(f"masters must be at least 1, got {masters}")
         self.master_count = masters
@@ -356,12 +357,12 @@ class LocalCluster:
         return self._child(node_id, argv, host)
 
     def _shared_args(self) -> list[str]:
-        if self.object_store:
-            return ["--object-store", self.object_store, *self._given("--shared-capacity", self.shared_capacity)]
-        if self.shared_dir is None:
-            return []
-        self.shared_dir.mkdir(parents=True, exist_ok=True)  # (a node takes only a directory that exists: a mount)
-        return ["--shared-dir", str(self.shared_dir), *self._given("--shared-capacity", self.shared_capacity)]
+        """The directory, the bucket, or both (the bucket beneath the directory)."""
+        argv = ["--object-store", self.object_store] if self.object_store else []
+        if self.shared_dir is not None:
+            self.shared_dir.mkdir(parents=True, exist_ok=True)  # (a node takes only a directory that exists: a mount)
+            argv += ["--shared-dir", str(self.shared_dir)]
+        return argv + self._given("--shared-capacity", self.shared_capacity) if argv else []
 
     def add_node(self, host: str, prefix: tuple = (), timeout: float = 30.0) -> Child:
         """Start one more storage node serving on `host`, its command run behind `prefix`

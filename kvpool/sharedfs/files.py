@@ -62,6 +62,11 @@ class DeepTier:
         except BatchError as exc:
             raise exc.results[0] from None
 
+    def spill(self) -> int:
+        """Move what this store holds beyond its share on to a store beneath it (kvpool/objectstore/stacked.py);
+        the number moved. None beneath: nothing to do."""
+        return 0
+
     def remove(self, key: bytes, generation: int) -> bool:
         try:
             return self.remove_many([(key, generation)])[0]

@@ -82,6 +82,7 @@ class Maintenance:
         await self._move_to_share()
         if self.shared is not None:
             await self.shared.write_staged()
+            await self.shared.spill()
         await self._relieve_dram_shares()
         quota.enforce(self.store)  # what demotion could not bring within a share is evicted
         await self._relieve_dram()

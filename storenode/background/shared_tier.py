@@ -37,6 +37,7 @@ class SharedTier:
         self.capacity = capacity  # --shared-capacity: registered for the leader, which keeps the tier within it
         self.moved = self.moved_bytes = self.reads = self.read_bytes = self.promotions = self.unlinked = 0
         self.damaged = 0  # files that failed their checks when read
+        self.spilled = 0  # files moved from the directory on to the bucket beneath it
         self._reads: OrderedDict[tuple[bytes, int], tuple[int, float]] = OrderedDict()  # -> (reads, first at)
         # Victims a WRITE made room with (store.release_from), kept until written here: (key, generation) ->
         # (SharedObject, bytes), served from memory meanwhile; at most `staging_limit` bytes of them.
@@ -138,6 +139,12 @@ class SharedTier:
             if freed:
                 await self._run(self.dir.remove_many, freed)
 
+    async def spill(self) -> None:
+        """A directory with a bucket beneath it: what this node keeps there beyond its share goes on down."""
+        moved = await self._run(self.dir.spill)
+        if moved:
+            self.spilled += moved
+
     @staticmethod
     def _object(rec: ObjectRecord) -> SharedObject:
         return SharedObject(rec.key, rec.generation, rec.size, rec.checksum, rec.flags, rec.raw_size,
@@ -236,4 +243,4 @@ class SharedTier:
     def report(self) -> dict:
         return {"capacity": self.capacity, "moved": self.moved, "moved_bytes": self.moved_bytes,
                 "reads": self.reads, "read_bytes": self.read_bytes, "promotions": self.promotions,
-                "unlinked": self.unlinked, "damaged": self.damaged}
+                "unlinked": self.unlinked, "damaged": self.damaged, "spilled": self.spilled}

@@ -64,6 +64,7 @@ _SHARED_COUNTERS = {
     "promotions": ("kvpool_node_shared_promotions", "Shared objects read twice and copied into DRAM"),
     "unlinked": ("kvpool_node_shared_unlinked", "Files this node removed as the leader ordered"),
     "damaged": ("kvpool_node_shared_damaged", "Files that failed their checks when read (never served)"),
+    "spilled": ("kvpool_node_shared_spilled", "Files moved from the shared directory on to the bucket beneath it"),
 }
 
 
