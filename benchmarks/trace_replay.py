@@ -244,8 +244,10 @@ def main() -> int:
     parser.add_argument("--shared-dir", type=Path, help="the shared tier of the cluster this starts (a directory)")
     parser.add_argument("--shared-capacity", type=parse_size, default="2GiB", help="its capacity (default 2GiB)")
     parser.add_argument("--object-store", metavar="URL",
-                        help="the shared tier in a bucket instead (s3://BUCKET/PREFIX, or local: an S3 server run "
-                             "here), within --shared-capacity")
+                        help="the shared tier in a bucket (s3://BUCKET/PREFIX, or local: an S3 server run here), "
+                             "within --shared-capacity; with --shared-dir, beneath the directory")
+    parser.add_argument("--shared-dir-share", type=parse_size, default=None, metavar="SIZE",
+                        help="with both: what each node keeps in the directory before moving the oldest on")
     parser.add_argument("--direct", action="store_true", help="the client reads the shared tier's files itself")
     parser.add_argument("--miss-cost", type=float, default=0.0, metavar="MS",
                         help="milliseconds an engine takes to compute one block it could not load (e.g. a 512-token "
@@ -263,20 +265,22 @@ def main() -> int:
     deep = bool(args.shared_dir or args.object_store)
     if (args.direct or deep) and args.master:
         parser.error("--shared-dir, --object-store and --direct are for the cluster this starts: leave out --master")
-    if args.shared_dir and args.object_store:
-        parser.error("give --shared-dir or --object-store, not both")
+    if args.shared_dir_share and not (args.shared_dir and args.object_store):
+        parser.error("--shared-dir-share is for --shared-dir and --object-store both (the bucket beneath)")
     if args.direct and not deep:
         parser.error("--direct needs --shared-dir or --object-store")
     capacity = args.pool + (args.shared_capacity if deep else 0)
     ideal = ideal_lru(chains, capacity // args.block_bytes)
     node_args = []
-    for option, value in (("--high-watermark", args.high_watermark), ("--low-watermark", args.low_watermark)):
+    for option, value in (("--high-watermark", args.high_watermark), ("--low-watermark", args.low_watermark),
+                          ("--shared-dir-share", args.shared_dir_share)):
         if value is not None:
             node_args += [option, str(value)]
     cluster = None
     if not args.master:
-        shared = {"shared_dir": args.shared_dir / f"replay-{os.getpid()}-{time.time_ns()}"} if args.shared_dir else \
-            {"object_store": args.object_store} if args.object_store else {}
+        shared = {"shared_dir": args.shared_dir / f"replay-{os.getpid()}-{time.time_ns()}"} if args.shared_dir else {}
+        if args.object_store:  # (with a directory: beneath it)
+            shared["object_store"] = args.object_store
         if shared:
             shared["shared_capacity"] = str(args.shared_capacity)
         cluster = LocalCluster(nodes=args.nodes, dram_per_node=str(args.pool // args.nodes),
@@ -287,8 +291,9 @@ def main() -> int:
     try:
         direct = {}
         if args.direct:
-            direct = {"shared_dir": str(cluster.shared_dir)} if args.shared_dir else \
-                {"object_store": cluster.object_store}
+            direct = {"shared_dir": str(cluster.shared_dir)} if args.shared_dir else {}
+            if args.object_store:
+                direct["object_store"] = cluster.object_store
         with Client(args.master, transports=args.transports, token=token, **direct) as client:
             report = replay(client, chains, args.block_bytes, prefix, miss_cost=args.miss_cost / 1e3)
             report["pool_after"] = dram_usage(client)
@@ -313,7 +318,8 @@ def main() -> int:
                           "pool": format_size(args.pool), "nodes": args.nodes, "transports": args.transports,
                           "own_cluster": cluster is not None, "node_args": node_args,
                           "shared_capacity": format_size(args.shared_capacity) if deep else None,
-                          "deep_tier": "directory" if args.shared_dir else "bucket" if args.object_store else None,
+                          "deep_tier": "+".join(name for name, given in (("directory", args.shared_dir),
+                                                                         ("bucket", args.object_store)) if given) or None,
                           "direct": args.direct}
     print(json.dumps(report), flush=True)
     return 0
