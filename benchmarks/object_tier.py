@@ -9,6 +9,7 @@ A cluster of one node over a local S3 server (SeaweedFS's gateway, `--object-sto
 Reported: MB/s per side and operation (medians), and kvpool's over obstore's per round (median). One JSON line.
 
     python benchmarks/object_tier.py --rounds 2
+    python benchmarks/object_tier.py --rounds 2 --encryption     # kvpool's side over an encrypted tier
 """
 
 import argparse
@@ -79,18 +80,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0, help="objects per size, as a part of the default")
+    parser.add_argument("--encryption", action="store_true",
+                        help="the tier encrypted (?encryption=aes-gcm): what sealing every object costs")
     args = parser.parse_args()
     rounds = {name: {"obstore": [], "kvpool": []} for name in SIZES}
     with tempfile.TemporaryDirectory() as scratch, \
             LocalCluster(nodes=1, dram_per_node="256MiB", data_dir=os.path.join(scratch, "cluster"),
-                         object_store="local", shared_capacity="8GiB") as cluster:
+                         object_store="local?encryption=aes-gcm" if args.encryption else "local",
+                         shared_capacity="8GiB") as cluster:
         bucket = Bucket(settings_for(f"s3://{cluster.s3_server.bucket}/direct/"))
         for r in range(args.rounds):
             for name, (size, count) in SIZES.items():
                 count = max(1, round(count * args.scale))
                 rounds[name]["obstore"].append(direct_round(bucket, f"{r}-{name}", size, count))
                 rounds[name]["kvpool"].append(kvpool_round(cluster, f"{r}-{name}", size, count))
-    report = {"bench": "object_tier", "rounds": args.rounds, "units": "MB/s", "sizes": {}}
+    report = {"bench": "object_tier", "rounds": args.rounds, "units": "MB/s", "encryption": args.encryption,
+              "sizes": {}}
     for name, sides in rounds.items():
         medians = {side: {op: statistics.median(r[op] for r in results) for op in results[0]}
                    for side, results in sides.items()}
