@@ -289,7 +289,7 @@ class LocalCluster:
         return self
 
     def _start_object_store(self, timeout: float) -> None:
-        where, _, options = self.object_store.partition("?")  # local?encryption=aes-gcm: options kept
+        where, _, options = (self.object_store or "").partition("?")  # local?encryption=aes-gcm: options kept
         if where != "local":
             return
         from .s3_server import local_store
