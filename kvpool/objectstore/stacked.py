@@ -9,8 +9,8 @@ Both stores name an object by its key and generation, so a read tries the direct
 master keeps one shared copy for either. A removal goes to both. A scan folds each store's manifests on its own
 (a move is a REMOVED record in one and an ADDED in the other) and keeps each key's highest generation of the two.
 
-A spill and a removal never run at once (one lock): a version the leader freed while it was being moved is
-removed from the bucket after it landed there, never left live in it to come back at the next adoption.
+A version the leader frees while it is being moved is removed from the bucket again once it landed there (its
+REMOVED record after the move's ADDED one), never left live in it to come back at the next adoption.
 """
 
 import itertools
@@ -40,7 +40,10 @@ class StackedTier(DeepTier):
         self.writer = lower.writer
         self._files: OrderedDict[tuple[bytes, int], int] = OrderedDict()  # in the directory, oldest first -> bytes
         self._file_bytes = 0
-        self._lock = threading.Lock()  # a spill's batch or a removal at a time
+        self._lock = threading.Lock()  # over the sets below (never held across I/O)
+        self._moving: set[tuple[bytes, int]] = set()  # the batch a spill is moving now
+        self._freed: set[tuple[bytes, int]] = set()  # of those, the ones removed meanwhile
+        self._halt = threading.Event()  # set: a spill ends after its batch
         self.spilled = self.spilled_bytes = 0
 
     # -- writing
@@ -67,9 +70,10 @@ class StackedTier(DeepTier):
 
     def spill(self) -> int:
         """Move the oldest of this process's files to the bucket while they hold more than its share; the
-        number moved. A file the bucket cannot take stays (the next sweep tries again)."""
+        number moved. A file the bucket cannot take stays (the next call tries again). One call at a time
+        (the node runs it in a thread of its own, beside its sweeps)."""
         moved = 0
-        while True:
+        while not self._halt.is_set():
             with self._lock:
                 if self._file_bytes <= self.share or not self._files:
                     return moved
@@ -79,10 +83,19 @@ class StackedTier(DeepTier):
                         break
                     batch.append(name)
                     excess -= length
+                self._moving.update(batch)
+            try:
                 done = self._spill(batch)
+            finally:
+                with self._lock:
+                    self._moving.difference_update(batch)
             if not done:
                 return moved
             moved += done
+        return moved
+
+    def halt_spill(self) -> None:
+        self._halt.set()
 
     def _spill(self, batch: list[tuple[bytes, int]]) -> int:
         items, gone = [], []
@@ -94,25 +107,25 @@ class StackedTier(DeepTier):
             except KvpoolError as exc:  # damaged: never moved on, left to the leader's checks
                 log.error("not moving %r to the bucket: %s", name[0], exc)
                 gone.append(name)
-        for name in gone:
-            self._forget(name)
-        if not items:
-            return len(gone)
-        try:
-            results = self.lower.write_many(items)
-        except BatchError as exc:
-            results = exc.results
-        except KvpoolError as exc:
-            log.warning("moving files to the bucket failed (%s): they stay in the directory", exc)
-            return 0
-        landed = [obj for (obj, _), result in zip(items, results) if not isinstance(result, BaseException)]
-        if landed:
+        if items:
             try:
-                self.upper.remove_many(landed)
-            except BatchError:
-                pass  # its REMOVED records are written: the bucket's copy is the one read
-            for obj in landed:
-                self._forget((obj.key, obj.generation))
+                results = self.lower.write_many(items)
+            except BatchError as exc:
+                results = exc.results
+            except KvpoolError as exc:
+                log.warning("moving files to the bucket failed (%s): they stay in the directory", exc)
+                results = [exc] * len(items)
+        landed = [obj for (obj, _), result in zip(items, results if items else [])
+                  if not isinstance(result, BaseException)]
+        with self._lock:  # what was freed while it moved: its removal may have come before it landed
+            freed = [obj for obj in landed if (obj.key, obj.generation) in self._freed]
+            self._freed.difference_update(batch)
+            for name in gone + [(obj.key, obj.generation) for obj in landed]:
+                self._forget(name)
+        if freed:
+            self._removed(self.lower, freed)
+        if landed:
+            self._removed(self.upper, landed)  # its REMOVED records first: the bucket's copy is the one read
             self.spilled += len(landed)
             self.spilled_bytes += sum(obj.size for obj in landed)
         return len(landed) + len(gone)
@@ -144,9 +157,11 @@ class StackedTier(DeepTier):
     def remove_many(self, items: list) -> list[bool]:
         names = [(item.key, item.generation) if isinstance(item, SharedObject) else tuple(item) for item in items]
         with self._lock:
-            outcomes = [self._removed(store, names) for store in (self.upper, self.lower)]
             for name in names:
                 self._forget(name)
+                if name in self._moving:  # removed again from the bucket once it landed there (spill)
+                    self._freed.add(name)
+        outcomes = [self._removed(store, names) for store in (self.upper, self.lower)]
         results = [a if isinstance(a, BaseException) else b if isinstance(b, BaseException) else a or b
                    for a, b in zip(*outcomes)]
         if any(isinstance(result, BaseException) for result in results):
@@ -182,6 +197,7 @@ class StackedTier(DeepTier):
         return merged
 
     def close(self) -> None:
+        self._halt.set()
         self.upper.close()
         self.lower.close()
 

@@ -67,6 +67,9 @@ class DeepTier:
         the number moved. None beneath: nothing to do."""
         return 0
 
+    def halt_spill(self) -> None:
+        """A spill running in another thread ends after its batch."""
+
     def remove(self, key: bytes, generation: int) -> bool:
         try:
             return self.remove_many([(key, generation)])[0]

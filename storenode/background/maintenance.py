@@ -48,6 +48,8 @@ class Maintenance:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.shared is not None:
+            await self.shared.stop_spilling()
 
     def kick(self) -> None:
         self._wake.set()
@@ -82,7 +84,7 @@ class Maintenance:
         await self._move_to_share()
         if self.shared is not None:
             await self.shared.write_staged()
-            await self.shared.spill()
+            self.shared.spill_soon()
         await self._relieve_dram_shares()
         quota.enforce(self.store)  # what demotion could not bring within a share is evicted
         await self._relieve_dram()

@@ -38,6 +38,7 @@ class SharedTier:
         self.moved = self.moved_bytes = self.reads = self.read_bytes = self.promotions = self.unlinked = 0
         self.damaged = 0  # files that failed their checks when read
         self.spilled = 0  # files moved from the directory on to the bucket beneath it
+        self._spilling: asyncio.Task | None = None
         self._reads: OrderedDict[tuple[bytes, int], tuple[int, float]] = OrderedDict()  # -> (reads, first at)
         # Victims a WRITE made room with (store.release_from), kept until written here: (key, generation) ->
         # (SharedObject, bytes), served from memory meanwhile; at most `staging_limit` bytes of them.
@@ -139,11 +140,23 @@ class SharedTier:
             if freed:
                 await self._run(self.dir.remove_many, freed)
 
-    async def spill(self) -> None:
-        """A directory with a bucket beneath it: what this node keeps there beyond its share goes on down."""
-        moved = await self._run(self.dir.spill)
-        if moved:
-            self.spilled += moved
+    def spill_soon(self) -> None:
+        """A directory with a bucket beneath it: what this node keeps there beyond its share goes on down, in a
+        thread beside the sweeps (the bucket is far slower than the directory that absorbs the sweeps' writes)."""
+        if self._spilling is None or self._spilling.done():
+            self._spilling = asyncio.create_task(self._spill())
+
+    async def _spill(self) -> None:
+        try:
+            self.spilled += await self._run(self.dir.spill)
+        except Exception:  # the next sweep starts another
+            log.exception("moving the shared directory's files on to the bucket failed")
+
+    async def stop_spilling(self) -> None:
+        """Ends a spill after its batch (each call to the bucket has its deadline)."""
+        self.dir.halt_spill()
+        if self._spilling is not None:
+            await asyncio.gather(self._spilling, return_exceptions=True)
 
     @staticmethod
     def _object(rec: ObjectRecord) -> SharedObject:
