@@ -35,6 +35,7 @@ PARALLEL = 16  # objects of a batch (and ranges of one object) moved at once
 COMPACT_AFTER = 64  # manifest objects a writer's scan folds into its own when it finds more
 SNAPSHOT_RECORDS = 100_000  # records per manifest object a compaction writes (about 11 MB of 64-byte keys)
 RANGE_SIZE = 8 << 20  # an object larger than this is read by ranged GETs of this size, in parallel
+DELETE_CHUNK = 256  # folded manifest objects deleted between checks that the tier is not closing
 
 
 class BucketTier(DeepTier):
@@ -57,6 +58,8 @@ class BucketTier(DeepTier):
         self._sequence: int | None = None  # this writer's next manifest object, found at its first write
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(PARALLEL, thread_name_prefix="kvpool-object-tier")
+        self._folding = ThreadPoolExecutor(1, thread_name_prefix="kvpool-object-tier-fold")  # compactions
+        self._closing = threading.Event()
 
     def path(self, key: bytes, generation: int) -> str:
         return f"{self.base}{OBJECTS_DIR}/{object_name(key, generation)}"
@@ -220,7 +223,8 @@ class BucketTier(DeepTier):
     def scan(self, now_ms: int) -> Scan:
         """What every writer's manifest run says the tier holds, without reading an object: one listing of
         manifests/ and one GET per manifest object, in parallel. A writer's view (a node's) that found more than
-        COMPACT_AFTER manifest objects folds them into a few of its own (compact), so the next scan reads few."""
+        COMPACT_AFTER manifest objects folds them into a few of its own (compact, in a thread of its own after the
+        scan has answered), so the next scan reads few."""
         runs: dict[str, list[str]] = {}
         prefix = f"{self.base}{MANIFESTS_DIR}/"
         for page in self.bucket.list(prefix):
@@ -236,7 +240,7 @@ class BucketTier(DeepTier):
                      for writer in sorted(runs)]
         result = fold(manifests, now_ms)
         if self.writer is not None and len(names) > COMPACT_AFTER:
-            self._compact(result, names, now_ms)
+            self._folding.submit(self._compact, result, names, now_ms)  # the scan's answer need not wait
         return result
 
     def _compact(self, result: Scan, folded: list[str], now_ms: int) -> None:
@@ -248,10 +252,16 @@ class BucketTier(DeepTier):
                                                    entry.size, entry.checksum, entry.flags, entry.raw_size,
                                                    now_ms + entry.ttl_ms if entry.ttl_ms else 0))
                    for entry in inventory.decode(result.reply)]
-        for start in range(0, len(records), SNAPSHOT_RECORDS):
-            self._record(records[start:start + SNAPSHOT_RECORDS])
-        for _ in self._threads.map(self.bucket.delete, folded):
-            pass
+        try:
+            for start in range(0, len(records), SNAPSHOT_RECORDS):
+                self._record(records[start:start + SNAPSHOT_RECORDS])
+            for start in range(0, len(folded), DELETE_CHUNK):  # a closing tier stops between chunks
+                if self._closing.is_set():
+                    return
+                for _ in self._threads.map(self.bucket.delete, folded[start:start + DELETE_CHUNK]):
+                    pass
+        except KvpoolError as exc:
+            log.warning("folding the object tier's manifests stopped (%s): the next scan folds them", exc)
 
     def _manifest_bytes(self, name: str) -> bytes | None:
         """A manifest object's records; b"" if it went after the listing; None if it is refused (encrypted with
@@ -264,7 +274,13 @@ class BucketTier(DeepTier):
             log.warning("manifest object skipped: %s", exc)
             return None
 
+    def wait_for_folds(self, timeout: float | None = None) -> None:
+        """Until the compactions scans started have ended (TimeoutError after `timeout` seconds)."""
+        self._folding.submit(lambda: None).result(timeout)
+
     def close(self) -> None:
+        self._closing.set()
+        self._folding.shutdown(wait=True)
         self._threads.shutdown(wait=True)
 
 

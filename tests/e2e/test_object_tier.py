@@ -149,6 +149,7 @@ def test_a_scan_past_many_manifests_folds_them_into_a_few(bucket, monkeypatch):
         b.remove(b"key-00", 1)
         before = scanned(a)
         assert len(before) == 11 and b"key-00" not in before
+        a.wait_for_folds(30)
         manifests = [name for page in bucket.list("c/manifests/") for name, _ in page]
         assert len(manifests) == 3  # a's 11 live objects, 5 to a manifest object; the 13 folded are gone
         assert scanned(b) == before
