@@ -31,6 +31,7 @@ from kvpool.sharedfs.files import DeepTier, SharedDir
 from kvpool.storenode.storage import policy
 from kvpool.storenode.storage.dram import DramSegment, remove_stale_segments, segment_name
 from kvpool.storenode.background.maintenance import Maintenance
+from kvpool.storenode.background.stop_keep import STOP_GRACE, keep_on_stop
 from kvpool.storenode.serving.metrics import NodeMetrics
 from kvpool.storenode.storage.recovery import recover
 from kvpool.storenode.background.registration import NodeRegistration
@@ -124,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-capacity", type=_size, default=0, metavar="SIZE",
                    help="bytes the leader keeps the shared tier within (0: the free space of its file system "
                         f"when the node starts; of a bucket, {OBJECT_STORE_CAPACITY >> 40} TiB)")
+    p.add_argument("--stop-grace", type=float, default=STOP_GRACE, metavar="SECONDS",
+                   help="on SIGTERM / SIGINT, seconds a node with a shared tier spends writing what it holds there "
+                        f"before it leaves (default {STOP_GRACE:g}: within Kubernetes' default 30 s termination "
+                        "grace; 0: leave at once; a second signal leaves at once)")
     p.add_argument("--shared-dir-share", type=_size, default=0, metavar="SIZE",
                    help="with both --shared-dir and --object-store: bytes of its own files this node keeps in the "
                         "directory before moving the oldest on to the bucket (0: a quarter of the directory's "
@@ -187,6 +192,8 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
     if args.shared_dir_share and not (args.shared_dir and args.object_store):
         parser.error("--shared-dir-share is the directory's part of a shared tier over a bucket: give it with both "
                      "--shared-dir and --object-store")
+    if not args.stop_grace >= 0:
+        parser.error("--stop-grace must be 0 (leave at once) or positive seconds")
     if not args.frame_timeout > 0:  # also NaN
         parser.error("--frame-timeout must be positive")
     if not args.etcd_wait > 0:
@@ -332,6 +339,9 @@ async def _serve(args) -> int:
         await stopping.wait()
         health.ready = lambda: (False, "stopping")
         log.info("stopping")
+        if shared is not None and args.stop_grace > 0:
+            stopping.clear()  # a second signal: leave at once
+            await _first(keep_on_stop(store, shared, args.stop_grace), stopping.wait())
         return 0
     except (OSError, KvpoolError) as exc:
         log.error("storage node failed: %s", exc)
@@ -350,6 +360,17 @@ async def _serve(args) -> int:
             metrics_http.close()
         for tier in store.tiers:
             tier.segment.close()
+
+
+async def _first(keeping, signalled) -> None:
+    """Run `keeping` until it ends or `signalled` does (then `keeping` is cancelled)."""
+    tasks = [asyncio.ensure_future(keeping), asyncio.ensure_future(signalled)]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    if not tasks[0].done():
+        log.warning("stopping at once: a second signal came before the shared tier took everything")
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _tenants_changed(server, shares) -> None:

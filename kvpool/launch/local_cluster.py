@@ -388,9 +388,12 @@ class LocalCluster:
                    what=f"the master to list {count} storage nodes")
 
     def stop(self) -> None:
+        from ..storenode.background.stop_keep import STOP_GRACE
         from ..storenode.storage.dram import remove_stale_segments
 
-        for child in [*self.nodes, *(self.masters or [self.master])]:
+        for child in self.nodes:  # one at a time, as a rolling stop: each writes its objects to a shared tier first
+            child.stop(STOP_GRACE + 5)
+        for child in self.masters or [self.master]:
             if child is not None:
                 child.stop()
         for node in self.nodes:  # a node that was killed could not unlink its DRAM segment itself
