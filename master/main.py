@@ -270,5 +270,9 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"kvpool-master: --etcd: {exc}", file=sys.stderr)
         return 2
-    fit_connection_caps(args)
+    try:
+        fit_connection_caps(args)
+    except ValueError as exc:  # a limit of this machine's that leaves it unable to serve
+        print(f"kvpool-master: {exc}", file=sys.stderr, flush=True)
+        return 1
     return run_server(serve(args), fast_loop=True)  # no sendfile here: uvloop serves the control port

@@ -210,7 +210,11 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     args, _ = config.resolve(parser, "storenode", argv)
-    _check(parser, args)
+    try:
+        _check(parser, args)
+    except ValueError as exc:  # a limit of this machine's that leaves it unable to serve
+        print(f"kvpool-storenode: {exc}", file=sys.stderr, flush=True)
+        return 1
     args.secret = auth.secret_of(parser, args)
     args.tls = tls.files_of(parser, args)
     return run_server(_serve(args), fast_loop=True)  # SSD reads use kvpool/sockets/socket_output.py, not sock_sendfile

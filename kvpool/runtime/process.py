@@ -29,6 +29,7 @@ def _loop_factory(fast: bool):
 # Descriptors kept out of every connection cap: etcd and gRPC channels, the member's connections to nodes,
 # segment and log files, the metrics server, the loop's own (epoll, self-pipe), the executor's files.
 DESCRIPTOR_RESERVE = 256
+MIN_CONNECTIONS = 64  # fewer than this fitting under the descriptor limit refuses to start (fit_caps)
 
 
 def descriptor_budget(reserve: int = DESCRIPTOR_RESERVE) -> int:
@@ -49,11 +50,20 @@ def descriptor_budget(reserve: int = DESCRIPTOR_RESERVE) -> int:
 
 
 def fit_caps(caps: dict[str, int], shrink: str, budget: int) -> dict[str, int]:
-    """The connection caps `caps` (flag name -> value), with caps[shrink] lowered (to no less than 1) so
-    that they add up to at most `budget` descriptors; the others are small and kept as given."""
+    """The connection caps `caps` (flag name -> value), with caps[shrink] lowered so that they add up to at most
+    `budget` descriptors; the others are small and kept as given. ValueError, one line naming the cause and the
+    fix, when that leaves caps[shrink] fewer than MIN_CONNECTIONS (and fewer than asked): such a server would
+    serve a handful of peers at a time and turn the rest away."""
     others = sum(value for name, value in caps.items() if name != shrink)
     fitted = dict(caps)
     fitted[shrink] = max(1, min(caps[shrink], budget - others))
+    if fitted[shrink] < min(MIN_CONNECTIONS, caps[shrink]):
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        raise ValueError(f"the open-file limit ({limit}) leaves room for {max(0, budget - others)} of the "
+                         f"{caps[shrink]} connections {shrink} asks ({DESCRIPTOR_RESERVE} descriptors are kept for "
+                         f"files and the rest for {', '.join(name for name in caps if name != shrink)}): raise it "
+                         f"(ulimit -n 65536; systemd LimitNOFILE=; docker --ulimit nofile=65536) or give "
+                         f"{shrink} {MIN_CONNECTIONS} or fewer")
     if fitted[shrink] < caps[shrink]:
         logging.getLogger(__name__).warning("%s lowered from %d to %d to fit the descriptor limit (%d usable)",
                                             shrink, caps[shrink], fitted[shrink], budget)

@@ -1,10 +1,13 @@
 """What bounds the master's gRPC port (grpc core's own options, master/main.py grpc_bounds) and every server's
-descriptor limit (kvpool/runtime/process.py descriptor_budget), on real processes. The node and control ports'
+descriptor limit (kvpool/runtime/process.py descriptor_budget; one too low to serve refuses to start), on real
+processes. The node and control ports'
 unproved pools and deadlines are benchmarks/hostile_sockets.py's cases (tests/e2e/test_hostile_peers.py)."""
 
 import resource
 import select
 import socket
+import subprocess
+import sys
 import time
 
 from storenode_harness import member_credential
@@ -75,3 +78,15 @@ def test_every_server_raises_its_descriptor_limit_to_the_hard_one(own_cluster):
         with open(f"/proc/{child.proc.pid}/limits") as f:
             line = next(line for line in f if line.startswith("Max open files"))
         assert line.split()[3] == line.split()[4] == str(hard), (child.name, line, low)
+
+
+def test_a_descriptor_limit_too_low_to_serve_stops_each_server_at_start_with_one_line():
+    def low_limit():  # what a container started with --ulimit nofile=256 gives its processes
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    for command in (["storenode", "--etcd", "127.0.0.1:1", "--dram", "16MiB"], ["master", "--etcd", "127.0.0.1:1"]):
+        done = subprocess.run([sys.executable, "-m", "kvpool.commands.cli", *command], capture_output=True, text=True,
+                              timeout=60, preexec_fn=low_limit)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, (command, done.stderr)
+        assert "open-file limit (256)" in lines[0] and "ulimit -n" in lines[0], lines[0]

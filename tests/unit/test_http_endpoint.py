@@ -4,6 +4,8 @@ servers fit their connection caps under the descriptor limit (kvpool/runtime/pro
 
 import asyncio
 
+import pytest
+
 from prometheus_client import CollectorRegistry, Counter
 
 from kvpool.runtime.http_endpoint import HttpEndpoint
@@ -74,4 +76,8 @@ def test_caps_are_fitted_under_the_descriptor_budget():
     caps = {"--max-connections": 4096, "--max-unproved": 256, "metrics connections": 64}
     assert fit_caps(caps, "--max-connections", 10_000) == caps
     assert fit_caps(caps, "--max-connections", 1024 - 256)["--max-connections"] == 1024 - 256 - 256 - 64
-    assert fit_caps(caps, "--max-connections", 100)["--max-connections"] == 1  # never below one
+    assert fit_caps(caps, "--max-connections", 64 + 320)["--max-connections"] == 64
+    with pytest.raises(ValueError, match=r"leaves room for 63 of the 4096 connections --max-connections asks.*"
+                                         r"ulimit -n"):
+        fit_caps(caps, "--max-connections", 63 + 320)
+    assert fit_caps({**caps, "--max-connections": 10}, "--max-connections", 330)["--max-connections"] == 10
