@@ -12,7 +12,7 @@ from .errors import (
     PutOutcomeUnknownError, StaleReplicaError, UnavailableError, ValueTooLargeError,
 )
 
-__version__ = "0.1.0"
+from .protocol.release import VERSION as __version__  # the release, written in that one place
 
 __all__ = [
     "Client", "AsyncClient", "KvpoolError", "KeyNotFoundError", "KeyExistsError", "NoSpaceError",

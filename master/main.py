@@ -26,7 +26,8 @@ from kvpool.security.grpc_auth import ServerAuth
 from kvpool.security.replay_cache import CAPACITY as REMEMBERED_PROOFS
 from kvpool.security.replay_cache import ReplayCache
 from kvpool.runtime.health import HTTP_CONNECTIONS
-from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server
+from kvpool.runtime.process import (cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server,
+                                    version_line)
 from kvpool.sockets.admission import UNPROVED, UNPROVED_PER_ADDRESS
 from kvpool.protocol.units import parse_size
 
@@ -62,6 +63,7 @@ def size(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool master", description="Run the kvpool master (control plane).")
+    p.add_argument("--version", action="version", version=version_line("kvpool-master"))
     config.add_config_option(p)
     p.add_argument("--etcd", required=True, metavar="HOST:PORT", help="etcd endpoint")
     p.add_argument("--host", default="127.0.0.1", help="address to serve gRPC on (default 127.0.0.1)")
@@ -127,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def serve(args) -> int:
     etcd_host, etcd_port = cluster_layout.parse_hostport(args.etcd)
     master_id = args.master_id or f"{socket.gethostname()}-{os.getpid()}"
+    log.info("%s, master %s", version_line("kvpool-master"), master_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,7 +20,8 @@ from kvpool.protocol import transports
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, SHARED_TIER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError, UnavailableError
 from kvpool.runtime.health import HTTP_CONNECTIONS, Health, serve_http
-from kvpool.runtime.process import cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server
+from kvpool.runtime.process import (cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server,
+                                    version_line)
 from kvpool.protocol.units import parse_size
 from kvpool.objectstore.bucket import Bucket
 from kvpool.objectstore.settings import settings_for
@@ -101,6 +102,7 @@ def _size(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool storenode", description="Run a kvpool storage node.")
+    p.add_argument("--version", action="version", version=version_line("kvpool-storenode"))
     config.add_config_option(p)
     p.add_argument("--etcd", required=True, type=_hostport, metavar="HOST:PORT", help="etcd client endpoint")
     p.add_argument("--dram", required=True, type=_positive_size, metavar="SIZE",
@@ -257,6 +259,7 @@ def _open_tiers(args, node_id: str, instance: str):
 async def _serve(args) -> int:
     node_id = args.node_id or f"node-{secrets.token_hex(4)}"
     instance = uuid.uuid4().hex
+    log.info("%s, node %s", version_line("kvpool-storenode"), node_id)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -6,6 +6,7 @@ import re
 import sys
 
 from ..runtime import config
+from ..runtime.process import version_line
 from ..protocol.cluster_layout import DEFAULT_CLUSTER
 from ..protocol.units import parse_size
 
@@ -236,6 +237,7 @@ def _engine(text: str) -> tuple[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvpool", description="Distributed KV-cache block store")
+    parser.add_argument("--version", action="version", version=version_line("kvpool"))
     parser.add_argument("--debug", action="store_true",
                         help=f"a failed command also prints its traceback (or set {DEBUG_ENV}=1); "
                              "accepted anywhere on the line")

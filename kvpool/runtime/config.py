@@ -31,7 +31,7 @@ SHARED = "cluster"  # the table whose keys go to every command that has the opti
 SHARED_KEYS = frozenset({"etcd", "cluster", "master", "token_file", "tls_dir", "host", "metrics_port",
                          "allow_etcd_without_auth"})
 COMMANDS = ("master", "storenode", "up", "router")
-_NOT_SETTINGS = {"help", "config"}
+_NOT_SETTINGS = {"help", "config", "version"}
 
 
 class ConfigError(ValueError):

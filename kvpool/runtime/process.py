@@ -9,6 +9,8 @@ import resource
 import socket
 import sys
 
+from ..protocol import release, wire
+
 # KVPOOL_EVENT_LOOP=asyncio runs a server that asks for uvloop on the standard loop instead.
 EVENT_LOOP_ENV = "KVPOOL_EVENT_LOOP"
 
@@ -68,6 +70,19 @@ def fit_caps(caps: dict[str, int], shrink: str, budget: int) -> dict[str, int]:
         logging.getLogger(__name__).warning("%s lowered from %d to %d to fit the descriptor limit (%d usable)",
                                             shrink, caps[shrink], fitted[shrink], budget)
     return fitted
+
+
+def version_line(program: str) -> str:
+    """What `--version` prints and a server logs as it starts: the release and the wire protocol it speaks."""
+    return f"{program} {release.VERSION} (wire protocol {wire.VERSION})"
+
+
+def register_build_info(registry) -> None:
+    """kvpool_build_info{version, wire_protocol} 1 in a server's metrics (which release each process runs)."""
+    from prometheus_client import Info
+
+    Info("kvpool_build", "The kvpool release this process runs and the wire protocol it speaks",
+         registry=registry).info({"version": release.VERSION, "wire_protocol": str(wire.VERSION)})
 
 
 def run_server(main_coro, fast_loop: bool = False) -> int:

@@ -18,6 +18,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from kvpool.runtime.health import Health, serve_http
+from kvpool.runtime.process import register_build_info
 
 from kvpool.master.table.objects import ObjectTable
 
@@ -192,6 +193,7 @@ class MasterMetrics:
     def __init__(self, table: ObjectTable, registry: CollectorRegistry | None = None):
         # A registry of its own: several masters may live in one test process.
         self.registry = registry or CollectorRegistry()
+        register_build_info(self.registry)
         self.rpcs = RpcStats(self.registry)
         self.unauthenticated = Counter("kvpool_master_grpc_unauthenticated",
                                        "gRPC calls refused for a missing or wrong credential", registry=self.registry)

@@ -10,6 +10,8 @@ from bisect import bisect_left
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from kvpool.runtime.process import register_build_info
+
 _LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25, 1.0)
 
 # Per-tier values read from the tiers at scrape time instead of being updated per request.
@@ -166,6 +168,7 @@ class _RequestCollector:
 class NodeMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
+        register_build_info(self.registry)
         r = self.registry
         self.bytes_in = Total()
         self.bytes_out = Total()
