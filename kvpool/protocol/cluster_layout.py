@@ -10,7 +10,7 @@ Every key lives under /kvpool/<cluster>/ so clusters can share one etcd.
 """
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 DEFAULT_CLUSTER = "default"
 
@@ -75,9 +75,18 @@ class NodeRecord:
 
     @classmethod
     def from_json(cls, raw: bytes) -> "NodeRecord":
-        data = json.loads(raw)
-        data["tiers"] = {name: TierRecord(**tier) for name, tier in data.get("tiers", {}).items()}
+        """The record a node registered. Fields this release does not know are left out, not refused: a node of
+        a newer release may add some, and a master of this one must still take its record (docs/upgrades.md)."""
+        data = _known(cls, json.loads(raw))
+        data["tiers"] = {name: TierRecord(**_known(TierRecord, tier)) for name, tier in data.get("tiers", {}).items()}
         return cls(**data)
+
+
+def _known(record_class, data: dict) -> dict:
+    if not isinstance(data, dict):
+        raise ValueError(f"a {record_class.__name__} is a JSON object, not {type(data).__name__}")
+    names = {f.name for f in fields(record_class)}
+    return {name: value for name, value in data.items() if name in names}
 
 
 def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
