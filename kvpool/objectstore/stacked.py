@@ -125,7 +125,7 @@ class StackedTier(DeepTier):
         if freed:
             self._removed(self.lower, freed)
         if landed:
-            self._removed(self.upper, landed)  # its REMOVED records first: the bucket's copy is the one read
+            self._removed(self.upper, landed)  # now the bucket's copy is the one read
             self.spilled += len(landed)
             self.spilled_bytes += sum(obj.size for obj in landed)
         return len(landed) + len(gone)
