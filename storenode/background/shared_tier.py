@@ -59,7 +59,7 @@ class SharedTier:
         The file of one freed meanwhile (the master replaced or removed it) goes at once: this node would
         otherwise serve it from there to a reader whose placement still names this node."""
         store = self.store
-        batch = [rec for rec in recs if rec.live and rec.refcount == 0 and (rec.dram, rec.ssd) != (None, None)]
+        batch = [rec for rec in recs if rec.held and rec.refcount == 0]
         for rec in batch:
             store.acquire(rec)  # neither freed nor moved while the thread reads it
         try:

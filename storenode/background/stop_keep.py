@@ -26,8 +26,8 @@ async def keep_on_stop(store: ObjectStore, shared: SharedTier, grace: float) -> 
     deadline = loop.time() + grace
     before = shared.moved
     await shared.write_staged()
-    held = sorted((rec for rec in store.index if rec.live and (rec.dram, rec.ssd) != (None, None)),
-                  key=lambda rec: (rec.hits, rec.last_access), reverse=True)
+    held = sorted((rec for rec in store.index if rec.held), key=lambda rec: (rec.hits, rec.last_access),
+                  reverse=True)
     for start in range(0, len(held), BATCH):
         if loop.time() >= deadline:
             break
@@ -36,7 +36,7 @@ async def keep_on_stop(store: ObjectStore, shared: SharedTier, grace: float) -> 
         if batch and shared.moved == moved:  # the tier takes nothing (down, full): the grace is not spent on it
             break
     kept = shared.moved - before
-    left = sum(1 for rec in held if rec.live and (rec.dram, rec.ssd) != (None, None))
+    left = sum(1 for rec in held if rec.held)
     while store.has_dropped() and loop.time() < deadline:
         await asyncio.sleep(HEARD_POLL)
     spent = grace - max(0.0, deadline - loop.time())

@@ -34,6 +34,11 @@ class ObjectRecord:
     tenant: object = None        # its tenant's TenantUsage (storenode/storage/tenant_usage.py), set by the store
 
     @property
+    def held(self) -> bool:
+        """Live, with a copy in this node's DRAM or SSD (not only staged for, or moved to, the shared tier)."""
+        return self.live and (self.dram is not None or self.ssd is not None)
+
+    @property
     def hard_pin(self) -> bool:
         return self.flags & _HARD_PIN != 0
 
