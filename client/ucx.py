@@ -451,7 +451,9 @@ def parse_offer(hello) -> tuple:
 def parse_reply(answer: bytearray, op: int, req_id: int, address: str) -> tuple[int, str]:
     """(status, error message) of a REPLY; ProtocolError if it does not answer (op, req_id)."""
     magic, version, reply_op, reply_id, status, _flags, length, _checksum = wire.REPLY.unpack_from(answer)
-    if magic != wire.MAGIC or version != wire.VERSION or reply_op != op or reply_id != req_id:
+    if magic == wire.MAGIC and version != wire.VERSION:
+        raise wire.version_mismatch(f"node {address}", version)
+    if magic != wire.MAGIC or reply_op != op or reply_id != req_id:
         raise ProtocolError(f"node {address}: UCX reply (op {reply_op}, id {reply_id}) does not answer "
                             f"op {op}, id {req_id}")
     if status == Code.OK:

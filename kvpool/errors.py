@@ -131,6 +131,15 @@ class ProtocolError(KvpoolError):
     code = Code.PROTOCOL
 
 
+class VersionMismatchError(ProtocolError):
+    """The peer speaks another version of the wire protocol: nothing it sends is read as this version's. The
+    message names both (`ours`, `theirs`) and the way across (docs/upgrades.md)."""
+
+    def __init__(self, message: str, ours: int = 0, theirs: int = 0):
+        super().__init__(message)
+        self.ours, self.theirs = ours, theirs
+
+
 class ForbiddenError(KvpoolError, PermissionError):
     """The caller's role or tenant scope does not allow the call or the key."""
 

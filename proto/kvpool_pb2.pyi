@@ -372,7 +372,7 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., watermark: _Optional[str] = ..., pinned_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "tiers", "objects", "transports", "zone", "draining", "reports")
+    __slots__ = ("node_id", "address", "tiers", "objects", "transports", "zone", "draining", "reports", "version")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +381,7 @@ class NodeStats(_message.Message):
     ZONE_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -389,10 +390,11 @@ class NodeStats(_message.Message):
     zone: str
     draining: bool
     reports: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ..., reports: _Optional[int] = ...) -> None: ...
+    version: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ..., reports: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address", "tenants", "shared")
+    __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address", "tenants", "shared", "version", "wire_protocol")
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +415,8 @@ class StatsResponse(_message.Message):
     CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WIRE_PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     master_id: str
     address: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStats]
@@ -433,7 +437,9 @@ class StatsResponse(_message.Message):
     control_address: str
     tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
     shared: SharedTierStats
-    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ..., control_address: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., shared: _Optional[_Union[SharedTierStats, _Mapping]] = ...) -> None: ...
+    version: str
+    wire_protocol: int
+    def __init__(self, master_id: _Optional[str] = ..., address: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStats, _Mapping]]] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., pending_puts: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., removes: _Optional[int] = ..., reclaimed_puts: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ..., term: _Optional[int] = ..., under_replicated: _Optional[int] = ..., repairs_done: _Optional[int] = ..., repair_bytes: _Optional[int] = ..., control_address: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., shared: _Optional[_Union[SharedTierStats, _Mapping]] = ..., version: _Optional[str] = ..., wire_protocol: _Optional[int] = ...) -> None: ...
 
 class SharedTierStats(_message.Message):
     __slots__ = ("capacity", "used", "objects", "servers")

@@ -1,5 +1,7 @@
 """`kvpool status`: the master's Stats reply as a table, one row per tier of each node."""
 
+from collections import Counter
+
 from ..proto import kvpool_pb2
 from ..protocol.units import format_size
 
@@ -21,6 +23,14 @@ def _tier_row(node, tier) -> list[str]:
             ",".join(node.transports)]
 
 
+def _versions(stats) -> str:
+    """The releases the cluster runs: a rolling upgrade shows as nodes of two."""
+    counts = Counter(node.version or "unknown" for node in stats.nodes)
+    nodes = ", ".join(f"{version} on {count}" for version, count in sorted(counts.items()))
+    return (f"releases: master {stats.version or 'unknown'} (wire protocol {stats.wire_protocol or '?'}); "
+            f"nodes {nodes or 'none'}")
+
+
 def render_status(stats) -> str:
     rows = [list(_COLUMNS)]
     for node in sorted(stats.nodes, key=lambda n: n.node_id):
@@ -37,6 +47,7 @@ def render_status(stats) -> str:
                f"lookups: {stats.hits} hits, {stats.misses} misses (hit rate {hit_rate})\n"
                f"replica health: {stats.under_replicated} objects below their copy target; "
                f"repairs done {stats.repairs_done} ({format_size(stats.repair_bytes)})")
+    summary += "\n" + _versions(stats)
     if stats.HasField("shared"):
         shared = stats.shared
         share = 100.0 * shared.used / shared.capacity if shared.capacity else 0.0

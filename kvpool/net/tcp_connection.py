@@ -347,6 +347,8 @@ class Connection:
         await self._recv_header(self._header_view)
         magic, version, op, req_id, status, flags, length, stored_checksum = _unpack_reply(header)
         if magic != wire.MAGIC or version != wire.VERSION:
+            if magic == wire.MAGIC:
+                raise wire.version_mismatch(f"node {self.address}", version)
             raise ProtocolError(f"bad reply frame (magic {magic!r}, version {version})")
         if op == wire.TURNED_AWAY and status != _OK:  # answers no request: the node closes
             message = (await self._recv_bytes(length)).decode("utf-8", "replace")

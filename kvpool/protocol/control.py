@@ -18,7 +18,7 @@ import json
 
 from ..errors import ClusterUnavailableError, Code, NotLeaderError, ProtocolError, UnavailableError, error_for
 from ..proto import kvpool_pb2 as pb
-from .wire import MAGIC, REPLY, REQUEST, VERSION, Op
+from .wire import MAGIC, REPLY, REQUEST, VERSION, Op, version_mismatch
 
 MAX_BODY = 64 << 20  # as gRPC's message limit at the master: batches of thousands of keys fit
 
@@ -186,6 +186,8 @@ class ControlCalls:
         while size - start >= _REPLY_SIZE:
             magic, version, _op, req_id, status, _flags, length, _sum = _unpack_reply(data, start)
             if magic != MAGIC or version != VERSION:
+                if magic == MAGIC:
+                    raise version_mismatch(f"master {self.address}", version)
                 raise ProtocolError(f"master {self.address}: bad reply frame (magic {bytes(magic)!r}, "
                                     f"version {version})")
             end = start + _REPLY_SIZE + length

@@ -19,7 +19,11 @@ in its DRAM and SSD tiers the bytes live and may move them between tiers, so
 nobody else ever names an offset.
 
 A frame with a wrong magic or version, or a key longer than MAX_KEY_BYTES,
-cannot be resynchronised: the node closes the connection. A WRITE it cannot
+cannot be resynchronised: the node closes the connection (at a frame of another
+version after one refusal naming both versions, TURNED_AWAY with status PROTOCOL).
+Every version keeps magic and version as the first three bytes of both headers, so
+peers of any two versions tell each other apart (VersionMismatchError) instead of
+misreading a frame. A WRITE it cannot
 take (no space, bad length) gets an error reply and, as its payload cannot be
 skipped safely, a closed connection.
 
@@ -33,13 +37,16 @@ not in request order: req_id matches them. A reply status other than OK is
 about the frame: NOT_LEADER (body: JSON {"leader", "control_address"} of the
 leader, "" while none is known), INVALID_ARGUMENT (a body that is not the
 op's request), PROTOCOL (an unknown op, or a key) or TOO_LARGE (a body over
-control.MAX_BODY; the connection then closes). A bad magic or version, or a
-frame stalled half-received, closes the connection without a reply.
+control.MAX_BODY; the connection then closes). A bad magic, or a frame
+stalled half-received, closes the connection without a reply; another
+version gets the refusal naming both first.
 """
 
 import struct
 from enum import IntEnum, IntFlag
 
+from ..errors import Code, VersionMismatchError
+from . import release
 from .keys import MAX_KEY_BYTES
 
 MAGIC = b"KV"
@@ -191,3 +198,17 @@ def pack_error(op: int, req_id: int, status: int, message: str) -> bytes:
     """A complete error reply: header plus message."""
     body = message.encode("utf-8", "replace")[:4096]
     return REPLY.pack(MAGIC, VERSION, op, req_id, status, 0, len(body), 0) + body
+
+
+def version_mismatch(peer: str, version: int) -> VersionMismatchError:
+    """The error for a frame from `peer` that carries our magic and another wire protocol `version`."""
+    return VersionMismatchError(
+        f"{peer} speaks wire protocol {version}, this process wire protocol {VERSION} (kvpool {release.VERSION}): "
+        "clients, nodes and masters must share one; across a wire change stop the cluster cleanly and start it "
+        "on the new release (docs/upgrades.md)", ours=VERSION, theirs=version)
+
+
+def version_refusal(peer: str, version: int) -> bytes:
+    """What a server sends a peer of another wire protocol before it closes the connection: a TURNED_AWAY
+    reply (in this version's framing, which the peer tells apart by its version byte) naming both versions."""
+    return pack_error(TURNED_AWAY, 0, Code.PROTOCOL, str(version_mismatch(peer, version)))

@@ -337,7 +337,9 @@ class PeerHandshake:
         """The AUTH frame to send in answer to the server's first frame (b"" when the server is open
         and we have no credential); the server's error when it turned us away instead."""
         magic, version, op, _req_id, status, flags, length, _sum = wire.REPLY.unpack_from(header)
-        if magic != wire.MAGIC or version != wire.VERSION:
+        if magic == wire.MAGIC and version != wire.VERSION:
+            raise wire.version_mismatch(self.server, version)
+        if magic != wire.MAGIC:
             raise ProtocolError(f"{self.server} did not open with a kvpool challenge "
                                 f"(magic {bytes(magic)!r}, version {version}): not a kvpool server of this version")
         if status != Code.OK:  # e.g. TURNED_AWAY at its connection limit

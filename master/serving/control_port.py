@@ -228,6 +228,10 @@ class _Connection(asyncio.Protocol):
         while size - start >= _HEADER:
             magic, version, op, req_id, key_len, _flags, _gen, _arg, length, _sum = _unpack_header(buf, start)
             if magic != wire.MAGIC or version != wire.VERSION:
+                if magic == wire.MAGIC:  # a peer of another release: told so, naming both versions
+                    self._reply(wire.version_refusal("this master", version))
+                    self._refuse("version", str(wire.version_mismatch(self._peer(), version)))
+                    return
                 self._refuse("bad_frame", f"bad magic/version {bytes(magic)!r}/{version}")
                 return
             if self.handshake is not None and (key_len > MAX_IDENT or length != NONCE + PROOF):

@@ -196,7 +196,7 @@ def node_stats(node: NodeState, objects: int) -> pb.NodeStats:
     tiers = [tier_stats(node, name) for name in sorted(set(node.capacity) | set(node.reported))]
     return pb.NodeStats(node_id=node.node_id, address=node.address, tiers=tiers, objects=objects,
                         transports=node.transports, zone=node.zone, draining=node.draining,
-                        reports=node.reports)
+                        reports=node.reports, version=node.version)
 
 
 def shared_stats(shared: SharedTier) -> dict:

@@ -18,7 +18,7 @@ import types
 import grpc
 
 from kvpool.errors import ForbiddenError, InvalidArgumentError, KeyNotFoundError, KvpoolError
-from kvpool.protocol import control
+from kvpool.protocol import control, release, wire
 from kvpool.protocol.keys import DEFAULT_LIST_LIMIT, validate_key, validate_keys, validate_listing
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc
@@ -425,7 +425,8 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
     def Stats(self, request):
         caller = self.caller
         if caller.tenant:  # a tenant sees the masters (to find and follow the leader) and its own figures only
-            return pb.StatsResponse(master_id=self.master_id, address=self.address,
+            return pb.StatsResponse(master_id=self.master_id, address=self.address, version=release.VERSION,
+                                    wire_protocol=wire.VERSION,
                                     control_address=self.control_address,
                                     tenants=self.tenants.figures([caller.tenant]) if self.tenants else (),
                                     **self._leadership_stats())
@@ -434,6 +435,7 @@ class MasterService(kvpool_pb2_grpc.MasterServicer):
                  for node in sorted(t.nodes.values(), key=lambda n: n.node_id) if not node.shared]
         return pb.StatsResponse(
             master_id=self.master_id, address=self.address, control_address=self.control_address,
+            version=release.VERSION, wire_protocol=wire.VERSION,
             nodes=nodes, objects=t.object_count, bytes=t.total_bytes, pending_puts=t.pending_count,
             under_replicated=t.under_replicated(), **messages.counter_stats(t.counters), **self._leadership_stats(),
             tenants=self.tenants.figures() if self.tenants is not None and caller.scope is None else (),

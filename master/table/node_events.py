@@ -89,6 +89,8 @@ class NodeEvents:
         node.reported = {name: dict(stats) for name, stats in tiers.items() if isinstance(stats, dict)}
         tenants = report.get("tenants")
         node.tenants = tenants if isinstance(tenants, dict) else {}
+        version = report.get("version")
+        node.version = version[:32] if isinstance(version, str) else ""
         node.reported_up_to(mark)
         node.reports += 1
         self._ledger.counters.reports += 1

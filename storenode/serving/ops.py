@@ -14,7 +14,7 @@ import asyncio
 import struct
 from typing import NamedTuple
 
-from kvpool.protocol import wire
+from kvpool.protocol import release, wire
 from kvpool.security.roles import MEMBER_OPS, TENANT_REFUSED_OPS, Caller, Role
 from kvpool.errors import (ChecksumMismatchError, ForbiddenError, InternalError, KeyExistsError,
                            InvalidArgumentError, KeyNotFoundError, NotLeaderError, StaleReplicaError)
@@ -257,6 +257,7 @@ class MemberOps:
     def report(self, term: int) -> dict:
         current = self._believe(term)
         report = self.store.report(self.node.node_id)
+        report["version"] = release.VERSION
         if current and not self.node.grant.reported():
             report["lapsed"] = True  # the leader reconciles this node before it serves reads again
         return report

@@ -144,7 +144,7 @@ class TcpSession(Framing):
         await self.fill(_HEADER)
         magic, version, op, req_id, key_len, role, _gen, _arg, length, _sum = _unpack_request(self.buf, self.start)
         if magic != _MAGIC or version != _VERSION:
-            log.warning("closing a data connection: bad magic/version %r/%d before AUTH", magic, version)
+            self._refuse_frame(magic, version, "before AUTH")
             return False
         size = _HEADER + key_len + length
         ident = payload = b""
@@ -167,6 +167,20 @@ class TcpSession(Framing):
         self.out += reply
         self.grow_staging()
         return True
+
+    def _refuse_frame(self, magic, version: int, when: str) -> None:
+        """A frame this node cannot read: a peer of another wire protocol is told so, naming both versions
+        (the connection then closes)."""
+        if magic == _MAGIC:
+            try:
+                peer = "%s:%s" % self.sock.getpeername()[:2]
+            except OSError:
+                peer = "a peer"
+            refusal = wire.version_mismatch(peer, version)
+            log.warning("closing a data connection: %s", refusal)
+            self.out += wire.version_refusal("this node", version)
+            return
+        log.warning("closing a data connection: bad magic/version %r/%d %s", bytes(magic), version, when)
 
     def _as_member(self, handler):
         """handler(connection, members, req), reached only by a peer that proved the member role:
@@ -193,7 +207,7 @@ class TcpSession(Framing):
             magic, version, op, req_id, key_len, flags, generation, arg, length, value_checksum = \
                 _unpack_request(self.buf, start)
             if magic != _MAGIC or version != _VERSION:
-                log.warning("closing a data connection: bad magic/version %r/%d", magic, version)
+                self._refuse_frame(magic, version, "")
                 return
             if key_len > MAX_KEY_BYTES:
                 log.warning("closing a data connection: key_len %d > %d", key_len, MAX_KEY_BYTES)

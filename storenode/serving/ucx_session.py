@@ -172,7 +172,10 @@ class UcxSession:
             return False
         magic, version, op, req_id, key_len, flags, generation, arg, length, value_checksum = \
             wire.REQUEST.unpack_from(frame)
-        if magic != wire.MAGIC or version != wire.VERSION or key_len > MAX_KEY_BYTES \
+        if magic == wire.MAGIC and version != wire.VERSION:
+            log.warning("closing a UCX connection: %s", wire.version_mismatch("its peer", version))
+            return False
+        if magic != wire.MAGIC or key_len > MAX_KEY_BYTES \
                 or len(frame) < _HEADER + key_len + (_OPTIONS if op == wire.Op.WRITE else 0):
             log.warning("closing a UCX connection: malformed request frame")
             return False
