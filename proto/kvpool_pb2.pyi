@@ -344,7 +344,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("tier", "capacity", "used", "objects", "hits", "misses", "demotions", "promotions", "evictions", "evicted_bytes", "watermark", "pinned_bytes")
+    __slots__ = ("tier", "capacity", "used", "objects", "hits", "misses", "demotions", "promotions", "evictions", "evicted_bytes", "watermark", "pinned_bytes", "fault")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +357,7 @@ class TierStats(_message.Message):
     EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     PINNED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     capacity: int
     used: int
@@ -369,10 +370,11 @@ class TierStats(_message.Message):
     evicted_bytes: int
     watermark: str
     pinned_bytes: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., watermark: _Optional[str] = ..., pinned_bytes: _Optional[int] = ...) -> None: ...
+    fault: str
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., watermark: _Optional[str] = ..., pinned_bytes: _Optional[int] = ..., fault: _Optional[str] = ...) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "tiers", "objects", "transports", "zone", "draining", "reports", "version")
+    __slots__ = ("node_id", "address", "tiers", "objects", "transports", "zone", "draining", "reports", "shared_fault", "version")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +383,7 @@ class NodeStats(_message.Message):
     ZONE_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FAULT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
@@ -390,8 +393,9 @@ class NodeStats(_message.Message):
     zone: str
     draining: bool
     reports: int
+    shared_fault: str
     version: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ..., reports: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., objects: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., draining: _Optional[bool] = ..., reports: _Optional[int] = ..., shared_fault: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("master_id", "address", "nodes", "objects", "bytes", "pending_puts", "hits", "misses", "puts", "removes", "reclaimed_puts", "leader", "followers", "term", "under_replicated", "repairs_done", "repair_bytes", "control_address", "tenants", "shared", "version", "wire_protocol")

@@ -28,6 +28,7 @@ from kvpool.objectstore.settings import settings_for
 from kvpool.objectstore.stacked import StackedTier
 from kvpool.objectstore.tier import BucketTier
 from kvpool.sharedfs.files import DeepTier, SharedDir
+from kvpool.sharedfs.file_gate import FileGate
 
 from kvpool.storenode.storage import policy
 from kvpool.storenode.storage.dram import DramSegment, remove_stale_segments, segment_name
@@ -37,7 +38,7 @@ from kvpool.storenode.serving.metrics import NodeMetrics
 from kvpool.storenode.storage.recovery import recover
 from kvpool.storenode.background.registration import NodeRegistration
 from kvpool.storenode.serving.tcp_server import FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVED, MAX_UNPROVED_PER_ADDRESS, DataServer
-from kvpool.storenode.background.shared_tier import SharedTier
+from kvpool.storenode.background.shared_tier import TIMEOUT as SHARED_TIMEOUT, SharedTier
 from kvpool.storenode.storage.ssd import SsdSegment
 from kvpool.storenode.storage.store import ObjectStore
 from kvpool.storenode.storage.tenant_shares import TenantShares, capacity_of
@@ -127,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-capacity", type=_size, default=0, metavar="SIZE",
                    help="bytes the leader keeps the shared tier within (0: the free space of its file system "
                         f"when the node starts; of a bucket, {OBJECT_STORE_CAPACITY >> 40} TiB)")
+    p.add_argument("--shared-timeout", type=float, default=SHARED_TIMEOUT, metavar="SECONDS",
+                   help="seconds one call into the shared tier's file system may take (default "
+                        f"{SHARED_TIMEOUT:g}): past it, or at an I/O error, the tier is skipped until a probe "
+                        "answers (a mount whose server hangs never holds the node)")
     p.add_argument("--stop-grace", type=float, default=STOP_GRACE, metavar="SECONDS",
                    help="on SIGTERM / SIGINT, seconds a node with a shared tier spends writing what it holds there "
                         f"before it leaves (default {STOP_GRACE:g}: within Kubernetes' default 30 s termination "
@@ -196,6 +201,8 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
                      "--shared-dir and --object-store")
     if not args.stop_grace >= 0:
         parser.error("--stop-grace must be 0 (leave at once) or positive seconds")
+    if not args.shared_timeout > 0:  # also NaN
+        parser.error("--shared-timeout must be positive seconds")
     if not args.frame_timeout > 0:  # also NaN
         parser.error("--frame-timeout must be positive")
     if not args.etcd_wait > 0:
@@ -249,11 +256,22 @@ def _open_tiers(args, node_id: str, instance: str):
         return dram, None
     try:
         ssd_dir = args.ssd_dir or os.path.join(args.data_dir, "ssd")
-        ssd = StorageTier(SsdSegment(ssd_dir, args.ssd), args.high_watermark, args.low_watermark)
+        segment = SsdSegment(ssd_dir, args.ssd)
+        ssd = StorageTier(segment, args.high_watermark, args.low_watermark)
+        ssd.watch(FileGate(f"SSD tier {ssd_dir}", segment.probe, threads=1))
     except BaseException:
         dram.segment.close()
         raise
     return dram, ssd
+
+
+def _failing(store: ObjectStore, shared: SharedTier | None) -> str:
+    """What /readyz says beside "ok" while a tier's disk or mount fails: the node still serves (DRAM, and the
+    copies it can read), so it stays ready, and says what it skips."""
+    failing = [f"{tier.name} tier fails: {tier.fault}" for tier in store.tiers if tier.fault]
+    if shared is not None and shared.gate.fault:
+        failing.append(f"shared tier fails: {shared.gate.fault}")
+    return "; ".join(failing)
 
 
 async def _serve(args) -> int:
@@ -279,7 +297,8 @@ async def _serve(args) -> int:
     store = ObjectStore(dram, ssd, mode=args.policy, hard_pin_quota=quota, max_hold=args.max_hold,
                         promote_after=args.promote_after, promote_window=args.promote_window)
     maintenance = Maintenance(store)
-    shared = SharedTier(shared_dir, store, shared_capacity) if shared_dir is not None else None
+    shared = SharedTier(shared_dir, store, shared_capacity, args.shared_timeout,
+                        f"shared tier {args.shared_dir or args.object_store}") if shared_dir is not None else None
     maintenance.shared = shared
     metrics = NodeMetrics()
     metrics.track_tiers(store.tiers)
@@ -340,7 +359,7 @@ async def _serve(args) -> int:
                                   on_change=lambda: _tenants_changed(server, shares))
         followers += [loop.create_task(tenants.run(), name="tenant-directory"),
                       loop.create_task(shares.run(), name="tenant-shares")]
-        health.ready = lambda: (True, "") if registration.in_etcd() else (
+        health.ready = lambda: (True, _failing(store, shared)) if registration.in_etcd() else (
             False, "etcd lease not refreshed within its ttl: the master may count this node gone")
         print(f"kvpool-storenode ready node_id={node_id} address={record.address}", flush=True)
         await stopping.wait()

@@ -31,6 +31,20 @@ def _versions(stats) -> str:
             f"nodes {nodes or 'none'}")
 
 
+def _faults(stats) -> str:
+    """A line per tier a node skips because its disk or mount fails."""
+    lines = []
+    for node in sorted(stats.nodes, key=lambda n: n.node_id):
+        for tier in sorted(node.tiers, key=lambda t: t.tier):
+            if tier.fault:
+                lines.append(f"{node.node_id} {kvpool_pb2.Tier.Name(tier.tier)} fails, skipped until it answers: "
+                             f"{tier.fault}")
+    for node in sorted(stats.nodes, key=lambda n: n.node_id):
+        if node.shared_fault:
+            lines.append(f"{node.node_id} shared tier fails, skipped until it answers: {node.shared_fault}")
+    return "".join("\n" + line for line in lines)
+
+
 def render_status(stats) -> str:
     rows = [list(_COLUMNS)]
     for node in sorted(stats.nodes, key=lambda n: n.node_id):
@@ -47,7 +61,7 @@ def render_status(stats) -> str:
                f"lookups: {stats.hits} hits, {stats.misses} misses (hit rate {hit_rate})\n"
                f"replica health: {stats.under_replicated} objects below their copy target; "
                f"repairs done {stats.repairs_done} ({format_size(stats.repair_bytes)})")
-    summary += "\n" + _versions(stats)
+    summary += "\n" + _versions(stats) + _faults(stats)
     if stats.HasField("shared"):
         shared = stats.shared
         share = 100.0 * shared.used / shared.capacity if shared.capacity else 0.0

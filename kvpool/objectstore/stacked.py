@@ -46,6 +46,9 @@ class StackedTier(DeepTier):
         self._halt = threading.Event()  # set: a spill ends after its batch
         self.spilled = self.spilled_bytes = 0
 
+    def probe(self) -> None:
+        self.upper.probe()  # the bucket's calls have deadlines of their own
+
     # -- writing
 
     def write_many(self, items: list[tuple[SharedObject, object]]) -> list[int]:

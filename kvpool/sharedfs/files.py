@@ -70,6 +70,10 @@ class DeepTier:
     def halt_spill(self) -> None:
         """A spill running in another thread ends after its batch."""
 
+    def probe(self) -> None:
+        """Raises while the store does not answer or take writes (kvpool/sharedfs/file_gate.py probes with it).
+        A bucket's calls carry deadlines of their own and fail typed: nothing to probe."""
+
     def remove(self, key: bytes, generation: int) -> bool:
         try:
             return self.remove_many([(key, generation)])[0]
@@ -98,6 +102,24 @@ class SharedDir(DeepTier):
 
     def path(self, key: bytes, generation: int) -> str:
         return os.path.join(self.objects_dir, object_name(key, generation))
+
+    def probe(self) -> None:
+        """A writer's: a page written, fsynced, read back and removed beside its manifest (a name starting with
+        "." no scan reads); a reader's: the manifests' directory listed."""
+        if self.manifest_path is None:
+            os.listdir(self.manifests_dir)
+            return
+        path = os.path.join(self.manifests_dir, "." + os.path.basename(self.manifest_path) + ".probe")
+        page = os.urandom(4096)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        try:
+            os.pwrite(fd, page, 0)
+            os.fsync(fd)
+            if os.pread(fd, len(page), 0) != page:
+                raise OSError(errno.EIO, f"{path} read back other bytes")
+        finally:
+            os.close(fd)
+        os.unlink(path)
 
     def exists(self, key: bytes, generation: int) -> bool:
         return os.path.exists(self.path(key, generation))

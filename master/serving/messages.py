@@ -189,14 +189,15 @@ def tier_stats(node: NodeState, name: str) -> pb.TierStats:
         used=used, objects=objects, hits=number("hits"),
         misses=number("misses"), demotions=number("demotions"), promotions=number("promotions"),
         evictions=number("evictions"), evicted_bytes=number("evicted_bytes"),
-        watermark=str(reported.get("watermark") or ""), pinned_bytes=number("pinned_bytes"))
+        watermark=str(reported.get("watermark") or ""), pinned_bytes=number("pinned_bytes"),
+        fault=str(reported.get("fault") or "")[:200])
 
 
 def node_stats(node: NodeState, objects: int) -> pb.NodeStats:
     tiers = [tier_stats(node, name) for name in sorted(set(node.capacity) | set(node.reported))]
     return pb.NodeStats(node_id=node.node_id, address=node.address, tiers=tiers, objects=objects,
                         transports=node.transports, zone=node.zone, draining=node.draining,
-                        reports=node.reports, version=node.version)
+                        reports=node.reports, version=node.version, shared_fault=node.shared_fault)
 
 
 def shared_stats(shared: SharedTier) -> dict:

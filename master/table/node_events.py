@@ -91,6 +91,8 @@ class NodeEvents:
         node.tenants = tenants if isinstance(tenants, dict) else {}
         version = report.get("version")
         node.version = version[:32] if isinstance(version, str) else ""
+        fault = report.get("shared_fault")
+        node.shared_fault = fault[:200] if isinstance(fault, str) else ""
         node.reported_up_to(mark)
         node.reports += 1
         self._ledger.counters.reports += 1

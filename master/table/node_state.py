@@ -29,6 +29,7 @@ class NodeState:
         self.reported: dict[str, dict] = {}  # tier -> that tier's block of the last REPORT
         self.reports = 0  # REPORTs taken in from this node
         self.version = ""  # its release, as its last REPORT named it
+        self.shared_fault = ""  # why it skips the shared tier now, as its last REPORT said ("": it does not)
         self.tenants: dict = {}  # name -> its figures on this node, as the last REPORT gave them
         # Its INVENTORY adopted by this leader since it joined or lost contact: only then is it REPORTed,
         # which lets it serve reads (master/nodes/read_grants.py).

@@ -39,6 +39,11 @@ class Maintenance:
     def shared(self, tier) -> None:
         self._shared = self.mover.shared = tier
 
+    def _shared_now(self):
+        """The shared tier while it answers; None meanwhile (victims then go as they would without one)."""
+        shared = self._shared
+        return shared if shared is not None and shared.usable else None
+
     def start(self) -> None:
         self.store.on_pressure = self.kick
         self._task = asyncio.create_task(self._run(), name="tier-maintenance")
@@ -93,9 +98,11 @@ class Maintenance:
     async def _move_to_share(self) -> None:
         """put(tier="shared") objects go on to the shared tier (a node without one keeps them)."""
         store = self.store
-        waiting, store.to_share, busy = store.to_share, [], []
-        if self.shared is None:
+        if self._shared_now() is None:  # (without one they stay; while it fails they wait)
+            if self.shared is None:
+                store.to_share = []
             return
+        waiting, store.to_share, busy = store.to_share, [], []
         for start in range(0, len(waiting), BATCH):
             batch = [rec for rec in waiting[start:start + BATCH] if rec.live]
             busy += [rec for rec in batch if rec.refcount]  # being read: the next sweep moves them
@@ -107,14 +114,16 @@ class Maintenance:
         Any tenant's objects may be demoted; without an SSD they are evicted, so reserves are kept."""
         store, dram = self.store, self.store.dram
         while (need := dram.excess()) > 0:
-            batch = store.victims(dram, need, BATCH, protect=store.ssd is None)
+            to_ssd = store.placing_ssd  # (an SSD that fails takes no demotions: DRAM is the last tier meanwhile)
+            batch = store.victims(dram, need, BATCH, protect=not to_ssd)
             before = dram.used
-            if store.ssd is None and self.shared is not None:  # DRAM is the last tier: on to the shared one
-                await self.shared.move_out(batch)
+            shared = self._shared_now()
+            if not to_ssd and shared is not None:  # DRAM is the last tier: on to the shared one
+                await shared.move_out(batch)
                 batch = ()
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.dram is not None:
-                    if rec.ssd is not None or store.ssd is None:  # another copy, or nowhere to demote to
+                    if rec.ssd is not None or not to_ssd:  # another copy, or nowhere to demote to
                         store.release_from(dram, rec)
                     else:
                         await self.mover.demote(rec)
@@ -125,7 +134,7 @@ class Maintenance:
     async def _relieve_dram_shares(self) -> None:
         """Tenants above their DRAM share's high watermark: demote their own coldest to SSD down to its low one."""
         store, dram = self.store, self.store.dram
-        if store.ssd is None:
+        if not store.placing_ssd:
             return
         for usage in store.tenants.limited():
             while (need := quota.dram_excess(usage, dram)) > 0:
@@ -146,9 +155,10 @@ class Maintenance:
         while ssd and (need := ssd.excess()) > 0:
             batch = store.victims(ssd, need, BATCH)  # sparing tenants at their reserve
             before = ssd.used
-            if self.shared is not None:
+            shared = self._shared_now()
+            if shared is not None:
                 # What has a DRAM copy too only leaves SSD; the rest goes on to the shared tier.
-                await self.shared.move_out([rec for rec in batch if rec.dram is None])
+                await shared.move_out([rec for rec in batch if rec.dram is None])
                 batch = [rec for rec in batch if rec.live and rec.dram is not None]
             for rec in batch:
                 if rec.live and rec.refcount == 0 and rec.ssd is not None:

@@ -5,7 +5,11 @@ node's copy goes: the master learns it as MOVED (store.note_dropped) and from th
 at whichever node serves the tier. Any such node serves a shared object it does not hold (READ and LOCATE
 fall back here, the file verified before a byte leaves), and copies one read twice within the promotion
 window into its DRAM (PROMOTED: the master adds the copy). The leader alone decides which files go (FREE_SHARED)
-and reads the manifests through one node when it takes over (SHARED_SCAN). File I/O runs in threads.
+and reads the manifests through one node when it takes over (SHARED_SCAN).
+
+File I/O runs in the threads of a FileGate (kvpool/sharedfs/file_gate.py), each call within --shared-timeout: a
+mount that fails or stops answering holds only those threads, and until its probe answers the tier is skipped
+(victims go as they would without one, what the sweep staged waits in memory, reads are refused at once).
 """
 
 import asyncio
@@ -13,8 +17,9 @@ import logging
 import time
 from collections import OrderedDict
 
-from kvpool.errors import BatchError, KeyNotFoundError, KvpoolError, StaleReplicaError
+from kvpool.errors import BatchError, KeyNotFoundError, KvpoolError, StaleReplicaError, UnavailableError
 from kvpool.protocol import wire
+from kvpool.sharedfs.file_gate import FileGate
 from kvpool.sharedfs.files import DeepTier
 from kvpool.sharedfs.layout import SharedObject
 
@@ -28,11 +33,15 @@ _TO_SHARED = int(wire.WriteFlag.TO_SHARED)
 RECENT_READS = 4096
 STAGING_MAX = 256 << 20  # bytes of victims kept in memory until written to the shared tier
 STAGED_BATCH = 32  # shared objects whose reads this node counts towards a promotion
+THREADS = 24  # calls into the tier at once (a batch's writes fan out further inside kvpool/sharedfs/files.py)
+TIMEOUT = 10.0  # seconds a call into the tier may take (--shared-timeout)
 
 
 class SharedTier:
-    def __init__(self, directory: DeepTier, store: ObjectStore, capacity: int):
+    def __init__(self, directory: DeepTier, store: ObjectStore, capacity: int, timeout: float = TIMEOUT,
+                 name: str = "shared tier"):
         self.dir = directory
+        self.gate = FileGate(name, directory.probe, threads=THREADS, timeout=timeout)
         self.store = store
         self.capacity = capacity  # --shared-capacity: registered for the leader, which keeps the tier within it
         self.moved = self.moved_bytes = self.reads = self.read_bytes = self.promotions = self.unlinked = 0
@@ -47,9 +56,13 @@ class SharedTier:
         self.staging_limit = min(store.dram.capacity // 4, STAGING_MAX)
         store.stage, store.unstage = self.stage, self.unstage
 
-    @staticmethod
-    async def _run(function, *args):
-        return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+    async def _run(self, function, *args, timeout: float | None | bool = True):
+        return await self.gate.run(function, *args, timeout=timeout)
+
+    @property
+    def usable(self) -> bool:
+        """Whether the tier answers now: while it does not, the sweeps go on as without one."""
+        return self.gate.fault is None
 
     # -- demotion
 
@@ -113,8 +126,8 @@ class SharedTier:
 
     async def write_staged(self) -> None:
         """Write what stage() kept, a batch at a time; the master learns each as MOVED once its file is in place
-        (as evicted if it cannot be written)."""
-        while self._staged:
+        (as evicted if it cannot be written). While the tier does not answer they wait, served from memory."""
+        while self._staged and self.usable:
             batch = list(self._staged.items())[:STAGED_BATCH]
             try:
                 results = await self._run(self.dir.write_many, [entry for _, entry in batch])
@@ -143,12 +156,12 @@ class SharedTier:
     def spill_soon(self) -> None:
         """A directory with a bucket beneath it: what this node keeps there beyond its share goes on down, in a
         thread beside the sweeps (the bucket is far slower than the directory that absorbs the sweeps' writes)."""
-        if self._spilling is None or self._spilling.done():
+        if self.usable and (self._spilling is None or self._spilling.done()):
             self._spilling = asyncio.create_task(self._spill())
 
     async def _spill(self) -> None:
         try:
-            self.spilled += await self._run(self.dir.spill)
+            self.spilled += await self._run(self.dir.spill, timeout=None)  # (each bucket call has its deadline)
         except Exception:  # the next sweep starts another
             log.exception("moving the shared directory's files on to the bucket failed")
 
@@ -184,6 +197,8 @@ class SharedTier:
             obj, payload = staged if staged is not None else await self._run(self.dir.read, key, generation)
         except KeyNotFoundError:
             raise KeyNotFoundError(f"no generation {generation} of this key here or in the shared tier") from None
+        except UnavailableError:  # the tier does not answer or fails now: nothing said of the file
+            raise
         except Exception:
             self.damaged += 1
             raise
@@ -245,7 +260,7 @@ class SharedTier:
         """SHARED_SCAN: every object the manifests hold, as an INVENTORY reply. The files of versions a newer
         one replaced, and of expired ones, go now (the leader asks this of one node at a time)."""
         started = time.monotonic()
-        result = await self._run(self.dir.scan, int(time.time() * 1000))
+        result = await self._run(self.dir.scan, int(time.time() * 1000), timeout=None)  # grows with the tier
         stale = [(obj.key, obj.generation) for obj in (*result.superseded, *result.expired)]
         if stale:
             self.unlinked += sum(await self._run(self.dir.remove_many, stale))
@@ -256,4 +271,5 @@ class SharedTier:
     def report(self) -> dict:
         return {"capacity": self.capacity, "moved": self.moved, "moved_bytes": self.moved_bytes,
                 "reads": self.reads, "read_bytes": self.read_bytes, "promotions": self.promotions,
-                "unlinked": self.unlinked, "damaged": self.damaged, "spilled": self.spilled}
+                "unlinked": self.unlinked, "damaged": self.damaged, "spilled": self.spilled,
+                "fault": self.gate.fault or "", "faults": self.gate.faults}

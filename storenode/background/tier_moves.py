@@ -42,7 +42,7 @@ class Mover:
                 return False
             length = ssd.extent_length(rec)
             offset = ssd.alloc.allocate(length)
-            if offset is None and self.shared is not None:  # SSD's coldest move on rather than go
+            if offset is None and self.shared is not None and self.shared.usable:  # SSD's coldest move on
                 await self.shared.move_out(store.victims(ssd, length, SHARED_BATCH))
                 if not (rec.live and rec.refcount == 0 and rec.dram is not None):
                     return False  # read, freed or moved while that ran: the sweep looks at it again

@@ -42,10 +42,23 @@ class _OnScrape:
         return []
 
 
-def _tier_families(tiers):
+def _tier_families(tiers, shared=None):
     stats = {tier.name: tier.stats() for tier in tiers}
     yield from _families(GaugeMetricFamily, _TIER_GAUGES, "tier", stats)
     yield from _families(CounterMetricFamily, _TIER_COUNTERS, "tier", stats)
+    # A disk or mount that fails (kvpool/sharedfs/file_gate.py): 1 while the tier is skipped, and how often.
+    health = {name: (1 if row["fault"] else 0, row["faults"]) for name, row in stats.items()}
+    if shared is not None:
+        health["shared"] = (0 if shared.usable else 1, shared.gate.faults)
+    failing = GaugeMetricFamily("kvpool_node_tier_failing", "1 while the tier's disk or mount fails and it is "
+                                "skipped (until a probe answers)", labels=["tier"])
+    faults = CounterMetricFamily("kvpool_node_tier_faults", "Times the tier's disk or mount was found failing",
+                                 labels=["tier"])
+    for name, (now, times) in health.items():
+        failing.add_metric([name], now)
+        faults.add_metric([name], times)
+    yield failing
+    yield faults
 
 
 def _families(kind, fields: dict, label: str, rows: dict):
@@ -169,6 +182,7 @@ class NodeMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         register_build_info(self.registry)
+        self._shared = None  # the SharedTier, once track_shared names it
         r = self.registry
         self.bytes_in = Total()
         self.bytes_out = Total()
@@ -191,10 +205,11 @@ class NodeMetrics:
 
     def track_tiers(self, tiers) -> None:
         """Export each StorageTier's usage and counters, labelled by tier name."""
-        self.registry.register(_OnScrape(lambda: _tier_families(tiers)))
+        self.registry.register(_OnScrape(lambda: _tier_families(tiers, self._shared)))
 
     def track_shared(self, shared) -> None:
         """Export what this node did with the shared tier (storenode/background/shared_tier.py SharedTier.report)."""
+        self._shared = shared
         self.registry.register(_OnScrape(lambda: _shared_families(shared)))
 
     def track_tenants(self, table) -> None:

@@ -258,6 +258,9 @@ class MemberOps:
         current = self._believe(term)
         report = self.store.report(self.node.node_id)
         report["version"] = release.VERSION
+        shared = self.node.shared
+        if shared is not None and shared.gate.fault:
+            report["shared_fault"] = shared.gate.fault
         if current and not self.node.grant.reported():
             report["lapsed"] = True  # the leader reconciles this node before it serves reads again
         return report

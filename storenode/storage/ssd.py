@@ -81,7 +81,11 @@ class SsdSegment:
             raise ValueError(f"SSD segment size must be positive, got {capacity}")
         os.makedirs(directory, exist_ok=True)
         self.capacity = capacity
+        self.directory = directory
         self.path = os.path.join(directory, SEGMENT_FILE)
+        # Told of an I/O error that says the disk fails (kvpool/sharedfs/file_gate.py fault_of); the tier then
+        # takes no new objects until its probe answers (storenode/storage/tiers.py).
+        self.on_fault = None
         self._key = _header_key(directory)
         # Unbuffered binary file object (SSD READs send from its descriptor); all I/O is positional.
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -99,6 +103,13 @@ class SsdSegment:
                 os.ftruncate(self.fd, capacity)
             # Reserve the blocks now so a full disk fails at start, not in the middle of a WRITE.
             os.posix_fallocate(self.fd, 0, capacity)
+        except OSError as exc:
+            self.file.close()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+                raise ValueError(f"the SSD segment ({capacity} bytes) does not fit in {directory}, which has "
+                                 f"{free} bytes free: give --ssd a smaller size, or --ssd-dir a larger disk") from None
+            raise
         except BaseException:
             self.file.close()
             raise
@@ -119,17 +130,45 @@ class SsdSegment:
 
     def pwrite_all(self, data, offset: int) -> None:
         view = memoryview(data).cast("B")
-        while view:
-            written = os.pwrite(self.fd, view, offset)
-            view, offset = view[written:], offset + written
+        try:
+            while view:
+                written = os.pwrite(self.fd, view, offset)
+                view, offset = view[written:], offset + written
+        except OSError as exc:
+            self.noticed(exc)
+            raise
 
     def pread_into(self, buffer, offset: int) -> None:
         view = memoryview(buffer).cast("B")
-        while view:
-            got = os.preadv(self.fd, [view], offset)
-            if not got:
-                raise OSError(errno.EIO, f"{self.path}: short read at {offset}")
-            view, offset = view[got:], offset + got
+        try:
+            while view:
+                got = os.preadv(self.fd, [view], offset)
+                if not got:
+                    raise OSError(errno.EIO, f"{self.path}: short read at {offset}")
+                view, offset = view[got:], offset + got
+        except OSError as exc:
+            self.noticed(exc)
+            raise
+
+    def noticed(self, exc: OSError) -> None:
+        if self.on_fault is not None:
+            self.on_fault(exc)
+
+    def probe(self) -> None:
+        """A write, fsync and read of a page beside the segment, and a read of the segment's first page: raises
+        while the disk fails (its file gate's probe)."""
+        path = os.path.join(self.directory, "probe")
+        page = secrets.token_bytes(ALIGNMENT)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.pwrite(fd, page, 0)
+            os.fsync(fd)
+            if os.pread(fd, ALIGNMENT, 0) != page:
+                raise OSError(errno.EIO, f"{path} read back other bytes")
+        finally:
+            os.close(fd)
+        os.unlink(path)
+        os.pread(self.fd, ALIGNMENT, 0)
 
     # -- extents
 
@@ -159,7 +198,11 @@ class SsdSegment:
 
     def read_header(self, offset: int) -> StoredObject | None:
         """The object whose header is at `offset`, or None if there is no intact header there."""
-        raw = os.pread(self.fd, HEADER.size, offset)
+        try:
+            raw = os.pread(self.fd, HEADER.size, offset)
+        except OSError as exc:
+            self.noticed(exc)
+            raise
         if len(raw) < HEADER.size:
             return None
         magic, key_len, flags, _, generation, size, value_checksum, raw_size, expires_ms, _check = \

@@ -12,7 +12,7 @@ import time
 from typing import NamedTuple
 
 from kvpool.protocol import inventory
-from kvpool.errors import NoSpaceError, ValueTooLargeError
+from kvpool.errors import NoSpaceError, UnavailableError, ValueTooLargeError
 from kvpool.protocol.inventory import DRAM_BIT, SSD_BIT, Entry
 from kvpool.protocol.tenants import SCOPE_MARK_BYTE, NodeShare
 from kvpool.protocol import wire
@@ -96,12 +96,23 @@ class ObjectStore:
                 usage.refused += 1
             raise
 
+    @property
+    def placing_ssd(self) -> bool:
+        """Whether new objects and demotions may go to SSD: there is one, and its disk does not fail now."""
+        return self.ssd is not None and self.ssd.fault is None
+
     def _reserve(self, key: bytes, size: int, flags: int, dram_only: bool, usage: TenantUsage) -> Reservation:
         if dram_only:
             order = [self.dram]
         else:
             order = [self.ssd, self.dram] if flags & _PREFER_SSD and self.ssd else self.tiers
         order = [tier for tier in order if tier.fits_ever(len(key), size)]
+        failing = [tier for tier in order if tier.fault is not None]
+        if failing:  # a disk that fails takes nothing new until it answers again
+            order = [tier for tier in order if tier.fault is None]
+            if not order:
+                raise UnavailableError(f"{size} bytes fit only the {failing[0].name} tier, which fails now: "
+                                       f"{failing[0].fault}")
         if not order:
             raise ValueTooLargeError(f"{size} bytes do not fit in any tier of this node "
                                      f"({', '.join(f'{t.name} {t.capacity}' for t in self.tiers)} bytes)")
@@ -112,7 +123,7 @@ class ObjectStore:
                                f"{self.index.hard_pinned_bytes + self._reserved_hard} pinned, {size} more asked")
         limited = usage.limited
         if limited:
-            if dram_only and self.ssd is not None and not quota.tier_has_room(usage, self.dram, size):
+            if dram_only and self.placing_ssd and not quota.tier_has_room(usage, self.dram, size):
                 self.on_pressure()  # as for a full DRAM below: the socket's WRITE spills to SSD
                 raise NoSpaceError(f"tenant {usage.name!r} is at its DRAM share; write through the socket")
             order = quota.admit(self, usage, order, size)
@@ -120,14 +131,14 @@ class ObjectStore:
             offset = tier.alloc.allocate(tier.segment.extent_length(len(key), size))
             if offset is not None:
                 return self._reserved(tier, offset, hard, usage if limited else None, size)
-        if dram_only and self.ssd is not None:
+        if dram_only and self.placing_ssd:
             # Making room in DRAM here would throw away objects the sweep could demote; a WRITE
             # over the socket can land on SSD (or make room there, where the coldest data is).
             self.on_pressure()
             raise NoSpaceError(f"DRAM full ({self.dram.used}/{self.dram.capacity} used); write through the socket")
         # The coldest data lives in the last tier: make room there first.
         for tier in reversed(self.tiers):
-            if tier in order:
+            if tier in order and tier.fault is None:
                 offset = self.make_room(tier, tier.segment.extent_length(len(key), size), usage)
                 if offset is not None:
                     return self._reserved(tier, offset, hard, usage if limited else None, size)

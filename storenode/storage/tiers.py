@@ -1,5 +1,6 @@
 """One storage tier as the node manages it: segment, allocator, member objects, watermarks and counters."""
 
+from kvpool.sharedfs.file_gate import FileGate, describe, fault_of
 from kvpool.storenode.storage.allocator import ExtentAllocator
 
 from kvpool.storenode.storage import eviction_order, policy
@@ -29,6 +30,22 @@ class StorageTier:
         self.hits = self.misses = 0
         self.demotions = self.promotions = 0
         self.evictions = self.evicted_bytes = 0
+        self.gate: FileGate | None = None  # a disk's (SSD): closed while it fails, and no object is placed here
+
+    def watch(self, gate: FileGate) -> None:
+        """An I/O error that says the segment's disk fails closes `gate` until its probe answers (file_gate.py)."""
+        self.gate = gate
+
+        def noticed(exc: OSError) -> None:
+            fault = fault_of(exc)
+            if fault is not None:
+                gate.close(describe(fault))
+        self.segment.on_fault = noticed
+
+    @property
+    def fault(self) -> str | None:
+        """Why this tier takes nothing new now (its disk fails), or None."""
+        return self.gate.fault if self.gate is not None else None
 
     @property
     def capacity(self) -> int:
@@ -53,5 +70,6 @@ class StorageTier:
             "hits": self.hits, "misses": self.misses, "demotions": self.demotions,
             "promotions": self.promotions, "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
             "watermark": policy.watermark(self.used, self.capacity, self.high, self.low),
-            "pinned_bytes": self.pinned_bytes,
+            "pinned_bytes": self.pinned_bytes, "fault": self.fault or "",
+            "faults": self.gate.faults if self.gate is not None else 0,
         }
