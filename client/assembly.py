@@ -18,6 +18,7 @@ from kvpool.objectstore.bucket import Bucket
 from kvpool.objectstore.settings import settings_for
 from kvpool.objectstore.stacked import StackedTier
 from kvpool.objectstore.tier import BucketTier
+from kvpool.sharedfs.file_gate import FileGate
 from kvpool.sharedfs.files import SharedDir
 
 from kvpool.client import compression
@@ -93,6 +94,11 @@ class Core:
         if not read_timeout > 0:
             raise InvalidArgumentError(f"read_timeout must be positive, got {read_timeout!r}")
         self.read_timeout = read_timeout
+        # A mounted shared tier may fail or hang (an NFS server that stopped answering): each direct read runs in
+        # a thread of this gate's, within the read timeout; meanwhile, and until its probe answers, reads go
+        # through the nodes.
+        self.shared_gate = FileGate(f"shared tier {shared_dir or object_store}", self.shared.probe, threads=8,
+                                    timeout=read_timeout) if self.shared is not None else None
         if not write_timeout > 0:
             raise InvalidArgumentError(f"write_timeout must be positive, got {write_timeout!r}")
         self.write_timeout = write_timeout

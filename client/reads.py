@@ -182,8 +182,9 @@ async def _read_directly(core: Core, items: list, reading: list, infos: list) ->
     for item, (i, _r, _view) in zip(items, reading):
         buf = item.buf.flat_or_new() if isinstance(item.buf, Parts) else item.buf
         try:
-            await core.io.blocking(core.shared.read_into, item.key, item.generation, len(item.buf),
-                                   infos[i].checksum, buf)
+            # (the blocking Client's caller waits in its own thread; an AsyncClient's in one beside the loop)
+            await core.io.blocking(core.shared_gate.run_blocking, core.shared.read_into, item.key, item.generation,
+                                   len(item.buf), infos[i].checksum, buf)
             if buf is not item.buf:
                 item.buf.fill_from(buf)
             outcomes.append(infos[i].checksum)

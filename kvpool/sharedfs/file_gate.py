@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 
-from kvpool.errors import UnavailableError
+from kvpool.errors import KvpoolError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ def fault_of(exc: BaseException | None) -> OSError | None:
     EROFS, ...), looked for in its causes (kvpool/sharedfs/files.py types them) and a BatchError's results."""
     seen = 0
     while exc is not None and seen < 8:
-        if isinstance(exc, OSError):
-            return exc if exc.errno not in _NOT_FAULTS else None
+        if isinstance(exc, OSError) and not isinstance(exc, KvpoolError):  # (UnavailableError is one too)
+            return exc if exc.errno is not None and exc.errno not in _NOT_FAULTS else None
         for result in getattr(exc, "results", None) or ():
             if isinstance(result, BaseException) and result is not exc:
                 found = fault_of(result)

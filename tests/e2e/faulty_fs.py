@@ -70,7 +70,7 @@ def serve(backing: str, mountpoint: str) -> None:
 
         @staticmethod
         def _create(path, mode, fi=None):
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            return os.open(path, os.O_RDWR | os.O_CREAT, mode)  # the kernel checks the caller's access mode
 
         @staticmethod
         def _read(path, size, offset, fh):
