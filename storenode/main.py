@@ -34,6 +34,7 @@ from kvpool.storenode.storage import policy
 from kvpool.storenode.storage.dram import DramSegment, remove_stale_segments, segment_name
 from kvpool.storenode.background.maintenance import Maintenance
 from kvpool.storenode.background.stop_keep import STOP_GRACE, keep_on_stop
+from kvpool.storenode.background.stop_handoff import hand_off_on_stop
 from kvpool.storenode.serving.metrics import NodeMetrics
 from kvpool.storenode.storage.recovery import recover
 from kvpool.storenode.background.registration import NodeRegistration
@@ -133,9 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{SHARED_TIMEOUT:g}): past it, or at an I/O error, the tier is skipped until a probe "
                         "answers (a mount whose server hangs never holds the node)")
     p.add_argument("--stop-grace", type=float, default=STOP_GRACE, metavar="SECONDS",
-                   help="on SIGTERM / SIGINT, seconds a node with a shared tier spends writing what it holds there "
-                        f"before it leaves (default {STOP_GRACE:g}: within Kubernetes' default 30 s termination "
-                        "grace; 0: leave at once; a second signal leaves at once)")
+                   help="on SIGTERM / SIGINT, seconds a node spends keeping what it holds before it leaves: written "
+                        "to its shared tier, or without one copied to other nodes with room (the leader drains it) "
+                        f"(default {STOP_GRACE:g}: within Kubernetes' default 30 s termination grace; 0: leave at "
+                        "once; a second signal leaves at once)")
     p.add_argument("--shared-dir-share", type=_size, default=0, metavar="SIZE",
                    help="with both --shared-dir and --object-store: bytes of its own files this node keeps in the "
                         "directory before moving the oldest on to the bucket (0: a quarter of the directory's "
@@ -365,9 +367,11 @@ async def _serve(args) -> int:
         await stopping.wait()
         health.ready = lambda: (False, "stopping")
         log.info("stopping")
-        if shared is not None and args.stop_grace > 0:
+        if args.stop_grace > 0:
             stopping.clear()  # a second signal: leave at once
-            await _first(keep_on_stop(store, shared, args.stop_grace), stopping.wait())
+            keeping = keep_on_stop(store, shared, args.stop_grace) if shared is not None else hand_off_on_stop(
+                store, registration.etcd, args.cluster, node_id, credential, args.tls, args.stop_grace)
+            await _first(keeping, stopping.wait())
         return 0
     except (OSError, KvpoolError) as exc:
         log.error("storage node failed: %s", exc)
@@ -393,7 +397,7 @@ async def _first(keeping, signalled) -> None:
     tasks = [asyncio.ensure_future(keeping), asyncio.ensure_future(signalled)]
     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     if not tasks[0].done():
-        log.warning("stopping at once: a second signal came before the shared tier took everything")
+        log.warning("stopping at once: a second signal came before everything this node held was kept")
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -84,6 +84,16 @@ class Child:
         """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
         return None if self.proc is None else stop_process(self.proc, timeout)
 
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code once it exits by itself (after a signal), killed past `timeout` seconds."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.returncode
+
     def kill(self) -> None:
         """SIGKILL: the process gets no chance to clean up (its etcd lease must expire)."""
         if self.alive:
@@ -391,8 +401,12 @@ class LocalCluster:
         from ..storenode.background.stop_keep import STOP_GRACE
         from ..storenode.storage.dram import remove_stale_segments
 
-        for child in self.nodes:  # one at a time, as a rolling stop: each writes its objects to a shared tier first
-            child.stop(STOP_GRACE + 5)
+        # Every node at once, as Ctrl-C on `kvpool up` signals them: each keeps what it holds in the shared tier
+        # within its grace (a node without one finds no other to hand its objects to, and leaves).
+        for child in self.nodes:
+            child.signal(signal.SIGTERM)
+        for child in self.nodes:
+            child.wait(STOP_GRACE + 5)
         for child in self.masters or [self.master]:
             if child is not None:
                 child.stop()

@@ -45,3 +45,34 @@ def test_a_cluster_stopped_cleanly_serves_every_object_when_started_again(tmp_pa
 
 def test_without_a_stop_grace_what_only_dram_held_is_gone(tmp_path):
     assert served_after_a_clean_stop(tmp_path, ["--stop-grace", "0"]) < COUNT - 50
+
+
+def served_after_one_node_stops(tmp_path, node_args: list) -> tuple[int, int, str]:
+    """(objects node-0 held, objects served, its log) after node-0 of two, without a shared tier, is stopped (SIGTERM)."""
+    keys = [f"hand-off/{i:03d}" for i in range(40)]
+    with LocalCluster(nodes=2, dram_per_node="64MiB", data_dir=tmp_path, node_args=node_args) as cluster, \
+            Client(cluster.master_address) as client:
+        for key in keys:
+            client.put(key, value_of(key))
+        on_first = {n.node_id: n.objects for n in cluster.master_stats().nodes}["node-0"]
+        assert on_first >= 5  # placement spreads them
+        assert cluster.nodes[0].stop(30) == 0
+        cluster.wait_for_nodes(1)
+        served = 0
+        for key in keys:
+            if client.exists(key):
+                assert client.get(key) == value_of(key), key
+                served += 1
+        log = cluster.nodes[0].log_path.read_text()
+    return on_first, served, log
+
+
+def test_a_node_without_a_shared_tier_hands_its_objects_to_the_others_when_stopped(tmp_path):
+    held, served, log = served_after_one_node_stops(tmp_path, [])
+    assert served == 40
+    assert f"stopping: {held} objects handed to other nodes, 0 not" in log
+
+
+def test_without_a_stop_grace_a_stopped_nodes_objects_are_gone(tmp_path):
+    held, served, _ = served_after_one_node_stops(tmp_path, ["--stop-grace", "0"])
+    assert served == 40 - held
