@@ -2,9 +2,10 @@
 the same bridge.
 
 etcd, a master, one storage node and a client each run on a host of their own (network namespaces joined by a
-bridge, MTU 1500: tests/multihost). The raw stream is kvpool bench's own socket baseline (sendall of a 4 MiB
-memoryview into recv_into of a 4 MiB buffer, one sending and one receiving process) run between the node's
-host and the client's host, both ways, before and after the bench; `kvpool bench --transport tcp` then runs
+bridge, MTU 1500: tests/multihost). The raw stream is kvpool bench's own socket baseline, the fastest of its
+ways (kvpool/commands/bench.py STREAM_WAYS: sendall of 4 MiB memoryviews into recv_into of a 4 MiB buffer, taking
+what is there or waiting for all of it, with autotuned or 16 MiB socket buffers; one sending and one receiving
+process) run between the node's host and the client's host, both ways, before and after the bench; `kvpool bench --transport tcp` then runs
 in the client's host against the cluster, as an operator would run it there. Each throughput is given as a
 ratio of the stream in its direction (reads: node to client; writes: client to node), and of the loopback
 stream kvpool bench measures itself in the client's host. The same 4 MiB reads are also made without kvpool
@@ -34,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "multi
 from netns_hosts import Host, Network, ip, unavailable  # noqa: E402
 from spread_cluster import SpreadCluster  # noqa: E402
 
-from kvpool.commands.bench import receive_stream, send_stream  # noqa: E402
+from kvpool.commands.bench import (STREAM_WAYS, connect_stream, fastest_stream, receive_stream,  # noqa: E402
+                                   send_stream, tune_stream)
 from kvpool.launch.local_cluster import stop_process  # noqa: E402
 from kvpool.protocol.checksum import Digest  # noqa: E402
 from kvpool.protocol.units import parse_size  # noqa: E402
@@ -49,18 +51,19 @@ _PIECE = 128 * 1024  # what kvpool's client receives and hashes at a time (kvpoo
 # -- the stream's two ends, each run as a process of its host
 
 
-def stream_receive(host: str, total: int) -> None:
-    """Listen on `host`, print {"port"}; receive one stream of `total` bytes, print {"bps"}."""
+def stream_receive(host: str, total: int, way: str) -> None:
+    """Listen on `host`, print {"port"}; receive one stream of `total` bytes moved `way`, print {"bps"}."""
     with socket.socket() as listener:
+        tune_stream(listener, way)
         listener.bind((host, 0))
         listener.listen(1)
         print(json.dumps({"port": listener.getsockname()[1]}), flush=True)
         conn, _ = listener.accept()
-    print(json.dumps({"bps": receive_stream(conn, total)}), flush=True)
+    print(json.dumps({"bps": receive_stream(conn, total, way)}), flush=True)
 
 
-def stream_send(host: str, port: int, total: int) -> None:
-    with socket.create_connection((host, port), timeout=30) as sock:
+def stream_send(host: str, port: int, total: int, way: str) -> None:
+    with connect_stream(host, port, way) as sock:
         send_stream(sock, total)
 
 
@@ -117,15 +120,15 @@ def _line(proc: subprocess.Popen, timeout: float, what: str) -> dict:
     return json.loads(line)
 
 
-def stream(sender: Host, receiver: Host, total: int = STREAM_BYTES, timeout: float = 120.0) -> float:
-    """Bytes/s of one raw TCP stream from `sender` to `receiver` over the bridge."""
+def stream(sender: Host, receiver: Host, total: int, way: str, timeout: float = 120.0) -> float:
+    """Bytes/s of one raw TCP stream from `sender` to `receiver` over the bridge, moved `way` (STREAM_WAYS)."""
     me = [sys.executable, os.path.abspath(__file__)]
-    receiving = subprocess.Popen(receiver.command([*me, "stream-receive", receiver.address, total]),
+    receiving = subprocess.Popen(receiver.command([*me, "stream-receive", receiver.address, total, way]),
                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
     sending = None
     try:
         port = _line(receiving, timeout, f"port from the stream receiver on {receiver.name}")["port"]
-        sending = subprocess.Popen(sender.command([*me, "stream-send", receiver.address, port, total]),
+        sending = subprocess.Popen(sender.command([*me, "stream-send", receiver.address, port, total, way]),
                                    start_new_session=True)
         return _line(receiving, timeout, f"stream {sender.name} -> {receiver.name}")["bps"]
     finally:
@@ -156,8 +159,12 @@ def request_response(node: Host, client: Host, size: int, seconds: float, timeou
             stop_process(serving, timeout=5)
 
 
-def streams(node: Host, client: Host, total: int) -> dict:
-    return {"node_to_client": stream(node, client, total), "client_to_node": stream(client, node, total)}
+def streams(node: Host, client: Host, total: int) -> tuple[dict, dict]:
+    """The fastest stream each way ({direction: bytes/s}), and every way's figure ({direction: {way: bytes/s}})."""
+    fastest, ways = {}, {}
+    for direction, (sender, receiver) in (("node_to_client", (node, client)), ("client_to_node", (client, node))):
+        fastest[direction], ways[direction] = fastest_stream(lambda way: stream(sender, receiver, total, way))
+    return fastest, ways
 
 
 # -- the bench, from the client's host
@@ -235,12 +242,16 @@ def main(argv=None) -> int:
             client, node = cluster.client_hosts[0], cluster.host_of("node-0")
             mtu = _mtu(node)
             # the stream and the raw reads before and after the bench, averaged (as the bench's own baseline)
-            before = streams(node, client, args.stream_bytes)
+            before, ways_before = streams(node, client, args.stream_bytes)
             raw_reads = [request_response(node, client, AIM[1], args.seconds)]
             bench = run_bench(cluster, client, args, base / "bench.log")
-            after = streams(node, client, args.stream_bytes)
+            after, ways_after = streams(node, client, args.stream_bytes)
             raw_reads.append(request_response(node, client, AIM[1], args.seconds))
-        print(json.dumps(report(bench, before, after, mtu, raw_reads)), flush=True)
+        line = report(bench, before, after, mtu, raw_reads)
+        line["bridge_stream_ways_MBps"] = {
+            direction: {way: [round(ways_before[direction][way] / 1e6, 1), round(ways_after[direction][way] / 1e6, 1)]
+                        for way in STREAM_WAYS} for direction in ways_before}
+        print(json.dumps(line), flush=True)
     return 0
 
 
@@ -251,9 +262,9 @@ def _mtu(host: Host) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "stream-receive":
-        stream_receive(sys.argv[2], int(sys.argv[3]))
+        stream_receive(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     elif len(sys.argv) > 1 and sys.argv[1] == "stream-send":
-        stream_send(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        stream_send(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     elif len(sys.argv) > 1 and sys.argv[1] == "answer-reads":
         answer_reads(sys.argv[2], int(sys.argv[3]))
     elif len(sys.argv) > 1 and sys.argv[1] == "ask-reads":

@@ -20,9 +20,9 @@ from kvpool.protocol import transports
 from kvpool.protocol.cluster_layout import DEFAULT_CLUSTER, SHARED_TIER, NodeRecord, TierRecord, parse_hostport
 from kvpool.errors import KvpoolError, UnavailableError
 from kvpool.runtime.health import HTTP_CONNECTIONS, Health, serve_http
-from kvpool.runtime.process import (cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, run_server,
-                                    version_line)
-from kvpool.protocol.units import parse_size
+from kvpool.runtime.process import (cannot_listen, cannot_reach_etcd, descriptor_budget, fit_caps, memory_limit,
+                                    run_server, version_line)
+from kvpool.protocol.units import format_size, parse_size
 from kvpool.objectstore.bucket import Bucket
 from kvpool.objectstore.settings import settings_for
 from kvpool.objectstore.stacked import StackedTier
@@ -216,6 +216,10 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
     caps = fit_caps({"--max-connections": args.max_connections, "--max-unproved": args.max_unproved,
                      "metrics connections": HTTP_CONNECTIONS}, "--max-connections", descriptor_budget())
     args.max_connections = caps["--max-connections"]
+    memory, source = memory_limit()
+    if args.dram > memory:  # the node would be killed (OOM, SIGBUS) once its DRAM fills, not refused now
+        raise ValueError(f"--dram {format_size(args.dram)} is more than the {format_size(memory)} of memory "
+                         f"{source}: give --dram a smaller size, or the node more memory")
 
 
 def main(argv=None) -> int:

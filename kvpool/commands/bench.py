@@ -45,6 +45,24 @@ _BUDGET = 256 * 1024 * 1024  # bytes of live objects per size, so any cluster of
 _STREAM_CHUNK = 4 * 1024 * 1024
 
 
+# The raw stream a link allows: the fastest of these ways to move bytes through one TCP connection in Python, the
+# baseline of kvpool bench (over loopback) and of benchmarks/cross_host.py (between hosts) alike. Each is
+# (SO_SNDBUF / SO_RCVBUF set before the connection is made, 0: the kernel's autotuning; recv flags).
+STREAM_WAYS = {
+    "plain": (0, 0),  # autotuned buffers, recv_into of 4 MiB, taking what is there
+    "waitall": (0, socket.MSG_WAITALL),  # one recv_into fills the whole 4 MiB
+    "large-buffers": (16 << 20, socket.MSG_WAITALL),  # and 16 MiB socket buffers on both ends
+}
+
+
+def tune_stream(sock: socket.socket, way: str) -> None:
+    """Give a socket (a listener, or a sender before it connects) the buffers of stream way `way`."""
+    buffers = STREAM_WAYS[way][0]
+    if buffers:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffers)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffers)
+
+
 def send_stream(sock: socket.socket, total: int) -> None:
     """The socket stream's sending side: `total` bytes as sendall of one 4 MiB memoryview after another."""
     payload = memoryview(bytearray(os.urandom(_STREAM_CHUNK)))
@@ -54,15 +72,16 @@ def send_stream(sock: socket.socket, total: int) -> None:
         sent += len(payload)
 
 
-def receive_stream(conn: socket.socket, total: int) -> float:
+def receive_stream(conn: socket.socket, total: int, way: str = "plain") -> float:
     """The socket stream's receiving side: recv_into a preallocated 4 MiB buffer until `total` bytes (or the
     end) came; bytes/s from the first receive on."""
     buf = memoryview(bytearray(_STREAM_CHUNK))
+    flags = STREAM_WAYS[way][1]
     received = 0
     with conn:
         started = time.perf_counter()
         while received < total:
-            n = conn.recv_into(buf)
+            n = conn.recv_into(buf, 0, flags)
             if not n:
                 break
             received += n
@@ -70,23 +89,43 @@ def receive_stream(conn: socket.socket, total: int) -> float:
     return received / elapsed
 
 
-def _stream_source(port: int, total: int) -> None:
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+def connect_stream(host: str, port: int, way: str, timeout: float = 30.0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tune_stream(sock, way)
+    sock.settimeout(timeout)
+    sock.connect((host, port))
+    return sock
+
+
+def _stream_source(port: int, total: int, way: str) -> None:
+    with connect_stream("127.0.0.1", port, way) as sock:
         send_stream(sock, total)
 
 
-def socket_stream_baseline(total: int = 1 << 30) -> float:
-    """Bytes/s of one Python loopback TCP stream from another process (sendall -> recv_into)."""
+def loopback_stream(total: int, way: str) -> float:
+    """Bytes/s of one Python loopback TCP stream from another process (sendall -> recv_into), moved `way`."""
     with socket.socket() as listener:
+        tune_stream(listener, way)
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         source = multiprocessing.get_context("spawn").Process(
-            target=_stream_source, args=(listener.getsockname()[1], total), daemon=True)
+            target=_stream_source, args=(listener.getsockname()[1], total, way), daemon=True)
         source.start()
         conn, _ = listener.accept()
-    bps = receive_stream(conn, total)
+    bps = receive_stream(conn, total, way)
     source.join(10)
     return bps
+
+
+def fastest_stream(measure) -> tuple[float, dict]:
+    """(bytes/s of the fastest way, {way: bytes/s}) with measure(way) -> bytes/s of one stream moved that way."""
+    figures = {way: measure(way) for way in STREAM_WAYS}
+    return max(figures.values()), figures
+
+
+def socket_stream_baseline(total: int = 1 << 30) -> float:
+    """Bytes/s of the fastest loopback stream (STREAM_WAYS), each way moving `total` bytes."""
+    return fastest_stream(lambda way: loopback_stream(total, way))[0]
 
 
 def memcpy_baseline(size: int = 256 * 1024 * 1024, rounds: int = 4) -> float:

@@ -72,6 +72,25 @@ def fit_caps(caps: dict[str, int], shrink: str, budget: int) -> dict[str, int]:
     return fitted
 
 
+def memory_limit() -> tuple[int, str]:
+    """(bytes, what sets them) of the memory this process may use: the machine's, or its cgroup's (a container's
+    memory limit) when lower."""
+    limit, source = 0, "this machine has"
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                limit = int(line.split()[1]) * 1024
+                break
+    try:
+        with open("/sys/fs/cgroup/memory.max") as cgroup:  # cgroup v2; "max": none
+            value = cgroup.read().strip()
+        if value.isdigit() and 0 < int(value) < limit:
+            limit, source = int(value), "this container's memory limit (cgroup memory.max) allows"
+    except OSError:
+        pass
+    return limit, source
+
+
 def version_line(program: str) -> str:
     """What `--version` prints and a server logs as it starts: the release and the wire protocol it speaks."""
     return f"{program} {release.VERSION} (wire protocol {wire.VERSION})"

@@ -90,3 +90,11 @@ def test_a_descriptor_limit_too_low_to_serve_stops_each_server_at_start_with_one
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1 and len(lines) == 1, (command, done.stderr)
         assert "open-file limit (256)" in lines[0] and "ulimit -n" in lines[0], lines[0]
+
+
+def test_dram_beyond_the_memory_there_is_stops_the_node_at_start_with_one_line():
+    done = subprocess.run([sys.executable, "-m", "kvpool.commands.cli", "storenode", "--etcd", "127.0.0.1:1",
+                           "--dram", "64TiB"], capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert "--dram 64.0TiB is more than the" in lines[0] and "give --dram a smaller size" in lines[0], lines[0]
