@@ -37,7 +37,7 @@ from spread_cluster import SpreadCluster  # noqa: E402
 
 from kvpool.commands.bench import (STREAM_WAYS, connect_stream, fastest_stream, receive_stream,  # noqa: E402
                                    send_stream, tune_stream)
-from kvpool.launch.local_cluster import stop_process  # noqa: E402
+from kvpool.launch.local_cluster import LocalCluster, stop_process  # noqa: E402
 from kvpool.protocol.checksum import Digest  # noqa: E402
 from kvpool.protocol.units import parse_size  # noqa: E402
 
@@ -170,13 +170,14 @@ def streams(node: Host, client: Host, total: int) -> tuple[dict, dict]:
 # -- the bench, from the client's host
 
 
-def run_bench(cluster: SpreadCluster, client: Host, args, log_path: Path) -> dict:
-    """`kvpool bench --transport tcp` run in `client`'s host; its JSON report."""
+def run_bench(cluster, client: Host | None, args, log_path: Path) -> dict:
+    """`kvpool bench --transport tcp` run in `client`'s host (None: on this one, over loopback); its report."""
     kvpool = Path(sys.executable).with_name("kvpool")
     argv = [str(kvpool), "bench", "--master", cluster.master_address, "--cluster", cluster.cluster,
             "--transport", "tcp", "--sizes", args.sizes, "--batch", str(args.batch), "--seconds", str(args.seconds)]
     with open(log_path, "wb") as log:
-        done = subprocess.run(client.command(argv), stdout=subprocess.PIPE, stderr=log, timeout=args.timeout)
+        done = subprocess.run(client.command(argv) if client is not None else argv, stdout=subprocess.PIPE,
+                              stderr=log, timeout=args.timeout)
     if done.returncode != 0:
         raise RuntimeError(f"kvpool bench exited with {done.returncode} (log: {log_path})")
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
@@ -228,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--dram", default="1GiB", help="DRAM of the storage node (default 1GiB)")
     p.add_argument("--timeout", type=float, default=600.0, help="longest the bench may run (default 600 s)")
     p.add_argument("--keep", default=None, help="keep logs in this directory")
+    p.add_argument("--loopback", action="store_true",
+                   help="also run the bench against one node on this host, and give each op's ratio to it")
     args = p.parse_args(argv)
     for size in args.sizes.split(","):
         parse_size(size)  # a bad size fails here, not in the namespace
@@ -248,6 +251,14 @@ def main(argv=None) -> int:
             after, ways_after = streams(node, client, args.stream_bytes)
             raw_reads.append(request_response(node, client, AIM[1], args.seconds))
         line = report(bench, before, after, mtu, raw_reads)
+        if args.loopback:  # the same bench against one node on this host, right after: each op's loopback rate
+            with LocalCluster(nodes=1, dram_per_node=args.dram, data_dir=base / "loopback") as local:
+                alone = run_bench(local, None, args, base / "bench-loopback.log")
+            rates = {(r["op"], r["size"]): r["MBps"] for r in alone["results"] if r["transport"] == "tcp"}
+            for row in line["results"]:
+                if rates.get((row["op"], row["size"])):
+                    row["loopback_run_MBps"] = rates[(row["op"], row["size"])]
+                    row["ratio_to_loopback_run"] = round(row["MBps"] / row["loopback_run_MBps"], 3)
         line["bridge_stream_ways_MBps"] = {
             direction: {way: [round(ways_before[direction][way] / 1e6, 1), round(ways_after[direction][way] / 1e6, 1)]
                         for way in STREAM_WAYS} for direction in ways_before}

@@ -31,6 +31,9 @@ def test_cross_host_bench_prints_the_bridge_stream_and_the_tcp_rows_as_ratios_of
     for way in ("node_to_client", "client_to_node"):
         assert report["bridge_stream_MBps"][way] > 0
         assert len(report["bridge_stream_runs_MBps"][way]) == 2  # before and after the bench
+        ways = report["bridge_stream_ways_MBps"][way]  # the baseline: the fastest of kvpool bench's stream ways
+        assert set(ways) == {"plain", "waitall", "large-buffers"}
+        assert report["bridge_stream_runs_MBps"][way][0] == max(runs[0] for runs in ways.values())
     assert report["loopback_stream_MBps"] > 0
     raw = report["raw_request_response_4MiB"]  # the same reads without kvpool
     assert raw["MBps"] > 0 and len(raw["runs_MBps"]) == 2
