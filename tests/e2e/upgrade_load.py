@@ -1,6 +1,6 @@
 """Load for a rolling upgrade (tests/e2e/test_rolling_upgrade.py), run as a script under whichever release is
-first on PYTHONPATH, using only the client API every release has: puts of new keys (two copies) and gets of
-ones already put, checked byte for byte, until STOP_FILE exists; then one JSON line on stdout. PROGRESS_FILE
+first on PYTHONPATH, using only the client API every release has: puts of new keys (two copies, each
+acknowledged once flush() says the master ended it) and gets of ones acknowledged, checked byte for byte, until STOP_FILE exists; then one JSON line on stdout. PROGRESS_FILE
 holds how many puts were acknowledged so far.
 
 argv: ETCD_ENDPOINT CLUSTER STOP_FILE PROGRESS_FILE"""
@@ -51,7 +51,10 @@ def main() -> int:
         while not os.path.exists(stop_file):
             key = f"upgrade/{i:06d}"
             i += 1
-            if load.timed("put", lambda: client.put(key, value_of(key)) or True):
+            # A put is acknowledged once the master answered its end: flush() raises for one it could not end
+            # (a takeover may drop a put in flight), and that value is not stored.
+            if load.timed("put", lambda: client.put(key, value_of(key)) or True) \
+                    and load.timed("flush", lambda: client.flush() or True):
                 load.acknowledged.append(key)
             if load.acknowledged:
                 old = rng.choice(load.acknowledged)
