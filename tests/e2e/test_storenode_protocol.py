@@ -11,6 +11,7 @@ from storenode_harness import (call, closed_by_node, member_credential, free, ge
                                report, start_node, write_frame, write_status)
 from storenode_harness import ping as ping_node
 
+import kvpool
 from kvpool.protocol import wire
 from kvpool.protocol.checksum import checksum
 from kvpool.protocol.cluster_layout import NodeRecord, node_key, parse_hostport
@@ -247,14 +248,15 @@ def test_report_and_inventory_describe_what_the_node_holds(node):
     assert get(node, b"plain", 1, 1000)[0] == Code.OK
     assert get(node, b"nope", 1, 10)[0] == Code.NOT_FOUND
     got = report(node)
-    assert set(got) == {"node_id", "tiers", "evicted", "tenants"}
-    assert got["node_id"] == node.node_id and got["evicted"] == []
+    assert set(got) == {"node_id", "tiers", "evicted", "tenants", "version"}  # "shared_fault" while one fails
+    assert got["node_id"] == node.node_id and got["evicted"] == [] and got["version"] == kvpool.__version__
     assert got["tenants"] == {"": {"objects": 3, "dram_bytes": 6000, "ssd_bytes": 0, "hits": 1, "misses": 1,
                                    "evicted_quota": 0, "evicted_pressure": 0, "refused": 0}}  # keys of no tenant
     assert set(got["tiers"]) == {"dram"}  # no --ssd: no SSD tier
     dram = got["tiers"]["dram"]
     assert set(dram) == {"capacity", "used", "objects", "hits", "misses", "demotions", "promotions", "evictions",
-                         "evicted_bytes", "watermark", "pinned_bytes"}
+                         "evicted_bytes", "watermark", "pinned_bytes", "fault", "faults"}
+    assert (dram["fault"], dram["faults"]) == ("", 0)  # DRAM has no disk to fail
     assert (dram["capacity"], dram["objects"], dram["hits"], dram["misses"]) == (SEGMENT, 3, 1, 1)
     assert (dram["pinned_bytes"], dram["watermark"], dram["evictions"]) == (3000, "low", 0)
     assert dram["used"] == 1024 + 2048 + 3008  # 64-byte aligned extents
