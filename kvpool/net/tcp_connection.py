@@ -12,7 +12,6 @@ answers strictly in order) and settles each request.
 
 import asyncio
 import collections
-import os
 import socket
 from typing import NamedTuple, Sequence
 
@@ -29,9 +28,6 @@ from ..protocol.write_options import WriteOptions
 _DRAIN_BYTES = 64 * 1024
 _READ_AHEAD = 64 * 1024
 _HASH_CHUNK = 128 * 1024  # received and hashed while still in cache (measured: faster than 512 KiB)
-# A payload this large is received with the socket's low-water mark at a chunk: the loop wakes (and a recv returns)
-# once a whole chunk is there, not for each of the many segments a link between hosts delivers it in.
-_LOWAT_ABOVE = int(os.environ.get("KVPOOL_RCVLOWAT_ABOVE", 1 << 20))
 _REPLY_SIZE = wire.REPLY.size
 _unpack_reply = wire.REPLY.unpack
 _OK = Code.OK
@@ -100,15 +96,6 @@ class _Request:
                 self.future.set_exception(result)
             else:
                 self.future.set_result(result)
-
-
-def _set_lowat(sock: socket.socket, nbytes: int) -> bool:
-    """SO_RCVLOWAT (Linux honours it in recv and in the loop's readiness); False where it cannot be set."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
-        return True
-    except OSError:
-        return False
 
 
 def _ended_by(exc: Exception) -> str:
@@ -412,16 +399,9 @@ class Connection:
             return None
         # Hash each chunk as it lands: the node keeps sending meanwhile, so the
         # checksum costs little beyond the receive instead of a pass after it.
-        sock = self.sock
-        lowat = length >= _LOWAT_ABOVE and not self.tls and _set_lowat(sock, _HASH_CHUNK)
-        try:
-            return await self._receive_pieces(request, buf, Digest(), length, lowat)
-        finally:
-            if lowat:
-                _set_lowat(sock, 1)
-
-    async def _receive_pieces(self, request: _Request, buf, digest: Digest, left: int, lowat: bool):
+        digest = Digest()
         recv_into, sock = self._sock_recv_into, self.sock
+        left = length
         for view in pieces(buf):
             got, size = self._take_ahead(view), len(view)
             if got:
@@ -433,8 +413,6 @@ class Connection:
                     # the same buffer): the rest must not land there.
                     await self._drain(left)
                     return None
-                if lowat and left < _HASH_CHUNK:  # the mark never above what is still to come
-                    lowat = not _set_lowat(sock, 1)
                 # Chunks small enough to still be in cache when hashed.
                 more = await recv_into(sock, view[got:got + _HASH_CHUNK])
                 if not more:
