@@ -229,4 +229,7 @@ class SsdSegment:
         return digest.intdigest() == obj.checksum
 
     def close(self) -> None:
-        self.file.close()  # also releases the lock
+        try:
+            self.file.close()  # also releases the lock
+        except OSError as exc:  # a failing disk: the descriptor is gone all the same
+            log.warning("closing %s: %s", self.path, exc)
