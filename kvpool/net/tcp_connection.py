@@ -460,10 +460,12 @@ class Connection:
                 raise EOFError("connection closed by the node")
             got += more
 
-    async def _recv_bytes(self, length: int) -> bytes:
+    async def _recv_bytes(self, length: int) -> bytearray:
+        """`length` bytes (a reply's body; an INVENTORY of millions of objects is hundreds of MB, not copied
+        again into bytes)."""
         data = bytearray(length)
         await self._recv_exactly(memoryview(data))
-        return bytes(data)
+        return data
 
     async def _drain(self, length: int) -> None:
         if self._drain_buf is None:

@@ -265,7 +265,7 @@ class MemberOps:
             report["lapsed"] = True  # the leader reconciles this node before it serves reads again
         return report
 
-    def inventory(self, term: int) -> bytes:
+    def inventory(self, term: int) -> list:
         newer = term > self.node.term
         if self._believe(term):  # a new leader asks this first: older writes end here
             self.node.grant.inventoried(newer)

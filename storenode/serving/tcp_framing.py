@@ -13,7 +13,7 @@ import logging
 import socket
 
 from kvpool.protocol import wire
-from kvpool.protocol.checksum import checksum
+from kvpool.protocol.checksum import Digest, checksum
 from kvpool.errors import Code
 from kvpool.sockets.socket_input import SocketInput
 from kvpool.sockets.socket_output import flush_backlog, send_all
@@ -148,6 +148,15 @@ class Framing:
     def reply_body(self, op: int, req_id: int, body: bytes) -> None:
         self.out += wire.pack_reply(op, req_id, Code.OK, len(body), checksum(body))
         self.out += body
+
+    def reply_parts(self, op: int, req_id: int, parts: list) -> None:
+        """reply_body of the buffers `parts` joined, without joining them first."""
+        digest = Digest()
+        for part in parts:
+            digest.update(part)
+        self.out += wire.pack_reply(op, req_id, Code.OK, sum(len(part) for part in parts), digest.intdigest())
+        for part in parts:
+            self.out += part
 
     def error(self, op: int, req_id: int, code: Code, message: str, name: str | None = None) -> None:
         self.out += wire.pack_error(op, req_id, code, message)

@@ -55,7 +55,7 @@ async def report(conn, members: MemberOps, req: Request) -> bool:
 
 
 async def inventory(conn, members: MemberOps, req: Request) -> bool:
-    conn.reply_body(req.op, req.req_id, members.inventory(req.term))
+    conn.reply_parts(req.op, req.req_id, members.inventory(req.term))
     return True
 
 

@@ -16,7 +16,7 @@ from itertools import compress
 
 import numpy as np
 
-from kvpool.protocol.inventory import RECORD_DTYPE, encode_records
+from kvpool.protocol.inventory import RECORD_DTYPE, encode_parts
 
 # The fields copied from a record as it is indexed (never changed afterwards), with their array type codes.
 _FIXED = (("generation", "Q"), ("size", "Q"), ("checksum", "Q"), ("raw_size", "Q"), ("flags", "I"))
@@ -81,6 +81,10 @@ class InventoryColumns:
 
     def reply(self, now: float) -> bytes:
         """The INVENTORY reply: every live object whose TTL has not run out by `now`, in slot order."""
+        return b"".join(self.reply_parts(now))
+
+    def reply_parts(self, now: float) -> list:
+        """reply() as the buffers it joins (inventory.encode_parts)."""
         live = np.frombuffer(self._live, dtype=np.bool_).copy()  # copies: the arrays stay growable
         expires = np.frombuffer(self._expires, dtype=np.float64).copy()
         expired = live & (expires > 0) & (expires <= now)
@@ -98,4 +102,4 @@ class InventoryColumns:
         left = expires[live]
         # Remaining lifetime in ms, at least 1 while alive; 0 = no ttl (as ObjectRecord.ttl_ms).
         records["ttl_ms"] = np.where(left > 0, np.maximum(1, ((left - now) * 1000).astype(np.int64)), 0)
-        return encode_records(records, keys)
+        return encode_parts(records, keys)

@@ -346,11 +346,11 @@ class ObjectStore:
         return {"node_id": node_id, "tiers": tiers, "evicted": self.take_dropped(), "tenants": self.tenants.report()}
 
     def inventory(self) -> list[Entry]:
-        return inventory.decode(self.inventory_reply())
+        return inventory.decode(b"".join(self.inventory_reply()))
 
-    def inventory_reply(self) -> bytes:
-        """Every live object, as the INVENTORY reply (kvpool/protocol/inventory.py) carries it."""
-        return self.index.columns.reply(self.clock())
+    def inventory_reply(self) -> list:
+        """Every live object, as the buffers of the INVENTORY reply (kvpool/protocol/inventory.py)."""
+        return self.index.columns.reply_parts(self.clock())
 
     # -- bookkeeping
 
