@@ -38,6 +38,7 @@ from kvpool.master.serving.health_service import MasterHealth
 from kvpool.master.serving.key_feed import DEFAULT_SIZE as KEY_FEED_SIZE
 from kvpool.master.serving.key_feed import KeyFeed
 from kvpool.master.serving.key_watch import KeyWatch
+from kvpool.master.leadership.inventory_mirror import MIRROR_INTERVAL
 from kvpool.master.leadership.lease_refresh import GatewayLease
 from kvpool.master.leadership.lifecycle import ETCD_CONNECT_TIMEOUT, Leadership
 from kvpool.master.serving.metrics import MasterMetrics
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--election-ttl", type=float, default=5.0, metavar="SECONDS",
                    help="a leader that stops refreshing its etcd lease is replaced after this long (default 5; "
                         "etcd grants at least 2)")
+    p.add_argument("--standby-copy-interval", type=float, default=MIRROR_INTERVAL, metavar="SECONDS",
+                   help="a standby reads what changed in every node's inventory this often, so its takeover reads "
+                        f"only what changed since; 0 reads every inventory whole at takeover (default {MIRROR_INTERVAL:g})")
     p.add_argument("--key-feed-size", type=int, default=KEY_FEED_SIZE, metavar="N",
                    help="changes of committed keys the leader keeps for WatchKeys subscribers to resume from; "
                         f"one further behind gets a snapshot (default {KEY_FEED_SIZE})")

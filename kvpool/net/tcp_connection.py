@@ -39,7 +39,7 @@ _HELLO, _ATTACH, _EVICTIONS = wire.Op.HELLO, wire.Op.ATTACH, wire.Op.EVICTIONS
 _LOCATE, _RELEASE, _ALLOCATE = wire.Op.LOCATE, wire.Op.RELEASE, wire.Op.ALLOCATE
 _FOUND_OR_NOT = (_FREE, _HOLD, wire.Op.FREE_SHARED)  # ops whose NOT_FOUND is an answer (False), not an error
 # Replies with a body the caller reads (JSON, or INVENTORY's and SHARED_SCAN's binary)
-_JSON_REPLY = (_REPORT, _INVENTORY, _HELLO, _ATTACH, _EVICTIONS, wire.Op.SHARED_SCAN)
+_JSON_REPLY = (_REPORT, _INVENTORY, _HELLO, _ATTACH, _EVICTIONS, wire.Op.SHARED_SCAN, wire.Op.INVENTORY_CHANGES)
 _PAYLOAD_REPLY = (_READ, _LOCATE)  # the value's bytes may follow
 _WITH_OPTIONS = (_WRITE, _ALLOCATE)  # WRITE_OPTIONS follow the key
 _MAPPED = int(wire.ReplyFlag.MAPPED)  # a plain int: IntFlag arithmetic is slow on the hot path

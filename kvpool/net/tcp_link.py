@@ -14,7 +14,7 @@ from .node_connections import NodeConnections
 
 _FREE, _HOLD = wire.Op.FREE, wire.Op.HOLD
 _REPORT, _INVENTORY, _COPY = wire.Op.REPORT, wire.Op.INVENTORY, wire.Op.COPY
-_EVICTIONS = wire.Op.EVICTIONS
+_EVICTIONS, _INVENTORY_CHANGES = wire.Op.EVICTIONS, wire.Op.INVENTORY_CHANGES
 _FREE_SHARED, _SHARED_SCAN = wire.Op.FREE_SHARED, wire.Op.SHARED_SCAN
 
 
@@ -68,6 +68,16 @@ class TcpLink(NodeConnections):
         body = await connection.request(_INVENTORY, b"", 0, term, 0)
         try:
             return inventory.Reply(body)
+        except ProtocolError as exc:
+            raise ProtocolError(f"node {address}: {exc}") from None
+
+    async def inventory_changes(self, address: str, since: int, term: int = 0) -> "inventory.Changes":
+        """What changed in the node's inventory after change number `since` (0: all of it); `term` as for
+        inventory (0: a standby's read, which fences nothing)."""
+        connection = await self._connection(address)
+        body = await connection.request(_INVENTORY_CHANGES, b"", since, term, 0)
+        try:
+            return inventory.Changes(body)
         except ProtocolError as exc:
             raise ProtocolError(f"node {address}: {exc}") from None
 

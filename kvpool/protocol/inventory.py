@@ -57,6 +57,45 @@ def encode_parts(records: np.ndarray, keys: bytes) -> list:
     return [_COUNT.pack(len(records)), memoryview(np.ascontiguousarray(records)).cast("B"), keys]
 
 
+# The INVENTORY_CHANGES reply: what changed on a node since a change number, so a standby master that read a
+# node's inventory once reads only what changed since. Its head (the numbering's series, the change number it
+# reaches, how many slots live and gone), the series' ASCII, then the live slots and the gone slots (u32 each),
+# then an INVENTORY reply of the live ones in the same order.
+_CHANGES_HEAD = struct.Struct("<QIIB")
+MAX_SERIES = 64
+
+
+def encode_changes(series: str, changes: int, slots: np.ndarray, gone: np.ndarray, reply_parts: list) -> list:
+    """The INVENTORY_CHANGES reply as buffers: `slots` (uint32) the slot of each entry of `reply_parts`
+    (encode_parts), `gone` the slots changed since that hold nothing now."""
+    name = series.encode("ascii")
+    return [_CHANGES_HEAD.pack(changes, len(slots), len(gone), len(name)), name,
+            memoryview(np.ascontiguousarray(slots, dtype="<u4")).cast("B"),
+            memoryview(np.ascontiguousarray(gone, dtype="<u4")).cast("B"), *reply_parts]
+
+
+class Changes:
+    """An INVENTORY_CHANGES reply as received: series, changes (the number it reaches), slots (of the
+    entries of `reply`, in order), gone (slots that hold nothing now), reply (an inventory Reply)."""
+
+    def __init__(self, body):
+        view = memoryview(body)
+        if len(view) < _CHANGES_HEAD.size:
+            raise ProtocolError(f"INVENTORY_CHANGES reply of {len(view)} bytes has no head")
+        self.changes, live, gone, name_length = _CHANGES_HEAD.unpack_from(view)
+        at = _CHANGES_HEAD.size
+        slots_at = at + name_length
+        reply_at = slots_at + 4 * (live + gone)
+        if name_length > MAX_SERIES or reply_at > len(view):
+            raise ProtocolError(f"INVENTORY_CHANGES reply of {len(view)} bytes is too short for {live + gone} slots")
+        self.series = bytes(view[at:slots_at]).decode("ascii", "replace")
+        self.slots = np.frombuffer(view, dtype="<u4", count=live, offset=slots_at).astype(np.int64)
+        self.gone = np.frombuffer(view, dtype="<u4", count=gone, offset=slots_at + 4 * live).astype(np.int64)
+        self.reply = Reply(view[reply_at:])
+        if len(self.reply) != live:
+            raise ProtocolError(f"INVENTORY_CHANGES reply names {live} slots for {len(self.reply)} entries")
+
+
 class Columns(NamedTuple):
     """A slice of an inventory: its keys, and a structured array (RECORD_DTYPE) of the rest."""
 
@@ -99,6 +138,20 @@ class Reply:
     def records(self) -> np.ndarray:
         """Every record (RECORD_DTYPE), in reply order."""
         return self._records
+
+    def age(self, ms: int) -> np.ndarray:
+        """The entries' remaining lifetimes made `ms` shorter (a reply kept that long before it is adopted);
+        returns a mask of those that ran out meanwhile."""
+        if ms <= 0 or not self.count:
+            return np.zeros(self.count, dtype=bool)
+        if not self._records.flags.writeable:
+            self._records = self._records.copy()
+        ttl = self._records["ttl_ms"]
+        lived = ttl > 0
+        ttl[lived] -= ms
+        ran_out = lived & (ttl <= 0)
+        ttl[ran_out] = 1  # never 0 (which means none): taken as expired by whoever keeps the mask
+        return ran_out
 
     @property
     def key_bytes(self) -> tuple[bytes, np.ndarray]:

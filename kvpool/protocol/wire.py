@@ -115,6 +115,10 @@ class Op(IntEnum):
     # INVENTORY reply's format, every object the directory's manifests hold (tiers: inventory.SHARED_BIT).
     FREE_SHARED = 17
     SHARED_SCAN = 18
+    # Reply (kvpool/protocol/inventory.py, encode_changes): the slots of the node's inventory changed after
+    # change number `generation` (0: all), so a standby master keeps its copy of the inventory current and a
+    # new leader reads only what changed. `arg`: as INVENTORY's (0 from a standby: nothing is fenced).
+    INVENTORY_CHANGES = 19
     # The master's control port: one op per Master RPC (see the module docstring).
     PUT_START = 32
     PUT_END = 33

@@ -42,7 +42,8 @@ CLIENT = Caller(Role.CLIENT, CLIENT_SCOPE)
 
 # Ops on a node that only a member may send: they drop or move data, or carry a term.
 MEMBER_OPS = frozenset({wire.Op.FREE, wire.Op.HOLD, wire.Op.REPORT, wire.Op.INVENTORY,
-                        wire.Op.COPY, wire.Op.EVICTIONS, wire.Op.FREE_SHARED, wire.Op.SHARED_SCAN})
+                        wire.Op.COPY, wire.Op.EVICTIONS, wire.Op.FREE_SHARED, wire.Op.SHARED_SCAN,
+                        wire.Op.INVENTORY_CHANGES})
 
 # Ops on a node a tenant may not send: shared memory's (the node's DRAM mapping holds every tenant's bytes).
 TENANT_REFUSED_OPS = frozenset({wire.Op.ATTACH, wire.Op.LOCATE, wire.Op.RELEASE, wire.Op.ALLOCATE,

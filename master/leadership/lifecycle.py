@@ -16,6 +16,7 @@ import aetcd
 from kvpool.master.leadership import takeover
 from kvpool.master.leadership.adoption import Adopter
 from kvpool.master.leadership.election import Election
+from kvpool.master.leadership.inventory_mirror import MIRROR_INTERVAL, InventoryMirror
 from kvpool.master.nodes.eviction_watch import EvictionWatch
 from kvpool.master.nodes.membership import Membership
 from kvpool.master.nodes.node_io import NodeIO
@@ -55,9 +56,10 @@ class Leader:
     table rebuilt from the nodes, and the background loops."""
 
     def __init__(self, args, etcd: aetcd.Client, election: Election, table: ObjectTable, node_io: NodeIO,
-                 adopter: Adopter, known_nodes: frozenset = frozenset()):
+                 adopter: Adopter, known_nodes: frozenset = frozenset(), mirror: InventoryMirror | None = None):
         self._args, self._etcd, self._election = args, etcd, election
         self._table, self._node_io, self._adopter = table, node_io, adopter
+        self._mirror = mirror  # the inventories this master kept while it followed
         self._known_nodes = known_nodes  # node ids this master's previous term had
         self.tasks: list[asyncio.Task] = []
         self._joins: list | None = []  # node instances met before the table was rebuilt
@@ -90,9 +92,13 @@ class Leader:
         # these inventories are adopted. Serving begins once they are in: they are adopted meanwhile.
         asked = loop.time()
         answered, silent = await asyncio.wait_for(
-            takeover.inventories(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT), STARTUP_INVENTORY_TIMEOUT * 2)
+            takeover.inventories(self._table, self._node_io, joins, STARTUP_INVENTORY_TIMEOUT, self._mirror),
+            STARTUP_INVENTORY_TIMEOUT * 2)
         received = loop.time()
-        left = takeover.start_adopting(self._table, self._node_io, answered)
+        left = takeover.start_adopting(self._table, self._node_io, answered,
+                                       self._mirror.disputes if self._mirror is not None else None)
+        if self._mirror is not None:
+            self._mirror.clear()
         indexed = loop.time()
         self._adopter.initial_adoption(True)  # before any node is handed to it (the silent ones, below)
         if in_doubt:  # nodes may still be registering again after etcd's silence: the whole table first
@@ -165,6 +171,9 @@ class Leadership:
         self._args, self._etcd, self._election = args, etcd, election
         self._table, self._node_io, self._adopter = table, node_io, adopter
         self._leader: Leader | None = None  # the current term's work, while this master leads
+        interval = getattr(args, "standby_copy_interval", MIRROR_INTERVAL)
+        # A standby keeps each node's inventory current, so its takeover reads only what changed since.
+        self._mirror = InventoryMirror(etcd, args.cluster, node_io.transport, interval) if interval > 0 else None
         self._known_nodes: frozenset = frozenset()  # node ids the last term had, awaited by the next takeover
         self._campaign: asyncio.Task | None = None
 
@@ -181,6 +190,8 @@ class Leadership:
         election = self._election
         while not stop.is_set():
             if self._leader is None:
+                if self._mirror is not None:
+                    self._mirror.start()
                 if not await self._until_done(election.campaign(), "campaign", stop):
                     break  # stopped while following
                 try:
@@ -213,8 +224,10 @@ class Leadership:
         return True
 
     async def _lead(self) -> None:
+        if self._mirror is not None:
+            await self._mirror.stop()
         self._leader = Leader(self._args, self._etcd, self._election, self._table, self._node_io, self._adopter,
-                              self._known_nodes)
+                              self._known_nodes, self._mirror)
         await self._leader.take_over()
         self._election.serving = self._election.is_leader  # the lease may have expired while taking over
 
@@ -235,6 +248,8 @@ class Leadership:
         if self._campaign is not None:
             self._campaign.cancel()
             await asyncio.gather(self._campaign, return_exceptions=True)
+        if self._mirror is not None:
+            await self._mirror.stop()
 
     async def stop_term(self) -> None:
         """Stopping: the current term's work ends."""

@@ -15,6 +15,7 @@ theirs first); generations it hands out are above every one they hold.
 
 import asyncio
 import logging
+import time
 
 from kvpool.protocol import inventory
 
@@ -65,13 +66,40 @@ async def adopt_in_slices(table: ObjectTable, node_io: NodeIO, node_id: str, ins
     return outcome
 
 
-async def inventories(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, str, str]], timeout: float):
+async def _changes_since(table: ObjectTable, node_io: NodeIO, copy, timeout: float) -> bool:
+    """Complete a standby's copy of a node's inventory (inventory_mirror.NodeCopy) with what changed since,
+    and give it to the table; False (nothing given) when the node cannot say (another release, another
+    numbering, no answer): its whole INVENTORY is read instead."""
+    try:
+        changes = await node_io.inventory_changes(copy.address, copy.reached, timeout)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - read whole instead
+        log.info("node %s did not say what changed since the standby's copy (%s: %s); reading its inventory",
+                 copy.node_id, type(exc).__name__, exc)
+        return False
+    since = copy.reached
+    if not copy.apply(changes, since, time.time()):
+        return False
+    table.take_entries(copy.node_id, copy.instance, copy.masks(time.time()))
+    log.info("node %s: the standby's copy of its inventory, and %d slots changed since", copy.node_id,
+             copy.layers[-1].changed)
+    return True
+
+
+async def inventories(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str, str, str]], timeout: float,
+                      mirror=None):
     """The INVENTORY of each of `nodes` ((node_id, instance, address) each), all asked at once, given
-    to the table as each comes (ObjectTable.take_inventory: indexed while the others are built):
+    to the table as each comes (ObjectTable.take_inventory: indexed while the others are built); of a
+    node `mirror` (inventory_mirror.InventoryMirror) holds a copy of, only what changed since:
     ([(node_id, instance) of each that answered], [the nodes that did not])."""
     answered, silent = [], []
 
     async def one(node_id: str, instance: str, address: str) -> None:
+        copy = mirror.take(node_id, instance, address) if mirror is not None else None
+        if copy is not None and await _changes_since(table, node_io, copy, timeout):
+            answered.append((node_id, instance))
+            return
         reply = await _inventory(node_io, node_id, address, timeout)
         if reply is None:
             silent.append((node_id, instance, address))
@@ -83,13 +111,13 @@ async def inventories(table: ObjectTable, node_io: NodeIO, nodes: list[tuple[str
     return answered, silent
 
 
-def start_adopting(table: ObjectTable, node_io: NodeIO, answered: list) -> int:
+def start_adopting(table: ObjectTable, node_io: NodeIO, answered: list, known_disputes: dict | None = None) -> int:
     """Adopt the inventories of `answered` while serving (ObjectTable.start_adopting); returns the entries
     left to adopt_rest. The nodes that answered may be REPORTed (their read grants renewed) from now:
     every key held at more than one generation is adopted already, so none of them holds a version
     another holds a newer one of, and a version this term replaces is adopted first and freed, its
     FREE owed (no REPORT until confirmed)."""
-    left = table.start_adopting()
+    left = table.start_adopting(known_disputes)
     node_io.submit_frees(table.take_frees())
     for node_id, instance in answered:
         node = table.nodes.get(node_id)

@@ -232,6 +232,13 @@ class NodeIO:
         self._recovered(address)
         return entries
 
+    async def inventory_changes(self, address: str, since: int, timeout: float):
+        """What changed on the node at `address` after change number `since`, asked with this term
+        (fencing older leaders, as INVENTORY)."""
+        changes = await asyncio.wait_for(self.transport.inventory_changes(address, since, self.term), timeout)
+        self._recovered(address)
+        return changes
+
     # ----- failure logging: once per address until it works again -----
 
     def failed(self, address: str, what: str, exc: BaseException) -> None:

@@ -147,13 +147,20 @@ class ObjectTable:
         once start_adopting has seen them all."""
         self._unadopted.add(node_id, instance, reply)
 
-    def start_adopting(self) -> int:
+    def take_entries(self, node_id: str, instance: str, layers) -> None:
+        """take_inventory of a node's inventory as a standby kept it: (unadopted.NodeEntries, mask of those
+        not to adopt) each (master/leadership/inventory_mirror.py)."""
+        for entries, taken in layers:
+            self._unadopted.add_entries(node_id, instance, entries, taken)
+
+    def start_adopting(self, known_disputes: dict | None = None) -> int:
         """Adopt the inventories take_inventory was given while serving: no generation any of them
         holds is handed out again, and keys held at several generations are adopted at once
-        (unadopted.py). Returns how many entries are left to adopt_next."""
+        (unadopted.py; `known_disputes`: found ahead, Unadopted.disputed_keys). Returns how many entries are
+        left to adopt_next."""
         unadopted = self._unadopted
         self._ledger.generation_seen(unadopted.max_generation())
-        self._adopt_named(unadopted.disputed_keys())
+        self._adopt_named(unadopted.disputed_keys(known_disputes))
         return unadopted.left
 
     def adopt_next(self, size: int) -> Adopted | None:

@@ -13,6 +13,7 @@ object per entry) and kept sorted; a hash that matches is confirmed by comparing
 Pure bookkeeping: no I/O.
 """
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -22,6 +23,7 @@ from kvpool.protocol.inventory import Columns, Reply
 _PRIME = np.uint64(0x100000001B3)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _HASH_SLICE = 65_536  # keys hashed at a time: bounds the temporary arrays
+_IDENTS = itertools.count(1)
 
 
 def key_hashes(blob: bytes, ends: np.ndarray) -> np.ndarray:
@@ -71,15 +73,38 @@ class Found(NamedTuple):
     columns: Columns
 
 
-class _NodeInventory:
-    def __init__(self, node_id: str, instance: str, reply: Reply):
-        self.node_id, self.instance, self.reply = node_id, instance, reply
+class NodeEntries:
+    """One node's inventory reply with its keys' hashes sorted for lookups: built as a reply arrives, or
+    ahead of a takeover by a standby (master/leadership/inventory_mirror.py)."""
+
+    def __init__(self, reply: Reply):
+        self.ident = next(_IDENTS)  # names it in a cache of disputes (an id() may be reused)
+        self.reply = reply
         self.hashes = key_hashes(*reply.key_bytes)
         self.order = np.argsort(self.hashes)
         self.sorted = self.hashes[self.order]
-        self.taken = np.zeros(len(reply), dtype=bool)
-        self.left = len(reply)
+
+    def __len__(self) -> int:
+        return len(self.reply)
+
+
+class _NodeInventory:
+    def __init__(self, node_id: str, instance: str, entries: NodeEntries, taken: np.ndarray | None = None):
+        self.node_id, self.instance, self.entries = node_id, instance, entries
+        self.reply, self.hashes, self.order, self.sorted = entries.reply, entries.hashes, entries.order, entries.sorted
+        # `taken` given: entries not to adopt (superseded in a standby's copy, or past their TTL)
+        self.taken = np.zeros(len(entries), dtype=bool) if taken is None else taken.copy()
+        self.left = len(entries) - int(np.count_nonzero(self.taken))
         self.cursor = 0  # the background adoption's place: every entry before it is taken
+
+    def positions_of(self, hashes: np.ndarray) -> np.ndarray:
+        """The positions in the reply of every entry whose key hashes to one of `hashes`."""
+        low = np.searchsorted(self.sorted, hashes, "left")
+        high = np.searchsorted(self.sorted, hashes, "right")
+        hits = np.flatnonzero(high > low)
+        if not len(hits):
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self.order[low[i]:high[i]] for i in hits.tolist()])
 
     def take(self, positions: np.ndarray) -> Found:
         positions = positions[~self.taken[positions]]
@@ -88,13 +113,35 @@ class _NodeInventory:
         return Found(self.node_id, self.instance, self.reply.columns_at(positions))
 
 
+def clashes(one: NodeEntries, other: NodeEntries) -> np.ndarray:
+    """The hashes `one` and `other` both hold at different generations (disputes between them), the
+    smaller searched in the larger."""
+    if len(one) > len(other):
+        one, other = other, one
+    here, there = one.sorted, other.sorted
+    if not len(here) or not len(there):
+        return np.zeros(0, dtype=np.uint64)
+    at = np.minimum(np.searchsorted(there, here), len(there) - 1)
+    # Generations are looked up for the hashes both hold only (few, usually): a gather over
+    # every record costs more than the rest of this together.
+    both = np.flatnonzero(there[at] == here)
+    generations = one.reply.records["generation"][one.order[both]]
+    other_generations = other.reply.records["generation"][other.order[at[both]]]
+    return here[both][other_generations != generations]
+
+
 class Unadopted:
     def __init__(self):
         self._nodes: list[_NodeInventory] = []
 
     def add(self, node_id: str, instance: str, reply: Reply) -> None:
         if len(reply):
-            self._nodes.append(_NodeInventory(node_id, instance, reply))
+            self._nodes.append(_NodeInventory(node_id, instance, NodeEntries(reply)))
+
+    def add_entries(self, node_id: str, instance: str, entries: NodeEntries, taken: np.ndarray) -> None:
+        """Entries prepared ahead (a standby's copy), those marked in `taken` not to be adopted."""
+        if len(entries):
+            self._nodes.append(_NodeInventory(node_id, instance, entries, taken))
 
     @property
     def left(self) -> int:
@@ -117,12 +164,7 @@ class Unadopted:
         for node in self._nodes:
             if not node.left:
                 continue
-            low = np.searchsorted(node.sorted, query, "left")
-            high = np.searchsorted(node.sorted, query, "right")
-            hits = np.flatnonzero(high > low)
-            if not len(hits):
-                continue
-            positions = np.concatenate([node.order[low[i]:high[i]] for i in hits.tolist()])
+            positions = node.positions_of(query)
             positions = positions[~node.taken[positions]]
             if not len(positions):
                 continue
@@ -144,35 +186,31 @@ class Unadopted:
                     return part
         return None
 
-    def disputed_keys(self) -> list[str]:
+    def disputed_keys(self, known: dict | None = None) -> list[str]:
         """Keys found at more than one generation (on one node or several; a hash shared by two keys
         counts too): an overwrite or a remove the previous leader did not see through everywhere.
         Adopted before anything is served, so no node is trusted to serve reads (REPORTed) while it
-        holds a version another holds a newer one of."""
-        clashes = []
+        holds a version another holds a newer one of. `known`: clashes() of pairs of entries computed
+        ahead, by their entries' idents (a standby's, master/leadership/inventory_mirror.py)."""
+        found = []
         nodes = self._nodes
         for i, node in enumerate(nodes):
             here = node.sorted
             twice = here[1:] == here[:-1]  # a hash twice on one node (rare): settled whatever its generations
             if twice.any():
-                clashes.append(here[1:][twice])
+                found.append(here[1:][twice])
             for other in nodes[i + 1:]:
-                there = other.sorted
-                if not len(there):
-                    continue
-                at = np.minimum(np.searchsorted(there, here), len(there) - 1)
-                # Generations are looked up for the hashes both hold only (few, usually): a gather over
-                # every record costs more than the rest of this together.
-                both = np.flatnonzero(there[at] == here)
-                generations = node.reply.records["generation"][node.order[both]]
-                other_generations = other.reply.records["generation"][other.order[at[both]]]
-                clashes.append(here[both][other_generations != generations])
-        disputed = np.unique(np.concatenate(clashes)) if clashes else np.zeros(0, dtype=np.uint64)
+                pair = (node.entries.ident, other.entries.ident)
+                if known is not None and (pair in known or pair[::-1] in known):
+                    found.append(known.get(pair, known.get(pair[::-1])))
+                else:
+                    found.append(clashes(node.entries, other.entries))
+        disputed = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.uint64)
         if not len(disputed):
             return []
         keys = []
         for node in self._nodes:
-            positions = np.flatnonzero(np.isin(node.hashes, disputed))
-            keys += node.reply.columns_at(positions).keys
+            positions = node.positions_of(disputed)
+            if len(positions):
+                keys += node.reply.columns_at(np.sort(positions)).keys
         return keys
-

@@ -232,7 +232,7 @@ class NodeOps:
 
 
 class MemberOps:
-    """What only a master may ask of a node (FREE, HOLD, REPORT, INVENTORY, EVICTIONS, COPY).
+    """What only a master may ask of a node (FREE, HOLD, REPORT, INVENTORY, INVENTORY_CHANGES, EVICTIONS, COPY).
     Reached through NodeOps.members; the only code that raises the node's term."""
 
     def __init__(self, node: NodeOps):
@@ -266,10 +266,19 @@ class MemberOps:
         return report
 
     def inventory(self, term: int) -> list:
+        self._inventoried(term)
+        return self.store.inventory_reply()
+
+    def inventory_changes(self, term: int, since: int) -> list:
+        """A new leader's (term) or a standby's (0: nothing fenced) read of what changed after `since`."""
+        if term:
+            self._inventoried(term)
+        return self.store.index.columns.changes_parts(self.store.clock(), since)
+
+    def _inventoried(self, term: int) -> None:
         newer = term > self.node.term
         if self._believe(term):  # a new leader asks this first: older writes end here
             self.node.grant.inventoried(newer)
-        return self.store.inventory_reply()
 
     def _check_leads(self, term: int) -> None:
         if term and term < self.node.term:

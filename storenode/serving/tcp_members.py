@@ -59,6 +59,11 @@ async def inventory(conn, members: MemberOps, req: Request) -> bool:
     return True
 
 
+async def inventory_changes(conn, members: MemberOps, req: Request) -> bool:
+    conn.reply_parts(req.op, req.req_id, members.inventory_changes(req.term, req.generation))
+    return True
+
+
 async def evictions(conn, members: MemberOps, req: Request) -> bool:
     try:
         # The replies before this one must not wait for it.

@@ -80,6 +80,7 @@ class TcpSession(Framing):
                     wire.Op.COPY: member(tcp_members.copy), wire.Op.EVICTIONS: member(tcp_members.evictions),
                     wire.Op.FREE_SHARED: member(tcp_members.free_shared),
                     wire.Op.SHARED_SCAN: member(tcp_members.shared_scan),
+                    wire.Op.INVENTORY_CHANGES: member(tcp_members.inventory_changes),
                     wire.Op.ATTACH: self.shm.attach, wire.Op.LOCATE: self.shm.locate,
                     wire.Op.RELEASE: self.shm.release, wire.Op.ALLOCATE: self.shm.allocate,
                     wire.Op.COMMIT: self.shm.commit}

@@ -3,6 +3,7 @@ objects (the new leader rebuilds its table from the nodes), a full restart of ma
 fencing of a deposed leader, and an etcd that puts do not write to."""
 
 import asyncio
+import re
 import threading
 import time
 import urllib.request
@@ -264,3 +265,39 @@ def test_kvpool_up_with_two_masters(tmp_path):
         assert proc.wait(30) == 0
     finally:
         stop_process(proc, 30)  # SIGTERM first: `kvpool up` then stops its children (own sessions)
+
+
+def test_a_standby_takes_over_from_its_copy_of_the_inventories(own_cluster):
+    """The standby keeps every node's inventory (master/leadership/inventory_mirror.py); at takeover it reads only
+    what changed since, and serves exactly what the nodes hold: overwrites, removes and puts made after its copy."""
+    cluster = own_cluster(nodes=2, masters=2, dram_per_node="64MiB", master_args=FAST_ELECTION)
+    old, new = cluster.masters
+    keys = [f"copy/{i:05d}" for i in range(3000)]
+    with Client(cluster.master_addresses) as client:
+        for start in range(0, len(keys), 1000):
+            client.batch_put(keys[start:start + 1000], [value_of(k) for k in keys[start:start + 1000]])
+
+        def copied() -> bool:  # both nodes read whole since the puts (the first read, at start, held nothing)
+            counts = re.findall(r"node (\S+)'s inventory read whole for this standby's copy: (\d+) objects",
+                                new.log_path.read_text())
+            return {node for node, count in counts if int(count) > 0} == {"node-0", "node-1"}
+
+        wait_until(copied, 20, what="the standby's copy of both nodes' inventories")
+        client.batch_put(keys[:200], [b"again" + value_of(k) for k in keys[:200]], overwrite=True)
+        for key in keys[200:300]:
+            client.remove(key)
+        later = [f"later/{i:04d}" for i in range(500)]
+        client.batch_put(later, [value_of(k) for k in later])
+    old.kill()
+    wait_until(lambda: stats_of(new.info["address"]).leader == new.info["address"], 15, what="the follower to lead")
+    took_over = new.log_path.read_text()
+    assert took_over.count("the standby's copy of its inventory, and") == 2  # both nodes: only what changed
+    with Client(new.info["address"], rpc_timeout=30, timeout=30) as client:
+        every = keys + later
+        got = {}
+        for start in range(0, len(every), 1000):
+            got.update(zip(every[start:start + 1000], client.batch_get(every[start:start + 1000])))
+        assert client.stats().objects == 3000 - 100 + 500
+    assert all(got[k] == b"again" + value_of(k) for k in keys[:200])
+    assert all(got[k] is None for k in keys[200:300])
+    assert all(got[k] == value_of(k) for k in keys[300:] + later)

@@ -422,3 +422,33 @@ def test_a_write_asking_to_live_past_100_years_is_refused_before_any_room_is_tak
     finally:
         node.stop()
     assert "Traceback" not in node.log()
+
+
+def test_inventory_changes_read_only_what_changed_and_only_by_a_member(node):
+    from kvpool.errors import ForbiddenError
+    from kvpool.net.tcp_link import TcpLink
+    from kvpool.security.auth import client_credential
+
+    address = f"{node.host}:{node.port}"
+
+    async def changes(since: int, credential=None):
+        transport = TcpLink(credential=credential or member_credential())
+        try:
+            return await transport.inventory_changes(address, since)
+        finally:
+            await transport.close()
+
+    for i in range(3):
+        put(node, f"k{i}".encode(), i + 1, os.urandom(100))
+    first = asyncio.run(changes(0))
+    assert sorted(e.key for e in first.reply) == ["k0", "k1", "k2"] and first.gone.size == 0
+    assert free(node, b"k1", 2) == Code.OK
+    put(node, b"k3", 4, os.urandom(100))
+    later = asyncio.run(changes(first.changes))
+    assert later.series == first.series and later.changes > first.changes
+    assert [e.key for e in later.reply] == ["k3"]
+    slot_of = dict(zip((e.key for e in first.reply), first.slots.tolist()))
+    assert later.slots.tolist() == [slot_of["k1"]] or later.gone.tolist() == [slot_of["k1"]]  # k3 may reuse it
+    with pytest.raises(ForbiddenError):
+        asyncio.run(changes(0, client_credential()))
+    assert report(node)["tiers"]["dram"]["objects"] == 3  # a standby's read (term 0) changed nothing
