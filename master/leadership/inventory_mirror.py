@@ -30,19 +30,48 @@ log = logging.getLogger(__name__)
 
 MIRROR_INTERVAL = 1.0  # seconds between a standby's reads of what changed on each node
 FETCH_TIMEOUT = 10.0
-MAX_LAYERS = 16  # past this, or once the layers since the first hold half as many entries, read it whole again
+MERGE_AT = 8  # layers after the first merged into one past this (on the standby: the node is not asked)
+# Once the changes since the first layer are half as many as its entries, the node's inventory is read whole
+# again (a whole read holds the node's loop about 0.15 s per million objects).
 
 
 class Layer:
     """One INVENTORY_CHANGES reply: its entries (hashed for lookups), their slots, which of them a newer layer
     changed, and when it was read (the TTLs in it count from then)."""
 
-    def __init__(self, changes: inventory.Changes, read_at: float):
+    def __init__(self, changes: inventory.Changes, ttl_from: float):
+        """`ttl_from`: when it was read (the TTLs in it count from then)."""
         self.entries = NodeEntries(changes.reply)
         self.slots = changes.slots
         self.changed = len(changes.slots) + len(changes.gone)  # slots it changed, those now empty included
         self.superseded = np.zeros(len(self.slots), dtype=bool)
-        self.read_at = read_at
+        self.ttl_from = ttl_from
+
+    @classmethod
+    def merged(cls, layers: list["Layer"]) -> "Layer":
+        """One layer of what `layers` (oldest first) hold and no later one of them superseded, as if read
+        when the newest was (the older TTLs counted down to then; those run out left out)."""
+        ttl_from = layers[-1].ttl_from
+        keys, records, slots = [], [], []
+        for layer in layers:  # the layers are left as they are: a merge given up on changes nothing
+            positions = np.flatnonzero(~layer.superseded)
+            columns = layer.entries.reply.columns_at(positions)  # copies
+            ttl, elapsed = columns.records["ttl_ms"], int((ttl_from - layer.ttl_from) * 1000)
+            lived = ttl > 0
+            ttl[lived] -= elapsed
+            alive = ~lived | (ttl > 0)
+            keys += [key for key, keep in zip(columns.keys, alive.tolist()) if keep]
+            records.append(columns.records[alive])
+            slots.append(layer.slots[positions][alive])
+        raw = [key.encode("utf-8", "surrogateescape") for key in keys]
+        body = inventory.encode_records(np.concatenate(records), b"".join(raw))
+        out = cls.__new__(cls)
+        out.entries = NodeEntries(inventory.Reply(bytearray(body)))
+        out.slots = np.concatenate(slots)
+        out.changed = sum(layer.changed for layer in layers)
+        out.superseded = np.zeros(len(out.slots), dtype=bool)
+        out.ttl_from = ttl_from
+        return out
 
     def supersede(self, changed: np.ndarray, top: int) -> None:
         """Mask the entries of the slots marked in `changed` (a boolean array over slots below `top`)."""
@@ -60,11 +89,17 @@ class NodeCopy:
         self.layers: list[Layer] = []
 
     def since(self) -> int:
-        """The change number to ask from: 0 (read it whole) when there is nothing yet or too many layers."""
-        if not self.layers or len(self.layers) >= MAX_LAYERS:
+        """The change number to ask from: 0 (read it whole) when there is nothing yet, or the changes since the
+        first layer outgrew it."""
+        if not self.layers:
             return 0
         later = sum(layer.changed for layer in self.layers[1:])
         return 0 if 2 * later > len(self.layers[0].slots) else self.reached
+
+    def merge(self) -> None:
+        """Past MERGE_AT layers, the layers after the first become one (each lookup searches every layer)."""
+        if len(self.layers) > MERGE_AT:
+            self.layers[1:] = [Layer.merged(self.layers[1:])]
 
     def apply(self, changes: inventory.Changes, since: int, layer: "Layer | float") -> bool:
         """Add a reply asked `since` (`layer`: made of it, or the time it was read); False (nothing changed
@@ -92,7 +127,8 @@ class NodeCopy:
         (their remaining lifetimes are made shorter by the time since they were read)."""
         out = []
         for layer in self.layers:
-            ran_out = layer.entries.reply.age(int((now - layer.read_at) * 1000))
+            ran_out = layer.entries.reply.age(int((now - layer.ttl_from) * 1000))
+            layer.ttl_from = now  # aged to now: asked again later, only the time since counts
             out.append((layer.entries, layer.superseded | ran_out))
         return out
 
@@ -162,6 +198,12 @@ class InventoryMirror:
         layer = await asyncio.to_thread(Layer, changes, time.time())  # hashing a million keys takes ~0.15 s
         if self._copies.get(record.node_id) is not copy or not copy.apply(changes, since, layer):
             self._copies.pop(record.node_id, None)
+            return
+        if len(copy.layers) > MERGE_AT:
+            merging = copy.layers[1:]
+            merged = await asyncio.to_thread(Layer.merged, merging)
+            if self._copies.get(record.node_id) is copy and copy.layers[1:] == merging:
+                copy.layers[1:] = [merged]
         elif since == 0:
             log.info("node %s's inventory read whole for this standby's copy: %d objects", record.node_id,
                      len(changes.reply))

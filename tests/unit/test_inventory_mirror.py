@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from kvpool.master.leadership.inventory_mirror import MAX_LAYERS, NodeCopy, find_disputes
+from kvpool.master.leadership.inventory_mirror import MERGE_AT, NodeCopy, find_disputes
 from kvpool.master.table.objects import ObjectTable
 from kvpool.master.table.unadopted import NodeEntries
 from kvpool.protocol import inventory
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.quick
 def read(index: ObjectIndex, copy: NodeCopy, now: float) -> None:
     since = copy.since()
     assert copy.apply(Changes(b"".join(index.columns.changes_parts(now, since))), since, now)
+    copy.merge()
 
 
 def adopted(table: ObjectTable) -> ObjectTable:
@@ -84,7 +85,7 @@ def test_a_copy_kept_through_changes_adopts_as_the_whole_inventory(seed):
         if round_ % 3 == 0:
             read(index, copy, now)
     read(index, copy, now + 0.5)  # what the takeover asks: everything since the copy
-    assert len(copy.layers) <= MAX_LAYERS
+    assert len(copy.layers) <= MERGE_AT
     keys = [f"k{i}" for i in range(60)]
     assert held(from_copy(copy, now + 2.0), keys) == held(whole(index, now + 2.0), keys)
 
@@ -138,3 +139,37 @@ def test_disputes_found_ahead_are_the_ones_found_at_takeover():
     table.take_entries("n2", "n2-i1", [(b, np.zeros(2, dtype=bool))])
     left = table.start_adopting(found)
     assert left == 2 and table.lookup("x").generation == 3  # the disputed key adopted before serving
+
+
+def test_layers_past_the_limit_merge_into_one_that_adopts_the_same():
+    index, copy, now = ObjectIndex(), NodeCopy("n1", "n1-i1", "a"), 100.0
+    records = {}
+    for i in range(1000):
+        records[i] = ObjectRecord(f"k{i}".encode(), i + 1, 10, i)
+        index.add(records[i])
+    read(index, copy, now)
+    generation, merges = 5000, 0
+    for round_ in range(2 * MERGE_AT):
+        now += 1.0
+        # five keys changed once, each with a TTL of 3.5 s; "k999" overwritten every round (its older
+        # versions superseded in the older layers); one key put in each round, removed in the next
+        for i in [*range(round_ * 5, round_ * 5 + 5), 999]:
+            index.remove(records.pop(i))
+            generation += 1
+            records[i] = ObjectRecord(f"k{i}".encode(), generation, 10, i, expires_at=0.0 if i == 999 else now + 3.5)
+            index.add(records[i])
+        if round_:
+            index.remove(records.pop(f"brief{round_ - 1}"))
+        records[f"brief{round_}"] = ObjectRecord(f"brief{round_}".encode(), generation, 10, 0)
+        index.add(records[f"brief{round_}"])
+        layers = len(copy.layers)
+        read(index, copy, now)
+        merges += len(copy.layers) <= layers
+        assert len(copy.layers) <= MERGE_AT
+        assert all(np.unique(layer.slots).size == layer.slots.size for layer in copy.layers)  # a slot once
+    assert merges >= 2
+    keys = [f"k{i}" for i in range(1000)] + [f"brief{r}" for r in range(2 * MERGE_AT)]
+    for later in (now + 0.5, now + 1.0):  # TTLs counted from each layer's read, merged or not
+        from_layers, from_whole = held(from_copy(copy, later), keys), held(whole(index, later), keys)
+        assert from_layers == from_whole
+        assert from_layers["k999"][0] == generation and len(from_layers) < 1000  # some ran out
