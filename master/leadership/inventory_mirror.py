@@ -191,6 +191,8 @@ class InventoryMirror:
         except ProtocolError as exc:
             if "unknown op" in str(exc).lower():
                 self._unsupported.add(record.instance)
+                log.info("node %s does not know INVENTORY_CHANGES (an older release): no copy of its inventory "
+                         "is kept, a takeover reads it whole", record.node_id)
             self._copies.pop(record.node_id, None)
             return
         except Exception:  # noqa: BLE001 - unreachable now: the copy waits (the takeover asks what changed since)

@@ -112,3 +112,26 @@ def test_a_cluster_of_the_previous_release_upgraded_node_by_node_under_load_lose
         assert load["wrong"] == [] and load["late"] == [], load
         assert len(keys) >= 190, load["failures"]
         print(f"rolling upgrade: {len(keys)} puts acknowledged, failures {load['failures']}")
+
+
+def test_masters_of_this_release_take_over_from_nodes_of_the_previous_one(previous_release, tmp_path):
+    """A 0.1.0 node does not know INVENTORY_CHANGES: the standby keeps no copy of it (the node answers
+    "unknown op"), and its takeover reads that node's whole INVENTORY, as 0.1.0 masters do."""
+    cluster = MixedCluster(previous_release, nodes=2, masters=2, dram_per_node="64MiB", lease_ttl=2,
+                           master_args=["--election-ttl", "2"], data_dir=tmp_path / "cluster")
+    cluster.upgraded |= {"master", "master-1"}
+    with cluster:
+        keys = [f"mixed/{i:04d}" for i in range(500)]
+        with Client(cluster.master_addresses) as client:
+            client.batch_put(keys, [value_of(key) for key in keys])
+        old, new = cluster.masters
+        standby_log = new.log_path
+        wait_until(lambda: standby_log.read_text().count("does not know INVENTORY_CHANGES") == 2, 20,
+                   what="both 0.1.0 nodes to refuse the standby's INVENTORY_CHANGES")
+        old.kill()
+        wait_until(lambda: cluster.leader_address() == new.info["address"], 20, what="the standby to lead")
+        with Client(new.info["address"], rpc_timeout=30, timeout=30) as client:
+            values = client.batch_get(keys)
+        assert [key for key, value in zip(keys, values) if value != value_of(key)] == []
+        taken_over = standby_log.read_text()
+        assert "took over with term" in taken_over and "the standby's copy of its inventory" not in taken_over
