@@ -1,7 +1,7 @@
 """The suite's tiers (docs/testing.md): where each test runs and how long it may take, told by pytest markers.
 
 Every test is in exactly one *place* tier, given by its file's folder (tests/conftest.py marks it at collection):
-`unit`, `e2e`, `bench`, `engines`, `multihost` or `gpu`. A file in a folder no tier names is refused at collection,
+`unit`, `e2e`, `bench`, `engines`, `multihost`, `compose` or `gpu`. A file in a folder no tier names is refused at collection,
 so a new folder is given a tier before its tests run. `quick` is a selection across them for a developer changing
 one module (`pytest -m quick`, a few minutes on 2 cores): every unit test not marked `slow`, and the end-to-end
 tests marked `quick` where they are written (the fastest ones, chosen so every package has tests in the tier).
@@ -12,9 +12,10 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 
 # folder under tests/ -> its place tier; a file named here overrides its folder's tier
-FOLDERS = {"unit": "unit", "e2e": "e2e", "engines": "engines", "multihost": "multihost", "gpu": "gpu"}
+FOLDERS = {"unit": "unit", "e2e": "e2e", "engines": "engines", "multihost": "multihost", "compose": "compose",
+           "gpu": "gpu"}
 FILES = {"e2e/test_benchmarks.py": "bench"}  # the benchmarks' short runs, each a subprocess of its own
-PLACES = ("unit", "e2e", "bench", "engines", "multihost", "gpu")
+PLACES = ("unit", "e2e", "bench", "engines", "multihost", "compose", "gpu")
 # what each tier needs beyond the test extra (shown by `pytest --markers`)
 NEEDS = {
     "unit": "nothing: pure logic and in-process parts, no servers",
@@ -22,6 +23,7 @@ NEEDS = {
     "bench": "the benchmarks' short runs, each in a subprocess (a cluster of its own)",
     "engines": "vLLM, LMCache, SGLang and transformers in venvs of their own, built from PyPI on first use",
     "multihost": "root: network namespaces joined by a bridge, a host each",
+    "compose": "root, dockerd, docker-compose and debootstrap: a Docker engine of the test's own, the image built here",
     "gpu": "CUDA (skipped without)",
     "quick": "a selection across the tiers that answers within a few minutes (`pytest -m quick`)",
     "slow": "a unit test left out of the quick tier",
