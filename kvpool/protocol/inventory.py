@@ -109,6 +109,16 @@ class Columns(NamedTuple):
             r["raw_size"].tolist(), r["ttl_ms"].tolist(), r["tiers"].tolist())]
 
 
+def count_down(ttl_ms: np.ndarray, ms: int) -> np.ndarray:
+    """Remaining lifetimes (`ttl_ms`, 0 = none; changed in place) made `ms` shorter; returns a mask of those that
+    ran out, left at 1 (never 0, which means none): whoever keeps the mask takes them as expired."""
+    lived = ttl_ms > 0
+    ttl_ms[lived] -= ms
+    ran_out = lived & (ttl_ms <= 0)
+    ttl_ms[ran_out] = 1
+    return ran_out
+
+
 class Reply:
     """An INVENTORY reply as received, checked whole on arrival, decoded a slice at a time."""
 
@@ -146,12 +156,7 @@ class Reply:
             return np.zeros(self.count, dtype=bool)
         if not self._records.flags.writeable:
             self._records = self._records.copy()
-        ttl = self._records["ttl_ms"]
-        lived = ttl > 0
-        ttl[lived] -= ms
-        ran_out = lived & (ttl <= 0)
-        ttl[ran_out] = 1  # never 0 (which means none): taken as expired by whoever keeps the mask
-        return ran_out
+        return count_down(self._records["ttl_ms"], ms)
 
     @property
     def key_bytes(self) -> tuple[bytes, np.ndarray]:

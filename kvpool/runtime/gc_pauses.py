@@ -25,14 +25,12 @@ LONG_PAUSE_S = 0.2  # a collection this long is logged
 
 
 class GcPauses:
-    """Times every collection (gc.callbacks), freezes after a long full one, keeps counts for metrics."""
+    """Times every collection (gc.callbacks), freezes after a long full one; counts both."""
 
     def __init__(self, freeze_after_s: float = FREEZE_AFTER_S, long_pause_s: float = LONG_PAUSE_S):
         self.freeze_after_s = freeze_after_s
         self.long_pause_s = long_pause_s
         self.collections = [0, 0, 0]
-        self.seconds = [0.0, 0.0, 0.0]
-        self.longest_s = 0.0
         self.freezes = 0
         self._started = 0.0
         self._loop = None
@@ -54,8 +52,6 @@ class GcPauses:
         took = time.perf_counter() - self._started
         generation = info.get("generation", 2)
         self.collections[generation] += 1
-        self.seconds[generation] += took
-        self.longest_s = max(self.longest_s, took)
         if took >= self.long_pause_s:
             log.warning("a generation-%d collection held the process %.2f s (%d freed)",
                         generation, took, info.get("collected", 0))
@@ -65,7 +61,6 @@ class GcPauses:
             self._after_freeze()
             if log.isEnabledFor(logging.DEBUG):  # counting them walks them all
                 log.debug("%d objects frozen after a %.2f s full collection", gc.get_freeze_count(), took)
-
 
     def _after_freeze(self) -> None:
         """A full collection of what is not frozen (next to nothing) once this callback has returned (none

@@ -56,10 +56,7 @@ class Layer:
         for layer in layers:  # the layers are left as they are: a merge given up on changes nothing
             positions = np.flatnonzero(~layer.superseded)
             columns = layer.entries.reply.columns_at(positions)  # copies
-            ttl, elapsed = columns.records["ttl_ms"], int((ttl_from - layer.ttl_from) * 1000)
-            lived = ttl > 0
-            ttl[lived] -= elapsed
-            alive = ~lived | (ttl > 0)
+            alive = ~inventory.count_down(columns.records["ttl_ms"], int((ttl_from - layer.ttl_from) * 1000))
             keys += [key for key, keep in zip(columns.keys, alive.tolist()) if keep]
             records.append(columns.records[alive])
             slots.append(layer.slots[positions][alive])
@@ -101,10 +98,9 @@ class NodeCopy:
         if len(self.layers) > MERGE_AT:
             self.layers[1:] = [Layer.merged(self.layers[1:])]
 
-    def apply(self, changes: inventory.Changes, since: int, layer: "Layer | float") -> bool:
-        """Add a reply asked `since` (`layer`: made of it, or the time it was read); False (nothing changed
-        here) when it cannot follow this copy: another numbering than the layers'. A reply asked from 0
-        replaces them all."""
+    def apply(self, changes: inventory.Changes, since: int, layer: Layer) -> bool:
+        """Add a reply asked `since` (`layer`: made of it); False (nothing changed here) when it cannot follow
+        this copy: another numbering than the layers'. A reply asked from 0 replaces them all."""
         if since == 0:
             self.layers = []
         elif changes.series != self.series or changes.changes < self.reached:
@@ -118,7 +114,7 @@ class NodeCopy:
                 changed[touched] = True
                 for older in self.layers:
                     older.supersede(changed, top)
-        self.layers.append(layer if isinstance(layer, Layer) else Layer(changes, layer))
+        self.layers.append(layer)
         self.reached = changes.changes
         return True
 

@@ -19,6 +19,7 @@ import time
 
 from kvpool.protocol import inventory
 
+from kvpool.master.leadership.inventory_mirror import Layer
 from kvpool.master.nodes.node_io import NodeIO
 from kvpool.master.table.inventory_match import Adopted
 from kvpool.master.table.objects import ObjectTable
@@ -78,8 +79,7 @@ async def _changes_since(table: ObjectTable, node_io: NodeIO, copy, timeout: flo
         log.info("node %s did not say what changed since the standby's copy (%s: %s); reading its inventory",
                  copy.node_id, type(exc).__name__, exc)
         return False
-    since = copy.reached
-    if not copy.apply(changes, since, time.time()):
+    if not copy.apply(changes, copy.reached, Layer(changes, time.time())):
         return False
     table.take_entries(copy.node_id, copy.instance, copy.masks(time.time()))
     log.info("node %s: the standby's copy of its inventory, and %d slots changed since", copy.node_id,

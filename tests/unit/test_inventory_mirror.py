@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from kvpool.master.leadership.inventory_mirror import MERGE_AT, NodeCopy, find_disputes
+from kvpool.master.leadership.inventory_mirror import MERGE_AT, Layer, NodeCopy, find_disputes
 from kvpool.master.table.objects import ObjectTable
 from kvpool.master.table.unadopted import NodeEntries
 from kvpool.protocol import inventory
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.quick
 
 def read(index: ObjectIndex, copy: NodeCopy, now: float) -> None:
     since = copy.since()
-    assert copy.apply(Changes(b"".join(index.columns.changes_parts(now, since))), since, now)
+    changes = Changes(b"".join(index.columns.changes_parts(now, since)))
+    assert copy.apply(changes, since, Layer(changes, now))
     copy.merge()
 
 
@@ -111,7 +112,7 @@ def test_another_numbering_is_not_followed():
     other.add(ObjectRecord(b"j", 2, 10, 1))
     read(index, copy, 0.0)
     from_other = Changes(b"".join(other.columns.changes_parts(0.0, copy.reached)))
-    assert not copy.apply(from_other, copy.reached, 0.0)  # a restarted node's slots mean something else
+    assert not copy.apply(from_other, copy.reached, Layer(from_other, 0.0))  # a restarted node's slots mean something else
 
 
 def test_ttls_count_from_when_the_layer_was_read():
